@@ -1,0 +1,37 @@
+"""wirebench's codecs: interchangeable serializations of the wire messages.
+
+Installed as ``wirecodecs`` from the ``codecs/`` folder (a package named
+``codecs`` would be shadowed by the standard library's).
+"""
+
+from .base import (
+    Codec,
+    CodecError,
+    DecodeError,
+    EncodeError,
+    Frame,
+    Frames,
+    UnsupportedPayloadError,
+)
+from .registry import (
+    ENTRY_POINT_GROUP,
+    UnknownCodecError,
+    available_codecs,
+    codecs_that_carry_multimodal,
+    get_codec,
+)
+
+__all__ = [
+    "Codec",
+    "CodecError",
+    "DecodeError",
+    "EncodeError",
+    "ENTRY_POINT_GROUP",
+    "Frame",
+    "Frames",
+    "UnknownCodecError",
+    "UnsupportedPayloadError",
+    "available_codecs",
+    "codecs_that_carry_multimodal",
+    "get_codec",
+]

@@ -1,0 +1,85 @@
+"""The codec protocol, its errors, and helpers every codec shares."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol, Sequence, TypeVar, runtime_checkable
+
+import zmq
+
+# A frame as it arrives: bytes, a memoryview, or a zmq.Frame from recv(copy=False).
+Frame = bytes | bytearray | memoryview | zmq.Frame
+# What encode returns: frame 0 is the body, later frames are out-of-band buffers.
+# Items are bytes or memoryviews that may point into the message's own tensors,
+# so the caller must not mutate those tensors until the frames are sent.
+Frames = list[bytes | memoryview]
+
+T = TypeVar("T")
+
+
+class CodecError(Exception):
+    """Base class of every error a codec raises on purpose."""
+
+
+class DecodeError(CodecError, ValueError):
+    """Frames could not be decoded into the requested message type.
+
+    Raised for truncated, corrupted or empty frames, frames written by another
+    codec, and well-formed messages of the wrong type. Never anything else.
+    """
+
+
+class EncodeError(CodecError, TypeError):
+    """A message could not be encoded."""
+
+
+class UnsupportedPayloadError(EncodeError):
+    """The codec cannot carry a value in this message (e.g. an image in text-only msgspec)."""
+
+    def __init__(self, codec: str, obj: Any, capable: Sequence[str]) -> None:
+        kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
+        self.codec = codec
+        self.type_name = kind
+        self.capable = list(capable)
+        others = ", ".join(self.capable) or "none registered"
+        super().__init__(
+            f"codec {codec!r} cannot carry {kind} (multimodal inputs: images, "
+            f"tensors, arrays); use a codec that can: {others}"
+        )
+
+
+@runtime_checkable
+class Codec(Protocol):
+    """What the transport needs from a codec.
+
+    An instance is not safe for two concurrent ``encode`` calls (or two
+    concurrent ``decode`` calls); one encode and one decode may run at once on
+    different threads. ``get_codec`` returns a fresh instance per call.
+    """
+
+    name: ClassVar[str]
+    # True when images, tensors and arrays can travel in EngineCoreRequest.mm_inputs.
+    carries_multimodal: ClassVar[bool]
+
+    def encode(self, msg: Any) -> Frames: ...
+
+    def decode(self, frames: Sequence[Frame], msg_type: type[T]) -> T: ...
+
+
+def as_buffer(frame: Frame) -> bytes | bytearray | memoryview:
+    """The bytes of a frame without copying (zmq.Frame exposes a memoryview)."""
+    if isinstance(frame, zmq.Frame):
+        return frame.buffer
+    return frame
+
+
+def check_type(msg: Any, msg_type: type[T], codec: str) -> T:
+    if type(msg) is not msg_type:
+        raise DecodeError(
+            f"codec {codec!r}: expected {msg_type.__name__}, got {type(msg).__name__}"
+        )
+    return msg
+
+
+def require_frames(frames: Sequence[Frame], codec: str) -> None:
+    if not frames:
+        raise DecodeError(f"codec {codec!r}: no frames to decode")

@@ -1,0 +1,103 @@
+"""``pickle`` and ``pickle-oob``: the standard library's pickle.
+
+Never decode pickle frames from a peer you do not trust: unpickling runs
+arbitrary code chosen by the sender.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any, ClassVar, Sequence
+
+import torch
+from PIL import Image
+
+from .base import DecodeError, Frame, Frames, T, as_buffer, check_type, require_frames
+from .rawbuf import image_from_raw, image_to_raw, tensor_from_raw, tensor_to_raw
+
+# Buffers smaller than this stay inside the pickle stream: a separate frame
+# costs more than copying a few hundred bytes.
+INLINE_THRESHOLD = 256
+
+
+class PickleCodec:
+    """The whole message pickled with the highest protocol into one frame."""
+
+    name: ClassVar[str] = "pickle"
+    carries_multimodal: ClassVar[bool] = True
+
+    def encode(self, msg: Any) -> Frames:
+        return [pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)]
+
+    def decode(self, frames: Sequence[Frame], msg_type: type[T]) -> T:
+        require_frames(frames, self.name)
+        if len(frames) != 1:
+            raise DecodeError(f"codec {self.name!r}: expected 1 frame, got {len(frames)}")
+        try:
+            msg = pickle.loads(as_buffer(frames[0]))
+        except Exception as exc:  # unpickling bad bytes can raise nearly anything
+            raise DecodeError(f"codec {self.name!r}: {type(exc).__name__}: {exc}") from exc
+        return check_type(msg, msg_type, self.name)
+
+
+# Rebuild functions named in the pickle stream; module-level so pickle can find them.
+def _rebuild_tensor(dtype: str, shape: list[int], buf: Any) -> torch.Tensor:
+    return tensor_from_raw(dtype, shape, buf)
+
+
+def _rebuild_image(header: tuple, buf: Any) -> Image.Image:
+    return image_from_raw(header, buf)
+
+
+class _OutOfBandPickler(pickle.Pickler):
+    """Pickles tensors and images as raw buffers that can leave the stream.
+
+    Torch tensors and PIL images do not produce pickle-5 out-of-band buffers on
+    their own (torch serializes its storage in-band; PIL pickles ``tobytes``),
+    so they are reduced here to a rebuild function plus a ``PickleBuffer``.
+    numpy arrays already support out-of-band buffers natively.
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            dtype, shape, buf = tensor_to_raw(obj)
+            return _rebuild_tensor, (dtype, shape, pickle.PickleBuffer(buf))
+        if isinstance(obj, Image.Image):
+            header, pixels = image_to_raw(obj)
+            return _rebuild_image, (header, pickle.PickleBuffer(pixels))
+        return NotImplemented
+
+
+class PickleOobCodec:
+    """Pickle protocol 5 with tensor, array and image buffers as separate frames."""
+
+    name: ClassVar[str] = "pickle-oob"
+    carries_multimodal: ClassVar[bool] = True
+
+    def encode(self, msg: Any) -> Frames:
+        frames: Frames = [b""]
+
+        def keep_in_band(buf: pickle.PickleBuffer) -> bool:
+            raw = buf.raw()
+            if raw.nbytes < INLINE_THRESHOLD:
+                return True
+            frames.append(raw)
+            return False
+
+        body = io.BytesIO()
+        _OutOfBandPickler(body, protocol=5, buffer_callback=keep_in_band).dump(msg)
+        frames[0] = body.getbuffer()
+        return frames
+
+    def decode(self, frames: Sequence[Frame], msg_type: type[T]) -> T:
+        require_frames(frames, self.name)
+        buffers = [as_buffer(f) for f in frames[1:]]
+        try:
+            msg = pickle.loads(as_buffer(frames[0]), buffers=buffers)
+        except Exception as exc:
+            raise DecodeError(f"codec {self.name!r}: {type(exc).__name__}: {exc}") from exc
+        return check_type(msg, msg_type, self.name)
+
+
+__all__ = ["PickleCodec", "PickleOobCodec"]

@@ -1,0 +1,77 @@
+"""Codec names to classes: the built-ins plus any registered by entry point.
+
+A third-party package adds a codec by declaring, in its pyproject.toml::
+
+    [project.entry-points."wirebench.codecs"]
+    my-codec = "my_package.my_module:MyCodec"
+
+The class needs ``name``, ``carries_multimodal``, ``encode`` and ``decode``
+(see ``wirecodecs.base.Codec``). Built-ins are imported lazily by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+from importlib.metadata import entry_points
+
+from .base import Codec
+
+ENTRY_POINT_GROUP = "wirebench.codecs"
+
+_BUILTIN: dict[str, str] = {
+    "pickle": "wirecodecs.pickle_codec:PickleCodec",
+    "pickle-oob": "wirecodecs.pickle_codec:PickleOobCodec",
+    "msgspec": "wirecodecs.msgspec_codec:MsgspecCodec",
+    "msgspec-b64": "wirecodecs.msgspec_codec:MsgspecB64Codec",
+    "msgspec-oob": "wirecodecs.msgspec_codec:MsgspecOobCodec",
+}
+
+
+class UnknownCodecError(KeyError):
+    def __str__(self) -> str:  # KeyError would print the message quoted
+        return str(self.args[0])
+
+
+@cache
+def _registered() -> dict[str, str]:
+    found = dict(_BUILTIN)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(ep.name, ep.value)
+    return found
+
+
+def available_codecs() -> list[str]:
+    """Names of every codec that ``get_codec`` accepts, built-ins first."""
+    return list(_registered())
+
+
+@cache
+def codec_class(name: str) -> type[Codec]:
+    target = _registered().get(name)
+    if target is None:
+        raise UnknownCodecError(
+            f"unknown codec {name!r}; available: {', '.join(available_codecs())}"
+        )
+    module_name, _, attr = target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UnknownCodecError(f"codec {name!r} is registered as {target!r} but cannot be loaded: {exc}") from exc
+    return cls
+
+
+def get_codec(name: str) -> Codec:
+    """A new codec instance (instances keep per-call state; don't share across threads)."""
+    return codec_class(name)()
+
+
+def codecs_that_carry_multimodal() -> list[str]:
+    names = []
+    for name in available_codecs():
+        try:
+            if codec_class(name).carries_multimodal:
+                names.append(name)
+        except UnknownCodecError:
+            continue
+    return names

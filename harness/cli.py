@@ -1,0 +1,46 @@
+"""``bench``: the command-line entry point.
+
+Each subcommand lives in its own module with ``add_arguments(parser)`` and
+``main(args) -> int``; modules are imported only when their command runs, so
+``bench micro`` does not pay for aiohttp and ``bench load`` not for torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "micro": ("harness.micro", "time each codec on fixed payloads against one memcpy"),
+    "serve": ("harness.server", "start the OpenAI-compatible frontend and the engine"),
+    "load": ("harness.loadgen.cli", "replay a workload against an OpenAI-compatible server"),
+    "run": ("harness.runner", "for each codec: start a server, load it, report side by side"),
+}
+
+
+def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
+    parser = argparse.ArgumentParser(prog="bench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_text) in COMMANDS.items():
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        # Only the chosen command's module is imported to add its flags.
+        if name == wanted:
+            importlib.import_module(module).add_arguments(cmd)
+    return parser, wanted
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser, wanted = build_parser(argv)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    module = importlib.import_module(COMMANDS[args.command][0])
+    return int(module.main(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
