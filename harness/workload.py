@@ -1,0 +1,17 @@
+"""One prepared request of a workload, shared by dataset loaders and the load generator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    # The text prompt (for the chat endpoint: the user message's text part).
+    prompt: str
+    # Prompt length in tokens, counted with the server's tokenizer.
+    prompt_len: int
+    # max_tokens to ask for (sent with ignore_eos so the output has this length).
+    expected_output_len: int
+    # Images as data URLs (data:image/png;base64,...), encoded before the clock starts.
+    image_data_urls: tuple[str, ...] = field(default_factory=tuple)
