@@ -1,0 +1,254 @@
+"""The engine process: socket threads around a schedule → execute → update loop.
+
+  input thread   recv_multipart(copy=False) → codec.decode → input queue
+  busy loop      drain the queue, then one engine step; outputs → output queue
+  output thread  codec.encode(EngineCoreOutputs) → send_multipart(copy=False)
+
+Socket I/O and codec work sit on their own threads, as in vLLM's engine core,
+so the model step overlaps them (torch releases the GIL in its kernels).
+A frame that fails to decode, or a request that fails validation, becomes an
+error output for its request id; the engine keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+from typing import Any
+
+import zmq
+
+from wirecodecs import CodecError, get_codec
+
+from . import transport
+from .config import EngineConfig
+from .messages import (
+    EngineCoreAbort,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    FinishReason,
+)
+from .transport import CodecCounters, EngineAddresses
+
+log = logging.getLogger("wirebench.engine")
+
+_STOP = object()  # sentinel through the queues
+
+
+def error_output(request_id: str, message: str) -> EngineCoreOutput:
+    return EngineCoreOutput(
+        request_id=request_id,
+        new_token_ids=[],
+        finished=True,
+        finish_reason=FinishReason.ERROR,
+        error=message,
+    )
+
+
+class EngineCore:
+    """Scheduler + executor + the step that ties them."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        from .executor import make_executor
+        from .scheduler import Scheduler
+
+        self.config = config
+        self.scheduler = Scheduler(config)
+        self.executor = make_executor(config)
+        self.step_index = 0
+
+    def add_request(self, request: EngineCoreRequest) -> EngineCoreOutput | None:
+        """Queue a request; an error output if it is invalid."""
+        try:
+            self.scheduler.add_request(request)
+        except ValueError as exc:
+            return error_output(request.request_id, str(exc))
+        return None
+
+    def abort(self, request_ids: list[str]) -> None:
+        self.scheduler.abort_requests(request_ids)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> list[EngineCoreOutput]:
+        scheduled = self.scheduler.schedule()
+        if not scheduled.total_num_tokens:
+            return []
+        result = self.executor.execute(scheduled)
+        self.step_index += 1
+        return self.scheduler.update_from_output(scheduled, result)
+
+    def fail_all(self, message: str) -> list[EngineCoreOutput]:
+        """After a step raised: end every request with an error, keep serving."""
+        ids = list(self.scheduler.requests)
+        self.scheduler.abort_requests(ids)
+        return [error_output(rid, message) for rid in ids]
+
+
+class EngineProcess:
+    """Runs in the spawned process: owns the sockets, threads and EngineCore."""
+
+    def __init__(self, config: EngineConfig, addresses: EngineAddresses) -> None:
+        self.config = config
+        self.addresses = addresses
+        self.codec_in = get_codec(config.codec)  # decodes requests (input thread)
+        self.codec_out = get_codec(config.codec)  # encodes outputs (output thread)
+        self.counters = CodecCounters()
+        self.inputs: queue.Queue[Any] = queue.Queue()
+        self.outputs: queue.Queue[Any] = queue.Queue()
+        self.stopping = threading.Event()
+        self.ctx = zmq.Context()
+
+    # --- input thread -------------------------------------------------------
+    def _input_loop(self, sock: zmq.Socket) -> None:
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        while not self.stopping.is_set():
+            if not poller.poll(100):
+                continue
+            frames = sock.recv_multipart(copy=False)
+            try:
+                self._handle_input(frames)
+            except Exception:  # a bad frame must never kill the engine
+                log.exception("dropped an undecodable input message")
+
+    def _handle_input(self, frames: list[zmq.Frame]) -> None:
+        kind, request_id = transport.open_envelope(frames[0])
+        body = frames[1:]
+        if kind == transport.SHUTDOWN:
+            self.stopping.set()
+            self.inputs.put(_STOP)
+            return
+        msg_type = {transport.ADD: EngineCoreRequest, transport.ABORT: EngineCoreAbort}.get(kind)
+        if msg_type is None:
+            raise ValueError(f"unknown message kind {kind:#x}")
+        started = time.perf_counter_ns()
+        try:
+            msg = self.codec_in.decode(body, msg_type)
+        except CodecError as exc:
+            if request_id is None:
+                raise
+            self._send_outputs([error_output(request_id, f"request could not be decoded: {exc}")])
+            return
+        if msg_type is EngineCoreRequest:
+            self.counters.add_decode(started, body)
+            if request_id is not None and msg.request_id != request_id:
+                self._send_outputs([error_output(request_id, "request id in body and envelope differ")])
+                return
+        self.inputs.put(msg)
+
+    # --- output thread ------------------------------------------------------
+    def _output_loop(self, sock: zmq.Socket) -> None:
+        while True:
+            try:
+                item = self.outputs.get(timeout=transport.HEARTBEAT_INTERVAL_S)
+            except queue.Empty:
+                sock.send(transport.envelope(transport.HEARTBEAT))
+                continue
+            if item is _STOP:
+                return
+            try:
+                item.engine_codec_stats = self.counters.snapshot()
+                item.timestamp = time.time()
+                started = time.perf_counter_ns()
+                frames = self.codec_out.encode(item)
+                self.counters.add_encode(started, frames)
+                sock.send_multipart([transport.envelope(transport.OUTPUTS), *frames], copy=False)
+            except Exception:
+                log.exception("could not send an output batch")
+
+    def _send_outputs(self, outputs: list[EngineCoreOutput], step_start: float = 0.0, step_index: int = 0) -> None:
+        self.outputs.put(EngineCoreOutputs(outputs=outputs, step_index=step_index, step_start_time=step_start))
+
+    # --- busy loop ----------------------------------------------------------
+    def _apply(self, core: EngineCore, item: Any) -> None:
+        if isinstance(item, EngineCoreRequest):
+            error = core.add_request(item)
+            if error is not None:
+                self._send_outputs([error])
+        elif isinstance(item, EngineCoreAbort):
+            core.abort(item.request_ids)
+
+    def _busy_loop(self, core: EngineCore) -> None:
+        while not self.stopping.is_set():
+            # Block only when idle; otherwise take what arrived and step.
+            try:
+                item = self.inputs.get(timeout=0.1) if not core.has_work() else self.inputs.get_nowait()
+            except queue.Empty:
+                item = None
+            while item is not None:
+                if item is _STOP:
+                    return
+                self._apply(core, item)
+                try:
+                    item = self.inputs.get_nowait()
+                except queue.Empty:
+                    item = None
+            if not core.has_work():
+                continue
+            step_start = time.time()
+            try:
+                outputs = core.step()
+            except Exception as exc:
+                log.exception("engine step failed")
+                outputs = core.fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
+            if outputs:
+                self._send_outputs(outputs, step_start, core.step_index)
+
+    def run(self) -> None:
+        in_sock = self.ctx.socket(zmq.PULL)
+        out_sock = self.ctx.socket(zmq.PUSH)
+        for sock in (in_sock, out_sock):
+            sock.setsockopt(zmq.LINGER, 0)
+        in_sock.bind(self.addresses.input)
+        out_sock.bind(self.addresses.output)
+        try:
+            core = EngineCore(self.config)
+        except Exception as exc:
+            log.exception("engine failed to start")
+            out_sock.send_multipart([transport.envelope(transport.READY), json.dumps({"error": str(exc)}).encode()])
+            time.sleep(0.5)
+            raise
+        info = {"pid": os.getpid(), "codec": self.config.codec, **core.executor.info()}
+        out_sock.send_multipart([transport.envelope(transport.READY), json.dumps(info).encode()])
+        threads = [
+            threading.Thread(target=self._input_loop, args=(in_sock,), name="engine-input", daemon=True),
+            threading.Thread(target=self._output_loop, args=(out_sock,), name="engine-output", daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        try:
+            self._busy_loop(core)
+        finally:
+            self.stopping.set()
+            self.outputs.put(_STOP)
+            for t in threads:
+                t.join(timeout=2)
+            in_sock.close()
+            out_sock.close()
+            self.ctx.term()
+
+
+def run_engine(
+    config: EngineConfig, addresses: EngineAddresses, log_level: str = "WARNING", spawned: bool = True
+) -> None:
+    """Entry point of the engine process (spawn target and `bench serve --engine-only`)."""
+    logging.basicConfig(level=log_level, format="%(asctime)s engine %(levelname)s %(message)s")
+    process = EngineProcess(config, addresses)
+
+    def on_signal(signum: int, frame: Any) -> None:
+        process.stopping.set()
+        process.inputs.put(_STOP)
+
+    # Ctrl-C reaches the whole process group: a spawned engine leaves the
+    # decision to its frontend (which sends SHUTDOWN); a standalone one stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN if spawned else on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    process.run()

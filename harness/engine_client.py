@@ -1,0 +1,202 @@
+"""The frontend's side of the ZeroMQ link: ``ZmqEngineClient``.
+
+Requests are encoded on the event loop and sent with ``copy=False`` (pyzmq
+still copies frames under its copy threshold, where that is cheaper). One
+reader task decodes every output batch and routes each output to its
+request's queue. A monitor task turns a dead engine (process gone, or no
+message for ``HEARTBEAT_TIMEOUT_S``) into ``EngineDeadError`` for every
+request in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import AsyncIterator, Callable
+
+import zmq
+import zmq.asyncio
+
+from wirecodecs import CodecError, EncodeError, get_codec
+
+from . import transport
+from .engine_api import EngineDeadError, RequestRejectedError
+from .messages import CodecStats, EngineCoreAbort, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
+from .transport import CodecCounters, EngineAddresses
+
+log = logging.getLogger("wirebench.frontend")
+
+
+class ZmqEngineClient:
+    def __init__(
+        self,
+        codec_name: str,
+        addresses: EngineAddresses,
+        is_process_alive: Callable[[], bool] | None = None,
+        heartbeat_timeout_s: float = transport.HEARTBEAT_TIMEOUT_S,
+    ) -> None:
+        self.codec_name = codec_name
+        self._encoder = get_codec(codec_name)
+        self._decoder = get_codec(codec_name)
+        self._addresses = addresses
+        self._is_process_alive = is_process_alive
+        self._heartbeat_timeout_s = heartbeat_timeout_s
+        self._ctx = zmq.asyncio.Context()
+        self._input = self._ctx.socket(zmq.PUSH)
+        self._output = self._ctx.socket(zmq.PULL)
+        for sock in (self._input, self._output):
+            sock.setsockopt(zmq.LINGER, 0)
+        self._input.connect(addresses.input)
+        self._output.connect(addresses.output)
+        self._queues: dict[str, asyncio.Queue[EngineCoreOutput | Exception]] = {}
+        self._counters = CodecCounters()
+        self._engine_stats = CodecStats()
+        self._last_message = time.monotonic()
+        self._dead_reason: str | None = None
+        self._tasks: list[asyncio.Task] = []
+        self.engine_info: dict = {}
+
+    # --- lifecycle ----------------------------------------------------------
+    async def wait_ready(self, timeout_s: float, accept_heartbeat: bool = False) -> dict:
+        """Wait for the engine's READY message; raises EngineDeadError on failure or timeout.
+
+        ``accept_heartbeat``: a frontend joining an engine that is already
+        running (``--frontend-only``) may have missed READY; a heartbeat will do.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._is_process_alive is not None and not self._is_process_alive():
+                raise EngineDeadError("engine process exited during startup")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise EngineDeadError(f"engine not ready after {timeout_s:.0f} s")
+            if await self._output.poll(timeout=min(left, 0.2) * 1000):
+                frames = await self._output.recv_multipart()
+                kind, _ = transport.open_envelope(frames[0])
+                if kind == transport.READY:
+                    info = json.loads(frames[1]) if len(frames) > 1 else {}
+                    if "error" in info:
+                        raise EngineDeadError(f"engine failed to start: {info['error']}")
+                    self.engine_info = info
+                    self._last_message = time.monotonic()
+                    return info
+                if kind == transport.HEARTBEAT and accept_heartbeat:
+                    self._last_message = time.monotonic()
+                    return {"joined": "running engine"}
+
+    def start(self) -> None:
+        """Start the reader and monitor tasks (call after wait_ready, on the serving loop)."""
+        self._tasks = [
+            asyncio.create_task(self._read_outputs(), name="engine-outputs"),
+            asyncio.create_task(self._monitor(), name="engine-monitor"),
+        ]
+
+    async def shutdown(self) -> None:
+        """Ask the engine to stop, then close the sockets."""
+        if self._dead_reason is None:
+            try:
+                await self._input.send(transport.envelope(transport.SHUTDOWN), zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._input.close()
+        self._output.close()
+        self._ctx.term()
+
+    # --- EngineClient -------------------------------------------------------
+    @property
+    def is_healthy(self) -> bool:
+        return self._dead_reason is None
+
+    @property
+    def dead_reason(self) -> str | None:
+        return self._dead_reason
+
+    def frontend_codec_stats(self) -> CodecStats:
+        return self._counters.snapshot()
+
+    def engine_codec_stats(self) -> CodecStats:
+        return self._engine_stats
+
+    async def generate(self, request: EngineCoreRequest) -> AsyncIterator[EngineCoreOutput]:
+        if self._dead_reason is not None:
+            raise EngineDeadError(self._dead_reason)
+        rid = request.request_id
+        if rid in self._queues:
+            raise RequestRejectedError(f"request id {rid!r} is already in flight")
+        started = time.perf_counter_ns()
+        try:
+            frames = self._encoder.encode(request)
+        except EncodeError as exc:
+            raise RequestRejectedError(str(exc)) from exc
+        self._counters.add_encode(started, frames)
+        q: asyncio.Queue[EngineCoreOutput | Exception] = asyncio.Queue()
+        self._queues[rid] = q
+        finished = False
+        try:
+            await self._input.send_multipart([transport.envelope(transport.ADD, rid), *frames], copy=False)
+            while not finished:
+                item = await q.get()
+                if isinstance(item, Exception):
+                    finished = True  # nothing left in the engine to abort
+                    raise item
+                if item.finish_reason == FinishReason.ERROR:
+                    finished = True
+                    raise RequestRejectedError(item.error or "the engine refused the request")
+                finished = item.finished
+                yield item
+        finally:
+            self._queues.pop(rid, None)
+            if not finished and self._dead_reason is None:
+                await self._send_abort([rid])
+
+    async def abort(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self._queues.pop(rid, None)
+        if self._dead_reason is None:
+            await self._send_abort(request_ids)
+
+    async def _send_abort(self, request_ids: list[str]) -> None:
+        frames = self._encoder.encode(EngineCoreAbort(request_ids=list(request_ids)))
+        await self._input.send_multipart([transport.envelope(transport.ABORT), *frames])
+
+    # --- background tasks ---------------------------------------------------
+    async def _read_outputs(self) -> None:
+        while True:
+            frames = await self._output.recv_multipart(copy=False)
+            self._last_message = time.monotonic()
+            try:
+                kind, _ = transport.open_envelope(frames[0])
+                if kind != transport.OUTPUTS:
+                    continue
+                body = frames[1:]
+                started = time.perf_counter_ns()
+                batch = self._decoder.decode(body, EngineCoreOutputs)
+                self._counters.add_decode(started, body)
+            except (CodecError, ValueError) as exc:
+                log.error("dropped an undecodable output batch: %s", exc)
+                continue
+            if batch.engine_codec_stats is not None:
+                self._engine_stats = batch.engine_codec_stats
+            for output in batch.outputs:
+                q = self._queues.get(output.request_id)
+                if q is not None:
+                    q.put_nowait(output)
+
+    async def _monitor(self) -> None:
+        while self._dead_reason is None:
+            await asyncio.sleep(0.1)
+            if self._is_process_alive is not None and not self._is_process_alive():
+                self._declare_dead("the engine process exited")
+            elif time.monotonic() - self._last_message > self._heartbeat_timeout_s:
+                self._declare_dead(f"no message from the engine for {self._heartbeat_timeout_s:.1f} s")
+
+    def _declare_dead(self, reason: str) -> None:
+        log.error("engine is dead: %s", reason)
+        self._dead_reason = reason
+        for q in self._queues.values():
+            q.put_nowait(EngineDeadError(reason))

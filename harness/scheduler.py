@@ -1,0 +1,345 @@
+"""Continuous-batching scheduler with chunked prefill and KV admission control.
+
+Each ``schedule()`` builds one step under two limits, a token budget
+(``max_num_batched_tokens``) and at most ``max_num_seqs`` running sequences:
+
+1. every running request that is decoding gets its one token;
+2. running requests still in prefill continue with their next chunk;
+3. waiting requests are admitted in arrival order (FCFS, no skipping ahead, so
+   a large request can't starve) while a slot is free, their whole
+   ``prompt_len + max_tokens`` fits in the free KV tokens, and budget is left.
+
+A prefill chunk is capped at ``long_prefill_token_threshold`` whenever other
+requests are running or waiting, so one long prompt can't stall everyone's
+decode; alone, a prompt may use the whole budget.
+
+KV accounting reserves a request's whole ``prompt_len + max_tokens`` when it is
+admitted and frees it when it finishes or is aborted. Nothing is ever
+preempted and the cache can never overflow; a request that could never fit is
+rejected in ``add_request``. Each running request owns one KV *slot* (an index
+into the executor's per-slot cache buffers), handed out lowest-first.
+
+Stop strings (``SamplingParams.stop``) are a detokenizer matter: the frontend
+checks them and aborts the request.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+from harness.config import EngineConfig
+from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
+from harness.vision import check_mm_input
+
+
+@dataclass
+class NewRequest:
+    """A request the executor sees for the first time in this step."""
+
+    request_id: str
+    request: EngineCoreRequest
+    slot: int
+    max_tokens: int  # resolved (None in the request means up to max_model_len)
+
+
+@dataclass
+class ScheduledChunk:
+    """One request's tokens in this step: ``token_ids`` at positions [start_pos, start_pos+len)."""
+
+    request_id: str
+    slot: int
+    token_ids: list[int]
+    start_pos: int
+    # True when the chunk reaches the end of the known tokens, so the step
+    # produces this request's next token.
+    sample: bool
+    # Token ids the sampler must not pick (EOS / stop ids before min_tokens).
+    suppress_token_ids: list[int] | None = None
+
+
+@dataclass
+class SchedulerOutput:
+    step_index: int
+    new_requests: list[NewRequest] = field(default_factory=list)
+    decodes: list[ScheduledChunk] = field(default_factory=list)  # one token each
+    prefills: list[ScheduledChunk] = field(default_factory=list)
+    # Requests finished or aborted since the last executed step: free their state.
+    # The executor must handle these before new_requests (a slot may be reused).
+    finished_req_ids: list[str] = field(default_factory=list)
+    total_num_tokens: int = 0
+
+    @property
+    def chunks(self) -> list[ScheduledChunk]:
+        return self.decodes + self.prefills
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What one executed step produced."""
+
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    # Requests the executor could not serve (e.g. an undecodable image): request_id -> why.
+    errors: dict[str, str] = field(default_factory=dict)
+    execute_time_s: float = 0.0
+
+
+@dataclass
+class _Request:
+    req: EngineCoreRequest
+    prompt_len: int
+    max_tokens: int
+    eos_token_id: int | None
+    token_ids: list[int]  # prompt then outputs
+    num_computed_tokens: int = 0
+    slot: int = -1
+    sent_to_executor: bool = False
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def kv_reservation(self) -> int:
+        return self.prompt_len + self.max_tokens
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig) -> None:
+        if config.max_num_seqs < 1 or config.max_model_len < 2:
+            raise ValueError("max_num_seqs must be >= 1 and max_model_len >= 2")
+        if config.max_num_batched_tokens < config.max_num_seqs:
+            # Otherwise some decodes would miss steps whenever all slots are busy.
+            raise ValueError(f"max_num_batched_tokens ({config.max_num_batched_tokens}) must be >= "
+                             f"max_num_seqs ({config.max_num_seqs})")
+        self.config = config
+        self.waiting: deque[str] = deque()
+        self.running: list[str] = []  # admission order
+        self.requests: dict[str, _Request] = {}
+        self._free_slots: list[int] = list(range(config.max_num_seqs))
+        heapq.heapify(self._free_slots)
+        self._kv_used = 0
+        self._finished_for_executor: list[str] = []
+        self._step = 0
+        # Chunk cap when others are present; <= 0 disables it.
+        self._cap = config.long_prefill_token_threshold
+
+    # -- queries -----------------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def kv_tokens_used(self) -> int:
+        return self._kv_used
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- requests in and out -----------------------------------------------
+    def add_request(self, req: EngineCoreRequest) -> None:
+        """Queue a request; raises ValueError (message says why) if it can't be served."""
+        max_tokens = self._validate(req)
+        eos = req.eos_token_id if req.eos_token_id is not None else self.config.eos_token_id
+        self.requests[req.request_id] = _Request(
+            req=req, prompt_len=len(req.prompt_token_ids), max_tokens=max_tokens,
+            eos_token_id=eos, token_ids=list(req.prompt_token_ids))
+        self.waiting.append(req.request_id)
+
+    def abort_requests(self, request_ids: list[str]) -> list[str]:
+        """Drop waiting or running requests, freeing their KV; returns the ids that existed."""
+        found = []
+        for rid in request_ids:
+            r = self.requests.get(rid)
+            if r is None:
+                continue
+            found.append(rid)
+            if r.slot >= 0:
+                self.running.remove(rid)
+            else:
+                self.waiting.remove(rid)
+            self._free(rid)
+        return found
+
+    def _validate(self, req: EngineCoreRequest) -> int:
+        cfg = self.config
+        sp = req.sampling_params
+        rid = req.request_id
+        if rid in self.requests:
+            raise ValueError(f"duplicate request id {rid!r}: a request with this id is still in the engine")
+        n = len(req.prompt_token_ids)
+        if n == 0:
+            raise ValueError("the prompt is empty: at least one prompt token is required")
+        if sp.n != 1 or (sp.best_of is not None and sp.best_of != 1):
+            raise ValueError(f"only n=1 (and best_of 1) is supported, got n={sp.n} best_of={sp.best_of}")
+        if n >= cfg.max_model_len:
+            raise ValueError(f"prompt of {n} tokens leaves no room to generate within max_model_len "
+                             f"{cfg.max_model_len}")
+        max_tokens = sp.max_tokens if sp.max_tokens is not None else cfg.max_model_len - n
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        if n + max_tokens > cfg.max_model_len:
+            raise ValueError(f"prompt of {n} tokens + max_tokens {max_tokens} = {n + max_tokens} exceeds "
+                             f"max_model_len {cfg.max_model_len}")
+        if n + max_tokens > cfg.kv_cache_tokens:
+            raise ValueError(f"prompt of {n} tokens + max_tokens {max_tokens} = {n + max_tokens} can never fit "
+                             f"in the KV cache of {cfg.kv_cache_tokens} tokens")
+        lo, hi = min(req.prompt_token_ids), max(req.prompt_token_ids)
+        if lo < 0 or hi >= cfg.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"prompt token id {bad} outside the vocabulary [0, {cfg.vocab_size})")
+        if sp.min_tokens < 0 or sp.min_tokens > max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens={max_tokens}], got {sp.min_tokens}")
+        if sp.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {sp.temperature}")
+        if not 0.0 < sp.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {sp.top_p}")
+        if sp.top_k < -1:
+            raise ValueError(f"top_k must be -1, 0 (disabled) or positive, got {sp.top_k}")
+        if not 0.0 <= sp.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {sp.min_p}")
+        self._validate_mm(req, n)
+        return max_tokens
+
+    def _validate_mm(self, req: EngineCoreRequest, prompt_len: int) -> None:
+        items = req.mm_inputs or []
+        ranges = req.mm_placeholders or []
+        if len(items) != len(ranges):
+            raise ValueError(f"{len(items)} multimodal inputs but {len(ranges)} placeholder ranges")
+        prev_end = 0
+        for item, pr in sorted(zip(items, ranges, strict=True), key=lambda pair: pair[1].offset):
+            if pr.length != self.config.image_tokens:
+                raise ValueError(f"placeholder length {pr.length} != image_tokens {self.config.image_tokens}")
+            if pr.offset < prev_end or pr.offset + pr.length > prompt_len:
+                raise ValueError(f"placeholder [{pr.offset}, {pr.offset + pr.length}) overlaps another or lies "
+                                 f"outside the prompt of {prompt_len} tokens")
+            prev_end = pr.offset + pr.length
+            check_mm_input(item)
+
+    def _free(self, rid: str) -> None:
+        r = self.requests.pop(rid)
+        if r.slot >= 0:
+            heapq.heappush(self._free_slots, r.slot)
+            self._kv_used -= r.kv_reservation
+            r.slot = -1
+        if r.sent_to_executor:
+            self._finished_for_executor.append(rid)
+
+    # -- one step ------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        cfg = self.config
+        out = SchedulerOutput(step_index=self._step)
+        budget = cfg.max_num_batched_tokens
+        others_present = len(self.running) + len(self.waiting) > 1
+
+        # 1. decodes (one un-fed token each)
+        for rid in self.running:
+            if budget == 0:
+                break
+            r = self.requests[rid]
+            if r.num_computed_tokens >= r.prompt_len and r.num_computed_tokens == len(r.token_ids) - 1:
+                out.decodes.append(self._chunk(r, rid, 1))
+                budget -= 1
+        # 2. running requests still in prefill
+        for rid in self.running:
+            if budget == 0:
+                break
+            r = self.requests[rid]
+            if r.num_computed_tokens < r.prompt_len:
+                n = self._chunk_len(r, budget, others_present)
+                out.prefills.append(self._chunk(r, rid, n))
+                budget -= n
+        # 3. admit waiting requests (FCFS)
+        while self.waiting and budget > 0 and self._free_slots:
+            r = self.requests[self.waiting[0]]
+            if self._kv_used + r.kv_reservation > cfg.kv_cache_tokens:
+                break
+            rid = self.waiting.popleft()
+            r.slot = heapq.heappop(self._free_slots)
+            self._kv_used += r.kv_reservation
+            self.running.append(rid)
+            r.sent_to_executor = True
+            out.new_requests.append(NewRequest(rid, r.req, r.slot, r.max_tokens))
+            n = self._chunk_len(r, budget, others_present)
+            out.prefills.append(self._chunk(r, rid, n))
+            budget -= n
+
+        out.total_num_tokens = cfg.max_num_batched_tokens - budget
+        if out.total_num_tokens:
+            # Hand over finished ids only with a step the executor will run.
+            out.finished_req_ids, self._finished_for_executor = self._finished_for_executor, []
+            self._step += 1
+        return out
+
+    def _chunk_len(self, r: _Request, budget: int, others_present: bool) -> int:
+        n = min(r.prompt_len - r.num_computed_tokens, budget)
+        if others_present and self._cap > 0:
+            n = min(n, self._cap)
+        return n
+
+    def _chunk(self, r: _Request, rid: str, n: int) -> ScheduledChunk:
+        start = r.num_computed_tokens
+        r.num_computed_tokens += n
+        sample = r.num_computed_tokens == len(r.token_ids)
+        suppress = None
+        sp = r.req.sampling_params
+        # The token sampled now would be output number num_output_tokens + 1.
+        if sample and r.num_output_tokens + 1 <= sp.min_tokens:
+            suppress = list(sp.stop_token_ids)
+            if r.eos_token_id is not None and not sp.ignore_eos:
+                suppress.append(r.eos_token_id)
+        return ScheduledChunk(rid, r.slot, r.token_ids[start:start + n], start, sample, suppress or None)
+
+    def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """Append sampled tokens, check stop conditions, free finished requests."""
+        outputs: list[EngineCoreOutput] = []
+        for rid, msg in result.errors.items():
+            if rid in self.requests:
+                self._remove_running_or_waiting(rid)
+                outputs.append(EngineCoreOutput(rid, [], finished=True, finish_reason=FinishReason.ERROR, error=msg))
+        for chunk in sched.chunks:
+            if not chunk.sample:
+                continue
+            rid = chunk.request_id
+            r = self.requests.get(rid)
+            if r is None:  # aborted meanwhile, or failed above
+                continue
+            tok = result.sampled_token_ids.get(rid)
+            if tok is None:  # never leave a request stuck without its token
+                self._remove_running_or_waiting(rid)
+                outputs.append(EngineCoreOutput(rid, [], finished=True, finish_reason=FinishReason.ERROR,
+                                                error="the executor produced no token for this request"))
+                continue
+            r.token_ids.append(tok)
+            reason, stop_reason = self._check_stop(r, tok)
+            if reason is None:
+                outputs.append(EngineCoreOutput(rid, [tok]))
+            else:
+                outputs.append(EngineCoreOutput(rid, [tok], finished=True, finish_reason=reason,
+                                                stop_reason=stop_reason))
+                self._remove_running_or_waiting(rid)
+        return outputs
+
+    def _check_stop(self, r: _Request, tok: int) -> tuple[FinishReason | None, int | None]:
+        sp = r.req.sampling_params
+        if r.num_output_tokens >= sp.min_tokens:
+            # A stop token on the last allowed token still reports "stop".
+            if tok in sp.stop_token_ids:
+                return FinishReason.STOP, tok
+            if tok == r.eos_token_id and not sp.ignore_eos:
+                return FinishReason.STOP, None
+        if r.num_output_tokens >= r.max_tokens:
+            return FinishReason.LENGTH, None
+        return None, None
+
+    def _remove_running_or_waiting(self, rid: str) -> None:
+        if rid in self.running:
+            self.running.remove(rid)
+        elif rid in self.waiting:
+            self.waiting.remove(rid)
+        self._free(rid)

@@ -1,0 +1,134 @@
+"""A small vision encoder: one image -> exactly ``image_tokens`` embeddings.
+
+Patch embedding (a strided conv) over a fixed-size image, one MLP block,
+pooling of the patch sequence down to ``image_tokens`` rows and a projection to
+the language model's width. Weights are random from a seed; what matters for
+wirebench is that the engine really reads every pixel it was sent, so the
+embeddings depend on the payload.
+
+Accepted inputs (one multimodal item of ``EngineCoreRequest.mm_inputs``):
+- a ``PIL.Image.Image`` (any mode; converted to RGB, scaled to [-1, 1]);
+- a dict with ``pixel_values``: torch tensor or numpy array, [1, 3, H, W] or
+  [3, H, W], any float dtype (bfloat16 included) taken as already normalised,
+  or uint8 taken as 0..255.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch import Tensor, nn
+
+IMAGE_SIZE = 224
+PATCH = 16
+_MAX_SIDE = 8192  # refuse absurd images before allocating for them
+
+
+def _describe(item: Any) -> str:
+    return type(item).__module__ + "." + type(item).__qualname__
+
+
+def check_mm_input(item: Any) -> None:
+    """Raise ValueError if ``item`` is not an input ``to_pixels`` accepts (shape/type only)."""
+    if isinstance(item, Image.Image):
+        w, h = item.size
+        if not (0 < w <= _MAX_SIDE and 0 < h <= _MAX_SIDE):
+            raise ValueError(f"image size {w}x{h} outside 1..{_MAX_SIDE}")
+        return
+    if isinstance(item, dict):
+        if "pixel_values" not in item:
+            raise ValueError(f"multimodal dict input needs a 'pixel_values' entry, got keys {sorted(map(str, item))}")
+        pv = item["pixel_values"]
+        if isinstance(pv, Tensor):
+            shape, ok_dtype = tuple(pv.shape), (pv.is_floating_point() or pv.dtype == torch.uint8)
+            dtype = str(pv.dtype)
+        elif isinstance(pv, np.ndarray):
+            shape, ok_dtype = pv.shape, (np.issubdtype(pv.dtype, np.floating) or pv.dtype == np.uint8)
+            dtype = str(pv.dtype)
+        else:
+            raise ValueError(f"pixel_values must be a torch.Tensor or numpy.ndarray, got {_describe(pv)}")
+        if not ok_dtype:
+            raise ValueError(f"pixel_values dtype {dtype} not supported (float or uint8)")
+        if len(shape) == 4 and shape[0] == 1:
+            shape = shape[1:]
+        if len(shape) != 3 or shape[0] != 3:
+            raise ValueError(f"pixel_values shape {tuple(pv.shape)} is not [1,3,H,W] or [3,H,W]")
+        if not (0 < shape[1] <= _MAX_SIDE and 0 < shape[2] <= _MAX_SIDE):
+            raise ValueError(f"pixel_values spatial size {shape[1]}x{shape[2]} outside 1..{_MAX_SIDE}")
+        return
+    raise ValueError(f"multimodal input must be a PIL image or a dict with 'pixel_values', got {_describe(item)}")
+
+
+def to_pixels(item: Any) -> Tensor:
+    """One input -> float32 CPU tensor [3, H, W] (not resized). Validates first."""
+    check_mm_input(item)
+    if isinstance(item, dict):
+        pv = item["pixel_values"]
+        if isinstance(pv, np.ndarray):
+            # np.array copies: the codec's buffer may be read-only, which torch warns about.
+            t = torch.from_numpy(np.array(pv, dtype=np.float32 if pv.dtype != np.uint8 else np.uint8))
+        else:
+            t = pv.detach().cpu()
+        t = t.reshape(t.shape[-3:])
+        return t.float() / 255.0 if t.dtype == torch.uint8 else t.float()
+    rgb = np.asarray(item.convert("RGB"), dtype=np.uint8)  # [H, W, 3]
+    t = torch.from_numpy(rgb.copy()).permute(2, 0, 1).float()
+    return t / 127.5 - 1.0  # [0, 255] -> [-1, 1]
+
+
+class VisionEncoder(nn.Module):
+    """[3, H, W] pixels -> [image_tokens, dim] embeddings."""
+
+    def __init__(self, vision_dim: int, out_dim: int, image_tokens: int,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        if image_tokens < 1:
+            raise ValueError(f"image_tokens must be >= 1, got {image_tokens}")
+        factory = {"device": device, "dtype": dtype}
+        self.image_tokens = image_tokens
+        n_patches = (IMAGE_SIZE // PATCH) ** 2
+        self.patch = nn.Conv2d(3, vision_dim, kernel_size=PATCH, stride=PATCH, **factory)
+        self.pos = nn.Parameter(torch.zeros(n_patches, vision_dim, **factory))
+        self.norm = nn.LayerNorm(vision_dim, **factory)
+        self.fc1 = nn.Linear(vision_dim, 4 * vision_dim, **factory)
+        self.fc2 = nn.Linear(4 * vision_dim, vision_dim, **factory)
+        self.proj = nn.Linear(vision_dim, out_dim, **factory)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        gen = torch.Generator(device=self.proj.weight.device).manual_seed(seed)
+        for p in (self.patch.weight, self.pos, self.fc1.weight, self.fc2.weight):
+            p.normal_(0.0, 0.02, generator=gen)
+        # Patch conv sees 3*16*16 inputs; scale so patch features have ~unit std.
+        self.patch.weight.normal_(0.0, (3 * PATCH * PATCH) ** -0.5, generator=gen)
+        self.proj.weight.normal_(0.0, self.proj.in_features ** -0.5, generator=gen)
+        for b in (self.patch.bias, self.fc1.bias, self.fc2.bias, self.proj.bias):
+            b.zero_()
+
+    def forward(self, pixels: Tensor) -> Tensor:
+        # pixels: [3, H, W] float32 on any device -> [image_tokens, out_dim]
+        w = self.proj.weight
+        x = pixels.to(device=w.device, dtype=torch.float32)[None]
+        x = F.interpolate(x, size=(IMAGE_SIZE, IMAGE_SIZE), mode="bilinear", align_corners=False)
+        x = self.patch(x.to(w.dtype))  # [1, C, 14, 14]
+        x = x.flatten(2).transpose(1, 2)[0] + self.pos  # [P=196, C]
+        x = x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+        # Pool the patch sequence to exactly image_tokens rows: [P, C] -> [N, C]
+        x = F.adaptive_avg_pool1d(x.T[None].float(), self.image_tokens)[0].T.to(w.dtype)
+        x = self.proj(x).float()  # [N, out_dim]
+        # Unit RMS per row, the scale of the token embeddings it stands in for.
+        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)).to(w.dtype)
+
+    def encode(self, item: Any) -> Tensor:
+        return self(to_pixels(item))
+
+
+def build_vision_encoder(vision_dim: int, out_dim: int, image_tokens: int, device: torch.device,
+                         dtype: torch.dtype, seed: int) -> VisionEncoder:
+    enc = VisionEncoder(vision_dim, out_dim, image_tokens, device, dtype)
+    enc.init_weights(seed)
+    return enc.eval().requires_grad_(False)

@@ -1,0 +1,257 @@
+"""End to end: a real `bench serve` (frontend + spawned engine over ZeroMQ).
+
+Each test talks HTTP to real processes: the official openai client, plain
+aiohttp streaming, images through every codec that can carry them, aborts,
+bad input, and a killed engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import os
+import signal
+import time
+
+import aiohttp
+import pytest
+from PIL import Image
+
+from serve_process import ipc_dirs, pid_alive, start_serve
+from wirecodecs import available_codecs, codecs_that_carry_multimodal
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "wirebench-tiny"
+
+
+def image_data_url(size: int = 64, fmt: str = "PNG") -> str:
+    img = Image.effect_noise((size, size), 40).convert("RGB")
+    buf = io.BytesIO()
+    img.save(buf, format=fmt)
+    return f"data:image/{fmt.lower()};base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def chat_with_image(max_tokens: int = 8) -> dict:
+    return {
+        "model": MODEL,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Describe this picture in verse."},
+                    {"type": "image_url", "image_url": {"url": image_data_url()}},
+                ],
+            }
+        ],
+    }
+
+
+async def stream_completion(base_url: str, body: dict) -> tuple[list[dict], bool]:
+    """POST a streaming request; (parsed chunks, saw [DONE])."""
+    chunks, done = [], False
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{base_url}/v1/completions", json={**body, "stream": True}) as resp:
+            assert resp.status == 200, await resp.text()
+            async for raw in resp.content:
+                line = raw.decode().strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[len("data:"):].strip()
+                if data == "[DONE]":
+                    done = True
+                    break
+                chunks.append(json.loads(data))
+    return chunks, done
+
+
+async def post(base_url: str, path: str, body: dict | str) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as session:
+        kwargs = {"data": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, str) else {"json": body}
+        async with session.post(f"{base_url}{path}", **kwargs) as resp:
+            return resp.status, await resp.json(content_type=None)
+
+
+async def get_text(base_url: str, path: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{base_url}{path}") as resp:
+            return resp.status, await resp.text()
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    prefix = f"{name}{{{want}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith(prefix + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{prefix} not in /metrics")
+
+
+@pytest.fixture(scope="module")
+def pickle_server():
+    server = start_serve("--codec", "pickle")
+    yield server
+    server.stop()
+
+
+def test_openai_client_streams_a_completion(pickle_server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{pickle_server.base_url}/v1", api_key="none")
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    stream = client.completions.create(
+        model=MODEL, prompt="Shall I compare thee", max_tokens=12, stream=True,
+        extra_body={"ignore_eos": True}, stream_options={"include_usage": True},
+    )
+    texts, usage = [], None
+    for chunk in stream:
+        if chunk.choices:
+            texts.append(chunk.choices[0].text)
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert usage is not None and usage.completion_tokens == 12
+    assert "".join(texts)
+
+
+def test_aiohttp_stream_and_metrics_move(pickle_server):
+    async def scenario():
+        _, before = await get_text(pickle_server.base_url, "/metrics")
+        chunks, done = await stream_completion(
+            pickle_server.base_url,
+            {"model": MODEL, "prompt": "The quiet sea", "max_tokens": 20, "ignore_eos": True, "temperature": 0},
+        )
+        _, after = await get_text(pickle_server.base_url, "/metrics")
+        return before, chunks, done, after
+
+    before, chunks, done, after = asyncio.run(scenario())
+    assert done and chunks[-1]["choices"][0]["finish_reason"] == "length"
+    for direction, op in [("request", "encode"), ("request", "decode"), ("output", "encode"), ("output", "decode")]:
+        moved = metric(after, "wirebench_codec_messages_total", direction=direction, op=op) - metric(
+            before, "wirebench_codec_messages_total", direction=direction, op=op
+        )
+        assert moved >= 1, (direction, op)
+    assert metric(after, "wirebench_generation_tokens_total") - metric(before, "wirebench_generation_tokens_total") >= 20
+
+
+def test_abort_mid_stream_keeps_engine_serving(pickle_server):
+    async def scenario():
+        async with aiohttp.ClientSession() as session:
+            body = {"model": MODEL, "prompt": "Long night", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+            async with session.post(f"{pickle_server.base_url}/v1/completions", json=body) as resp:
+                seen = 0
+                async for raw in resp.content:
+                    if raw.startswith(b"data:"):
+                        seen += 1
+                    if seen >= 3:
+                        break  # leaving the block closes the connection mid-stream
+        await asyncio.sleep(0.5)
+        _, metrics = await get_text(pickle_server.base_url, "/metrics")
+        chunks, done = await stream_completion(
+            pickle_server.base_url, {"model": MODEL, "prompt": "After", "max_tokens": 4, "ignore_eos": True}
+        )
+        return metrics, done
+
+    metrics, done = asyncio.run(scenario())
+    assert metric(metrics, "wirebench_requests_total", outcome="aborted") >= 1
+    assert done
+
+
+@pytest.mark.parametrize(
+    "path,body,status",
+    [
+        ("/v1/completions", "{not json", 400),
+        ("/v1/completions", {"model": "no-such-model", "prompt": "x"}, 404),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}, 400),
+        ("/v1/completions", {"model": MODEL, "prompt": "word " * 3000, "max_tokens": 10}, 400),
+        ("/v1/completions", {"model": MODEL}, 400),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGFuIGltYWdl"}}]}]}, 400),
+    ],
+)
+def test_bad_input_gets_openai_error(pickle_server, path, body, status):
+    code, payload = asyncio.run(post(pickle_server.base_url, path, body))
+    assert code == status
+    assert isinstance(payload["error"]["message"], str) and payload["error"]["message"]
+
+
+@pytest.mark.parametrize("codec", available_codecs())
+def test_every_codec_serves_text_and_images_or_refuses_clearly(codec):
+    server = start_serve("--codec", codec)
+    try:
+        async def scenario():
+            text = await stream_completion(
+                server.base_url, {"model": MODEL, "prompt": "Winter light", "max_tokens": 6, "ignore_eos": True}
+            )
+            image = await post(server.base_url, "/v1/chat/completions", chat_with_image())
+            after = await stream_completion(
+                server.base_url, {"model": MODEL, "prompt": "Still here", "max_tokens": 3, "ignore_eos": True}
+            )
+            return text, image, after
+
+        (chunks, done), (status, body), (_, done_after) = asyncio.run(scenario())
+        assert done and chunks
+        if codec in codecs_that_carry_multimodal():
+            assert status == 200, body
+            assert body["usage"]["completion_tokens"] == 8
+        else:
+            assert status == 400
+            message = body["error"]["message"]
+            assert codec in message and "PIL.Image.Image" in message and "msgspec-oob" in message
+        assert done_after, "the engine must keep serving after a refused request"
+    finally:
+        assert server.stop() == 0
+
+
+def test_tensor_mm_payload_serves_images():
+    server = start_serve("--codec", "msgspec-oob", "--mm-payload", "tensor")
+    try:
+        status, body = asyncio.run(post(server.base_url, "/v1/chat/completions", chat_with_image()))
+        assert status == 200, body
+        assert body["choices"][0]["message"]["content"] is not None
+    finally:
+        server.stop()
+
+
+def test_killed_engine_fails_inflight_requests_and_health():
+    server = start_serve("--codec", "msgspec")
+    try:
+        (engine_pid,) = server.engine_pids
+
+        async def scenario():
+            async with aiohttp.ClientSession() as session:
+                body = {"model": MODEL, "prompt": "Doomed", "max_tokens": 1800, "ignore_eos": True, "stream": True}
+                async with session.post(f"{server.base_url}/v1/completions", json=body) as resp:
+                    events = []
+                    async for raw in resp.content:
+                        if raw.startswith(b"data:"):
+                            events.append(raw)
+                            if len(events) == 2:
+                                os.kill(engine_pid, signal.SIGKILL)
+                                killed_at = time.monotonic()
+                ended_after = time.monotonic() - killed_at
+            health, _ = await get_text(server.base_url, "/health")
+            status, refused = await post(server.base_url, "/v1/completions", {"model": MODEL, "prompt": "x"})
+            return events, ended_after, health, status
+
+        events, ended_after, health, status = asyncio.run(scenario())
+        assert b"error" in events[-1]
+        assert ended_after < 5.0
+        assert health == 503
+        assert status == 503
+    finally:
+        assert server.stop() == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_stops_cleanly_leaving_no_children_or_sockets(sig):
+    before = ipc_dirs()
+    server = start_serve("--codec", "msgspec-oob")
+    engines = server.engine_pids
+    assert engines, "the engine runs as a child process"
+    assert server.stop(sig) == 0
+    for pid in engines:
+        assert not pid_alive(pid)
+    assert ipc_dirs() <= before

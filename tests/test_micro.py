@@ -1,0 +1,191 @@
+"""``bench micro``: statistics helpers, payloads, and a tiny end-to-end run (no timing asserts)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import cli, micro
+from harness.messages import EngineCoreOutputs, EngineCoreRequest
+
+# --- statistics --------------------------------------------------------------
+
+
+def test_median_odd_and_even() -> None:
+    assert micro.median([3, 1, 2]) == 2
+    assert micro.median([4, 1, 3, 2]) == 2.5
+    assert micro.median([7]) == 7
+
+
+def test_percentile_interpolates_between_ranks() -> None:
+    samples = list(range(1, 101))  # 1..100
+    assert micro.percentile(samples, 0) == 1
+    assert micro.percentile(samples, 100) == 100
+    assert micro.p99(samples) == pytest.approx(99.01)
+    assert micro.p99([5, 5, 5]) == 5
+
+
+def test_percentile_ignores_input_order() -> None:
+    assert micro.p99([10, 1, 1000, 5]) == micro.p99([1, 5, 10, 1000])
+
+
+@pytest.mark.parametrize("q", [-1, 100.5, math.nan])
+def test_percentile_rejects_bad_q(q: float) -> None:
+    with pytest.raises(ValueError):
+        micro.percentile([1, 2], q)
+
+
+def test_percentile_rejects_empty() -> None:
+    with pytest.raises(ValueError, match="no samples"):
+        micro.median([])
+
+
+def test_timing_from_ns_in_microseconds() -> None:
+    t = micro.Timing.from_ns([1000, 2000, 3000])
+    assert (t.p50_us, t.min_us, t.iterations) == (2.0, 1.0, 3)
+
+
+def test_time_calls_meets_min_iterations() -> None:
+    calls = []
+    t = micro.time_calls(lambda: calls.append(1), min_iterations=7, min_time_s=0.0)
+    assert t.iterations >= 7 and len(calls) >= t.iterations
+
+
+# --- payloads ----------------------------------------------------------------
+
+
+def test_text_payload_is_sonnet_sized() -> None:
+    req = micro.text_request()
+    assert len(req.prompt_token_ids) == 550
+    assert 1900 <= len(req.prompt.encode()) <= 2048
+    assert req.sampling_params.max_tokens == 150
+    assert req.mm_inputs is None and req.mm_hashes is None
+    assert req.request_id.startswith("cmpl-") and len(req.request_id) == len("cmpl-") + 32 + 2
+
+
+def test_payload_bytes_definition() -> None:
+    req = micro.text_request()
+    expected = 8 * 550 + len(req.prompt.encode()) + len(req.request_id)
+    assert micro.payload_nbytes(req) == expected
+    tensor_req = micro.PAYLOADS["tensor-fp32-1024"]()
+    assert micro.payload_nbytes(tensor_req) == micro.payload_nbytes(
+        micro.text_request(extra_tokens=micro.IMAGE_TOKENS)
+    ) + 3 * 1024 * 1024 * 4
+    outputs = micro.outputs_batch()
+    assert len(outputs.outputs) == 64
+    assert micro.payload_nbytes(outputs) == 64 * (8 + len(outputs.outputs[0].request_id))
+
+
+def test_payloads_are_deterministic() -> None:
+    a, b = micro.PAYLOADS["image-336"](), micro.PAYLOADS["image-336"]()
+    assert a.mm_hashes == b.mm_hashes
+    assert a.mm_inputs[0].tobytes() == b.mm_inputs[0].tobytes()
+    assert a.mm_placeholders[0].length == micro.IMAGE_TOKENS
+
+
+def test_round_trip_check_catches_a_changed_message() -> None:
+    sent = micro.text_request()
+    micro.check_round_trip(sent, micro.text_request())
+    changed = micro.text_request()
+    changed.prompt_token_ids[3] += 1
+    with pytest.raises(AssertionError):
+        micro.check_round_trip(sent, changed)
+
+
+def test_parse_names() -> None:
+    assert micro.parse_names(None, ["a", "b"], "codec") == ["a", "b"]
+    assert micro.parse_names(" b, a,b ", ["a", "b"], "codec") == ["b", "a"]
+    with pytest.raises(ValueError, match="unknown codec 'x'; available: a, b"):
+        micro.parse_names("a,x", ["a", "b"], "codec")
+
+
+# --- the command -------------------------------------------------------------
+
+FAST = ["--min-iterations", "3", "--min-time", "0"]
+
+
+def test_micro_command_writes_records(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sub" / "micro.json"
+    threads = torch.get_num_threads()
+    rc = cli.main(["micro", "--codec", "msgspec,msgspec-oob", "--payload", "text-550,image-336",
+                   *FAST, "--json", str(out)])
+    assert rc == 0
+    assert torch.get_num_threads() == threads  # restored after the run
+
+    text = capsys.readouterr().out
+    assert "threads pinned to 1" in text
+    assert "unsupported: cannot carry PIL.Image.Image" in text
+
+    records = json.loads(out.read_text())
+    assert [(r["codec"], r["payload"]) for r in records] == [
+        ("msgspec", "text-550"), ("msgspec-oob", "text-550"),
+        ("msgspec", "image-336"), ("msgspec-oob", "image-336"),
+    ]
+    by_cell = {(r["codec"], r["payload"]): r for r in records}
+    unsupported = by_cell["msgspec", "image-336"]
+    assert unsupported["status"] == "unsupported"
+    assert "PIL.Image.Image" in unsupported["reason"]
+    assert unsupported["encode_p50_us"] is None and unsupported["ratio"] is None
+    assert unsupported["memcpy_p50_us"] > 0  # the reference exists even where a codec can't
+
+    ok = by_cell["msgspec-oob", "image-336"]
+    assert ok["status"] == "ok" and ok["reason"] is None
+    assert ok["frames"] == 2 and ok["wire_bytes"] > 336 * 336 * 3
+    for key in ("encode_p50_us", "encode_p99_us", "decode_p50_us", "decode_p99_us", "memcpy_p50_us"):
+        assert ok[key] > 0, key
+    assert ok["encode_p99_us"] >= ok["encode_p50_us"]
+    assert ok["encode_iterations"] >= 3 and ok["decode_iterations"] >= 3
+    assert ok["ratio"] == pytest.approx(
+        (ok["encode_p50_us"] + ok["decode_p50_us"]) / ok["memcpy_p50_us"]
+    )
+    assert ok["payload_bytes"] == micro.payload_nbytes(micro.PAYLOADS["image-336"]())
+    meta = ok["metadata"]
+    for key in ("python", "torch", "msgspec", "pyzmq", "platform", "cpu_model", "cpu_count"):
+        assert meta[key], key
+    assert meta["torch_threads"] == 1
+    assert ok["settings"] == {"min_iterations": 3, "min_time_s": 0.0}
+
+
+def test_outputs_payload_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["micro", "--codec", "pickle", "--payload", "outputs-64", *FAST]) == 0
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("pickle ")]
+    assert len(row) == 1 and "outputs-64" in row[0] and "error" not in row[0]
+
+
+def test_a_failing_cell_becomes_an_error_row() -> None:
+    class Weird:  # not a wire message: every codec should refuse or fail, not crash the run
+        pass
+
+    cell = micro.measure_cell("msgspec", "weird", Weird(), 1, 0.0)
+    assert cell.status in ("unsupported", "error") and cell.reason
+    cell = micro.measure_cell("no-such-codec", "text-550", micro.text_request(), 1, 0.0)
+    assert cell.status == "error" and "no-such-codec" in cell.reason
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--codec", "nope"], "unknown codec 'nope'"),
+        (["--payload", "text-550,huge"], "unknown payload 'huge'"),
+        (["--min-iterations", "0"], "--min-iterations"),
+    ],
+)
+def test_bad_flags_are_clear_errors(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["micro", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_messages_types_round_trip_through_every_codec_once() -> None:
+    # The payloads are valid wire messages for the codecs that carry them.
+    for payload in ("text-550", "outputs-64"):
+        msg = micro.PAYLOADS[payload]()
+        assert isinstance(msg, (EngineCoreRequest, EngineCoreOutputs))
+        for codec in micro.wirecodecs.available_codecs():
+            cell = micro.measure_cell(codec, payload, msg, 1, 0.0)
+            assert cell.status == "ok", (codec, payload, cell.reason)

@@ -1,0 +1,225 @@
+"""The model (prefill/decode consistency), the vision encoder and the sampler."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from harness.messages import SamplingParams
+from harness.model import PRESETS, build_model, get_model_config, resolve_dtype
+from harness.sampler import SampleRow, Sampler
+from harness.vision import build_vision_encoder, check_mm_input, to_pixels
+
+CPU = torch.device("cpu")
+VOCAB = 300
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = get_model_config("tiny", VOCAB)
+    return build_model(cfg, max_num_seqs=6, max_model_len=96, device=CPU, dtype=torch.float32, seed=0)
+
+
+def _tokens(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.inference_mode()
+def test_chunked_prefill_matches_one_shot(model):
+    toks = _tokens(50)
+    one_shot = model.prefill(model.embed(toks), slot=0, start=0, all_logits=True)  # [50, V]
+    assert one_shot.shape == (50, VOCAB)
+    parts, start = [], 0
+    for n in (13, 1, 25, 11):
+        parts.append(model.prefill(model.embed(toks[start:start + n]), slot=1, start=start, all_logits=True))
+        start += n
+    torch.testing.assert_close(torch.cat(parts), one_shot, atol=ATOL, rtol=1e-4)
+    # Default: logits of the last position only.
+    last = model.prefill(model.embed(toks), slot=2, start=0)
+    torch.testing.assert_close(last, one_shot[-1], atol=ATOL, rtol=1e-4)
+
+
+@torch.inference_mode()
+def test_decode_token_by_token_matches_prefill(model):
+    toks = _tokens(40, seed=1)
+    one_shot = model.prefill(model.embed(toks), slot=0, start=0, all_logits=True)
+    model.prefill(model.embed(toks[:5]), slot=3, start=0)
+    for p in range(5, 40):
+        logits = model.decode(model.embed(toks[p:p + 1]), torch.tensor([3]), torch.tensor([p]))
+        torch.testing.assert_close(logits[0], one_shot[p], atol=ATOL, rtol=1e-4)
+
+
+@torch.inference_mode()
+def test_batched_ragged_decode_equals_per_sequence(model):
+    lengths = {0: 7, 1: 30, 4: 61}  # slot -> prompt length; slots 2, 3 unused on purpose
+    seqs = {slot: _tokens(n + 1, seed=slot + 10) for slot, n in lengths.items()}
+    for slot, n in lengths.items():
+        model.prefill(model.embed(seqs[slot][:n]), slot=slot, start=0)
+    slots = torch.tensor([4, 0, 1])  # not sorted: the batch order is arbitrary
+    positions = torch.tensor([lengths[s] for s in slots.tolist()])
+    nxt = torch.stack([seqs[s][lengths[s]] for s in slots.tolist()])
+    batched = model.decode(model.embed(nxt), slots, positions)
+    assert batched.shape == (3, VOCAB)
+    for i, slot in enumerate(slots.tolist()):
+        alone = model.decode(model.embed(nxt[i:i + 1]), torch.tensor([slot]), positions[i:i + 1])
+        torch.testing.assert_close(batched[i], alone[0], atol=ATOL, rtol=1e-4)
+        # ...and equals a one-shot prefill of the whole sequence.
+        ref = model.prefill(model.embed(seqs[slot]), slot=5, start=0)
+        torch.testing.assert_close(batched[i], ref, atol=ATOL, rtol=1e-4)
+
+
+@torch.inference_mode()
+def test_weights_are_deterministic_and_logits_sane(model):
+    again = build_model(model.cfg, 6, 96, CPU, torch.float32, seed=0)
+    other = build_model(model.cfg, 6, 96, CPU, torch.float32, seed=1)
+    toks = _tokens(20, seed=3)
+    a = model.prefill(model.embed(toks), 0, 0)
+    torch.testing.assert_close(again.prefill(again.embed(toks), 0, 0), a)
+    assert not torch.allclose(other.prefill(other.embed(toks), 0, 0), a)
+    assert torch.isfinite(a).all() and 0.1 < a.std().item() < 10
+
+
+def test_presets_and_config_errors():
+    assert {"tiny", "llama-8b"} <= set(PRESETS)
+    big = PRESETS["llama-8b"]
+    assert (big.n_layers, big.dim, big.n_heads, big.n_kv_heads, big.ffn_dim) == (32, 4096, 32, 8, 14336)
+    assert get_model_config("llama-8b", 4096).vocab_size == 128256
+    assert get_model_config("tiny", 4096).vocab_size == 4096
+    with pytest.raises(ValueError, match="unknown model preset"):
+        get_model_config("nope", 10)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        resolve_dtype("int3", CPU)
+    assert resolve_dtype("auto", CPU) == torch.float32
+
+
+@torch.inference_mode()
+def test_prefill_rejects_out_of_range(model):
+    with pytest.raises(ValueError, match="outside"):
+        model.prefill(model.embed(_tokens(10)), slot=0, start=90)
+    with pytest.raises(ValueError, match="slot"):
+        model.prefill(model.embed(_tokens(3)), slot=6, start=0)
+
+
+# -- vision ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def encoder():
+    return build_vision_encoder(64, 128, image_tokens=16, device=CPU, dtype=torch.float32, seed=1)
+
+
+def _image(seed: int, size=(64, 48)) -> Image.Image:
+    arr = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    return Image.fromarray(arr)
+
+
+@torch.inference_mode()
+def test_vision_embeddings_depend_on_pixels(encoder):
+    a, b = encoder.encode(_image(0)), encoder.encode(_image(1))
+    assert a.shape == (16, 128) and torch.isfinite(a).all()
+    assert not torch.allclose(a, b)
+    torch.testing.assert_close(encoder.encode(_image(0)), a)
+
+
+@torch.inference_mode()
+def test_vision_accepts_tensors_arrays_and_modes(encoder):
+    pv = torch.randn(1, 3, 40, 30)
+    ref = encoder.encode({"pixel_values": pv})
+    assert ref.shape == (16, 128)
+    # bf16 and 3-D inputs; a read-only numpy array (as a codec may deliver it)
+    bf = encoder.encode({"pixel_values": pv[0].to(torch.bfloat16)})
+    torch.testing.assert_close(bf, ref, atol=0.05, rtol=0.05)
+    arr = pv.numpy().astype(np.float16)
+    arr.flags.writeable = False
+    torch.testing.assert_close(encoder.encode({"pixel_values": arr}), ref, atol=0.05, rtol=0.05)
+    assert encoder.encode(_image(2).convert("L")).shape == (16, 128)
+    assert to_pixels({"pixel_values": np.zeros((3, 4, 4), np.uint8)}).dtype == torch.float32
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("not an image", "PIL image or a dict"),
+    ({"pixels": 1}, "pixel_values"),
+    ({"pixel_values": [1, 2]}, "torch.Tensor or numpy"),
+    ({"pixel_values": torch.zeros(2, 3, 8, 8)}, "shape"),
+    ({"pixel_values": torch.zeros(4, 8, 8)}, "shape"),
+    ({"pixel_values": torch.zeros(3, 8, 8, dtype=torch.int32)}, "dtype"),
+    ({"pixel_values": np.zeros((3, 0, 8), np.float32)}, "spatial size"),
+])
+def test_vision_rejects_bad_inputs(bad, match):
+    with pytest.raises(ValueError, match=match):
+        check_mm_input(bad)
+
+
+# -- sampler -------------------------------------------------------------------
+
+def _logits(n: int, vocab: int = 50, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, vocab, generator=torch.Generator().manual_seed(seed)) * 2
+
+
+def test_greedy_is_argmax_and_top_k_1_is_greedy():
+    s = Sampler(50, seed=0, device=CPU)
+    logits = _logits(8)
+    greedy = s.sample(logits, [SampleRow(SamplingParams(temperature=0.0))] * 8)
+    assert greedy == logits.argmax(-1).tolist()
+    assert s.sample(logits, [SampleRow(SamplingParams(temperature=1.0, top_k=1))] * 8) == greedy
+    assert s.sample(logits, [SampleRow(SamplingParams(temperature=0.8, top_p=1e-6))] * 8) == greedy
+    assert s.sample(logits, [SampleRow(SamplingParams(temperature=1.5, min_p=1.0))] * 8) == greedy
+
+
+def test_seeded_request_is_independent_of_batch():
+    row = _logits(1, seed=5)
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=20, seed=1234)
+
+    def draws(batch_of: int, position: int) -> list[int]:
+        s = Sampler(50, seed=99, device=CPU)
+        gen = s.request_generator(params)
+        out = []
+        for step in range(15):
+            logits = _logits(batch_of, seed=step)
+            logits[position] = row[0]
+            rows = [SampleRow(SamplingParams(temperature=1.0, seed=step if i % 2 else None),
+                              s.request_generator(SamplingParams(temperature=1.0, seed=step)) if i % 2 else None)
+                    for i in range(batch_of)]
+            rows[position] = SampleRow(params, gen)
+            out.append(s.sample(logits, rows)[position])
+        return out
+
+    alone = draws(1, 0)
+    assert draws(5, 3) == alone == draws(4, 0)
+    assert len(set(alone)) > 1  # actually random
+
+
+def test_unseeded_sampling_follows_engine_seed():
+    logits = _logits(6)
+    rows = [SampleRow(SamplingParams(temperature=1.0))] * 6
+    a = [Sampler(50, seed=3, device=CPU).sample(logits, rows) for _ in range(2)]
+    assert a[0] == a[1]
+    s = Sampler(50, seed=3, device=CPU)
+    many = {tuple(s.sample(logits, rows)) for _ in range(10)}
+    assert len(many) > 1
+
+
+def test_filters_restrict_support():
+    s = Sampler(50, seed=0, device=CPU)
+    logits = _logits(1, seed=7)
+    top5 = set(logits[0].topk(5).indices.tolist())
+    rows = [SampleRow(SamplingParams(temperature=2.0, top_k=5))]
+    assert all(s.sample(logits, rows)[0] in top5 for _ in range(50))
+    probs = logits[0].softmax(-1)
+    keep = {i for i, p in enumerate(probs.tolist()) if p >= 0.2 * probs.max().item()}
+    rows = [SampleRow(SamplingParams(temperature=1.0, min_p=0.2))]
+    assert all(s.sample(logits, rows)[0] in keep for _ in range(50))
+
+
+def test_suppressed_ids_and_vocab_limit():
+    s = Sampler(10, seed=0, device=CPU)
+    logits = torch.zeros(1, 16)
+    logits[0, 12] = 100.0  # beyond the tokenizer vocab: never picked
+    logits[0, 3] = 50.0
+    logits[0, 7] = 40.0
+    assert s.sample(logits, [SampleRow(SamplingParams(temperature=0.0))]) == [3]
+    assert s.sample(logits, [SampleRow(SamplingParams(temperature=0.0), suppress_token_ids=[3])]) == [7]
+    with pytest.raises(ValueError, match="rows"):
+        s.sample(logits, [])

@@ -1,0 +1,277 @@
+"""Scheduler: budget, chunking, limits, admission control, aborts, stops, validation.
+
+The steps here are driven by a tiny stand-in for the executor that returns
+chosen token ids, so each test controls exactly what gets sampled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from harness.config import EngineConfig
+from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, PlaceholderRange, SamplingParams
+from harness.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
+
+EOS = 2
+
+
+def make_config(**kw) -> EngineConfig:
+    base = dict(vocab_size=100, eos_token_id=EOS, max_num_seqs=4, max_num_batched_tokens=64,
+                max_model_len=256, kv_cache_tokens=10_000, long_prefill_token_threshold=0, image_tokens=4)
+    base.update(kw)
+    return EngineConfig(**base)
+
+
+def req(rid: str, n: int = 10, eos: int | None = None, mm: list | None = None,
+        ph: list[PlaceholderRange] | None = None, **sp) -> EngineCoreRequest:
+    sp.setdefault("max_tokens", 5)
+    return EngineCoreRequest(rid, None, [7 + i % 50 for i in range(n)], SamplingParams(**sp), eos, 0.0,
+                             mm_inputs=mm, mm_placeholders=ph)
+
+
+TokenFn = Callable[[str, int], int]  # (request id, output index) -> token
+
+
+def step(s: Scheduler, token: TokenFn = lambda rid, i: 10) -> tuple[SchedulerOutput, list[EngineCoreOutput]]:
+    out = s.schedule()
+    sampled = {}
+    for c in out.chunks:
+        if c.sample:
+            r = s.requests[c.request_id]
+            sampled[c.request_id] = token(c.request_id, r.num_output_tokens)
+    return out, s.update_from_output(out, ModelRunnerOutput(sampled))
+
+
+def run_all(s: Scheduler, token: TokenFn = lambda rid, i: 10, max_steps: int = 2000):
+    outputs: dict[str, list[EngineCoreOutput]] = {}
+    steps = []
+    for _ in range(max_steps):
+        if not s.has_unfinished_requests():
+            break
+        out, outs = step(s, token)
+        steps.append(out)
+        for o in outs:
+            outputs.setdefault(o.request_id, []).append(o)
+    assert not s.has_unfinished_requests()
+    return outputs, steps
+
+
+def tokens_of(outs: list[EngineCoreOutput]) -> list[int]:
+    return [t for o in outs for t in o.new_token_ids]
+
+
+def test_budget_and_max_num_seqs_respected_and_all_finish():
+    s = Scheduler(make_config(max_num_batched_tokens=50, max_num_seqs=3))
+    for i in range(8):
+        s.add_request(req(f"r{i}", n=20 + 7 * i, max_tokens=6))
+    assert s.num_waiting == 8 and s.num_running == 0
+    outputs, steps = run_all(s)
+    for out in steps:
+        assert 0 < out.total_num_tokens <= 50
+        assert out.total_num_tokens == sum(len(c.token_ids) for c in out.chunks)
+        live = {c.request_id for c in out.chunks}
+        assert len(live) <= 3 and len({c.slot for c in out.chunks}) == len(live)
+        assert all(0 <= c.slot < 3 for c in out.chunks)
+        assert all(len(c.token_ids) == 1 and c.sample for c in out.decodes)
+    assert sorted(outputs) == [f"r{i}" for i in range(8)]
+    for outs in outputs.values():
+        assert all(len(o.new_token_ids) == 1 for o in outs)
+        assert len(outs) == 6 and outs[-1].finished and outs[-1].finish_reason == FinishReason.LENGTH
+        assert not any(o.finished for o in outs[:-1])
+    assert s.kv_tokens_used == 0
+
+
+def test_long_prompt_is_chunked_across_steps():
+    s = Scheduler(make_config(max_num_batched_tokens=64))
+    s.add_request(req("long", n=150, max_tokens=2))
+    chunks = []
+    for _ in range(3):
+        out, outs = step(s)
+        chunks += out.prefills
+        assert out.new_requests == [] or out.new_requests[0].request_id == "long"
+    assert [(c.start_pos, len(c.token_ids), c.sample) for c in chunks] == [(0, 64, False), (64, 64, False),
+                                                                          (128, 22, True)]
+    assert outs and outs[0].new_token_ids == [10]
+    # The prompt tokens travel in order, chunk by chunk.
+    assert sum((c.token_ids for c in chunks), []) == s.requests["long"].token_ids[:150]
+
+
+def test_long_prefill_threshold_caps_chunks_only_when_others_present():
+    s = Scheduler(make_config(max_num_batched_tokens=200, long_prefill_token_threshold=40))
+    s.add_request(req("alone", n=150))
+    out, _ = step(s)
+    assert [len(c.token_ids) for c in out.prefills] == [150]  # alone: whole budget
+    s.add_request(req("a", n=100))
+    s.add_request(req("b", n=100))
+    _, steps = run_all(s)
+    prefills = [c for out in steps for c in out.prefills]
+    assert prefills and max(len(c.token_ids) for c in prefills) <= 40
+
+
+def test_decodes_are_scheduled_before_prefills():
+    s = Scheduler(make_config(max_num_batched_tokens=20))
+    s.add_request(req("first", n=5, max_tokens=10))
+    step(s)
+    s.add_request(req("big", n=100, max_tokens=2))
+    out, _ = step(s)
+    assert [c.request_id for c in out.decodes] == ["first"]
+    assert [(c.request_id, len(c.token_ids)) for c in out.prefills] == [("big", 19)]
+
+
+def test_admission_control_under_tiny_kv_cache():
+    # Each request reserves 30 + 10 = 40 KV tokens; only two fit in 100.
+    s = Scheduler(make_config(kv_cache_tokens=100, max_num_seqs=8))
+    for i in range(6):
+        s.add_request(req(f"r{i}", n=30, max_tokens=10))
+    outputs, steps = run_all(s)
+    for out in steps:
+        assert len({c.request_id for c in out.chunks}) <= 2
+    assert all(len(tokens_of(o)) == 10 for o in outputs.values()) and len(outputs) == 6
+    # FCFS: requests start in arrival order.
+    starts = [nr.request_id for out in steps for nr in out.new_requests]
+    assert starts == [f"r{i}" for i in range(6)]
+    with pytest.raises(ValueError, match="never fit in the KV cache of 100"):
+        s.add_request(req("huge", n=95, max_tokens=10))
+
+
+def test_abort_waiting_and_running_frees_kv_and_tells_executor():
+    s = Scheduler(make_config(max_num_seqs=1))
+    s.add_request(req("run", n=10, max_tokens=50))
+    s.add_request(req("wait", n=10))
+    step(s)
+    assert s.num_running == 1 and s.num_waiting == 1 and s.kv_tokens_used == 60
+    assert s.abort_requests(["wait", "nope"]) == ["wait"]
+    assert s.num_waiting == 0
+    assert s.abort_requests(["run"]) == ["run"]
+    assert s.kv_tokens_used == 0 and not s.has_unfinished_requests()
+    assert s.schedule().total_num_tokens == 0  # nothing to run: finished ids are kept for a real step
+    s.add_request(req("run", n=4))  # the id is free again
+    out = s.schedule()
+    assert out.finished_req_ids == ["run"]  # only the one the executor knew
+    assert [nr.request_id for nr in out.new_requests] == ["run"] and out.new_requests[0].slot == 0
+
+
+def test_update_ignores_request_aborted_after_schedule():
+    s = Scheduler(make_config())
+    s.add_request(req("x", n=4))
+    out = s.schedule()
+    s.abort_requests(["x"])
+    assert s.update_from_output(out, ModelRunnerOutput({"x": 11})) == []
+
+
+def test_eos_stops_and_ignore_eos_runs_to_max_tokens():
+    s = Scheduler(make_config())
+    s.add_request(req("stop", max_tokens=10))
+    s.add_request(req("ignore", max_tokens=10, ignore_eos=True))
+    outputs, _ = run_all(s, token=lambda rid, i: EOS if i == 2 else 10)
+    stop = outputs["stop"]
+    assert tokens_of(stop) == [10, 10, EOS]
+    assert stop[-1].finish_reason == FinishReason.STOP and stop[-1].stop_reason is None
+    assert len(tokens_of(outputs["ignore"])) == 10 and outputs["ignore"][-1].finish_reason == FinishReason.LENGTH
+
+
+def test_request_eos_overrides_config_and_none_means_no_eos():
+    s = Scheduler(make_config(eos_token_id=None))
+    s.add_request(req("own", eos=42, max_tokens=5))
+    s.add_request(req("none", max_tokens=5))
+    outputs, _ = run_all(s, token=lambda rid, i: 42 if i == 1 else EOS)
+    assert tokens_of(outputs["own"]) == [EOS, 42] and outputs["own"][-1].finish_reason == FinishReason.STOP
+    assert len(tokens_of(outputs["none"])) == 5
+
+
+def test_stop_token_ids_and_min_tokens():
+    s = Scheduler(make_config())
+    s.add_request(req("stopid", max_tokens=10, stop_token_ids=[33, 34]))
+    s.add_request(req("min", max_tokens=10, min_tokens=4, stop_token_ids=[33]))
+    seen_suppress: dict[str, list] = {}
+    outputs = {}
+    while s.has_unfinished_requests():
+        out = s.schedule()
+        for c in out.chunks:
+            if c.sample:
+                seen_suppress.setdefault(c.request_id, []).append(c.suppress_token_ids)
+        sampled = {c.request_id: (34 if c.request_id == "stopid" and s.requests[c.request_id].num_output_tokens == 1
+                                  else 33 if c.request_id == "min" else 10)
+                   for c in out.chunks if c.sample}
+        for o in s.update_from_output(out, ModelRunnerOutput(sampled)):
+            outputs.setdefault(o.request_id, []).append(o)
+    last = outputs["stopid"][-1]
+    assert tokens_of(outputs["stopid"]) == [10, 34]
+    assert (last.finish_reason, last.stop_reason) == (FinishReason.STOP, 34)
+    # min_tokens=4: a stop token before the 4th output doesn't stop; the sampler is told to avoid it.
+    assert tokens_of(outputs["min"]) == [33, 33, 33, 33]
+    assert outputs["min"][-1].finish_reason == FinishReason.STOP and outputs["min"][-1].stop_reason == 33
+    assert seen_suppress["min"] == [[33, EOS]] * 4
+    assert seen_suppress["stopid"] == [None, None]
+
+
+def test_max_tokens_none_fills_the_context():
+    s = Scheduler(make_config(max_model_len=40))
+    s.add_request(req("r", n=30, max_tokens=None, ignore_eos=True))
+    outputs, _ = run_all(s)
+    assert len(tokens_of(outputs["r"])) == 10
+
+
+def test_executor_errors_become_error_outputs():
+    s = Scheduler(make_config())
+    s.add_request(req("bad"))
+    s.add_request(req("good", max_tokens=1))
+    out = s.schedule()
+    outs = s.update_from_output(out, ModelRunnerOutput({"good": 5}, errors={"bad": "broken image"}))
+    by_id = {o.request_id: o for o in outs}
+    assert by_id["bad"].finish_reason == FinishReason.ERROR and by_id["bad"].error == "broken image"
+    assert by_id["good"].new_token_ids == [5] and by_id["good"].finish_reason == FinishReason.LENGTH
+    assert not s.has_unfinished_requests() and s.kv_tokens_used == 0
+
+
+def test_missing_token_fails_the_request_instead_of_hanging():
+    s = Scheduler(make_config())
+    s.add_request(req("x"))
+    out = s.schedule()
+    (o,) = s.update_from_output(out, ModelRunnerOutput({}))
+    assert o.finish_reason == FinishReason.ERROR and not s.has_unfinished_requests()
+
+
+IMG = {"pixel_values": np.zeros((3, 8, 8), np.float32)}
+
+
+@pytest.mark.parametrize("bad, match", [
+    (req("e", n=0), "empty"),
+    (req("l", n=200, max_tokens=100), r"200 tokens \+ max_tokens 100 = 300 exceeds max_model_len 256"),
+    (req("l2", n=256, max_tokens=None), "no room"),
+    (req("m", max_tokens=0), "max_tokens must be >= 1"),
+    (EngineCoreRequest("n", None, [1, 2], SamplingParams(n=2), None, 0.0), "only n=1"),
+    (EngineCoreRequest("v", None, [1, 100], SamplingParams(), None, 0.0), r"100 outside the vocabulary \[0, 100\)"),
+    (EngineCoreRequest("v2", None, [-1], SamplingParams(), None, 0.0), "-1 outside"),
+    (req("mt", max_tokens=3, min_tokens=4), "min_tokens"),
+    (req("t", temperature=-1.0), "temperature"),
+    (req("p", top_p=0.0), "top_p"),
+    (req("k", top_k=-2), "top_k"),
+    (req("mp", min_p=1.5), "min_p"),
+    (req("ph", mm=[IMG], ph=None), "1 multimodal inputs but 0 placeholder"),
+    (req("ph2", mm=[IMG], ph=[PlaceholderRange(8, 4)]), "outside the prompt"),
+    (req("ph3", mm=[IMG], ph=[PlaceholderRange(0, 3)]), "image_tokens"),
+    (req("ph4", mm=[IMG, IMG], ph=[PlaceholderRange(0, 4), PlaceholderRange(2, 4)]), "overlaps"),
+    (req("ph5", mm=["x"], ph=[PlaceholderRange(0, 4)]), "PIL image or a dict"),
+])
+def test_validation_errors(bad, match):
+    s = Scheduler(make_config())
+    with pytest.raises(ValueError, match=match):
+        s.add_request(bad)
+    assert not s.has_unfinished_requests()
+
+
+def test_duplicate_id_and_valid_multimodal_request():
+    s = Scheduler(make_config())
+    s.add_request(req("a", mm=[IMG, IMG], ph=[PlaceholderRange(5, 4), PlaceholderRange(0, 4)]))
+    with pytest.raises(ValueError, match="duplicate request id 'a'"):
+        s.add_request(req("a"))
+    assert s.num_waiting == 1
+
+
+def test_bad_limits_rejected():
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        Scheduler(make_config(max_num_batched_tokens=3, max_num_seqs=4))
