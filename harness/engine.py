@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any
 
+import msgspec
 import zmq
 
 from wirecodecs import CodecError, get_codec
@@ -150,7 +151,10 @@ class EngineProcess:
             try:
                 item = self.outputs.get(timeout=transport.HEARTBEAT_INTERVAL_S)
             except queue.Empty:
-                sock.send(transport.envelope(transport.HEARTBEAT))
+                # Heartbeats carry the codec counters too, so the frontend's
+                # figures include the last output batch's encode once idle.
+                stats = msgspec.json.encode(self.counters.snapshot())
+                sock.send_multipart([transport.envelope(transport.HEARTBEAT), stats])
                 continue
             if item is _STOP:
                 return

@@ -16,6 +16,7 @@ import logging
 import time
 from typing import AsyncIterator, Callable
 
+import msgspec
 import zmq
 import zmq.asyncio
 
@@ -171,14 +172,16 @@ class ZmqEngineClient:
             self._last_message = time.monotonic()
             try:
                 kind, _ = transport.open_envelope(frames[0])
+                if kind == transport.HEARTBEAT and len(frames) > 1:
+                    self._engine_stats = msgspec.json.decode(frames[1].buffer, type=CodecStats)
                 if kind != transport.OUTPUTS:
                     continue
                 body = frames[1:]
                 started = time.perf_counter_ns()
                 batch = self._decoder.decode(body, EngineCoreOutputs)
                 self._counters.add_decode(started, body)
-            except (CodecError, ValueError) as exc:
-                log.error("dropped an undecodable output batch: %s", exc)
+            except (CodecError, ValueError, msgspec.DecodeError) as exc:
+                log.error("dropped an undecodable message from the engine: %s", exc)
                 continue
             if batch.engine_codec_stats is not None:
                 self._engine_stats = batch.engine_codec_stats

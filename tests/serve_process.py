@@ -49,8 +49,14 @@ class ServeProcess:
     output: list[str] = field(default_factory=list)
 
     @property
-    def engine_pids(self) -> list[int]:
+    def child_pids(self) -> list[int]:
         return child_pids(self.proc.pid)
+
+    @property
+    def engine_pid(self) -> int:
+        """The spawned engine (other children, e.g. multiprocessing's resource tracker, aside)."""
+        (pid,) = [p for p in self.child_pids if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        return pid
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
         if self.proc.poll() is None:
