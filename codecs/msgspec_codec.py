@@ -77,8 +77,8 @@ class _MsgspecBase:
             return self._encoder.encode(msg)
         except EncodeError:
             raise
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise EncodeError(f"codec {self.name!r}: {exc}") from exc
+        except Exception as exc:  # enc_hook may surface torch/PIL errors of any type
+            raise EncodeError(f"codec {self.name!r}: {type(exc).__name__}: {exc}") from exc
 
     def decode(self, frames: Sequence[Frame], msg_type: type[T]) -> T:
         require_frames(frames, self.name)
@@ -87,11 +87,17 @@ class _MsgspecBase:
         try:
             msg = self._decoder(msg_type).decode(as_buffer(frames[0]))
             return self._restore(msg)
-        except (msgspec.DecodeError, ValueError, TypeError, KeyError) as exc:
-            raise DecodeError(f"codec {self.name!r}: {exc}") from exc
+        except Exception as exc:  # a corrupt header can make torch/PIL raise anything
+            raise _decode_error(self.name, exc) from exc
 
     def _restore(self, msg: Any) -> Any:
         return msg
+
+
+def _decode_error(codec: str, exc: Exception) -> DecodeError:
+    if isinstance(exc, DecodeError):  # ours (msgspec.DecodeError is unrelated)
+        return exc
+    return DecodeError(f"codec {codec!r}: {type(exc).__name__}: {exc}")
 
 
 class MsgspecCodec(_MsgspecBase):
@@ -104,6 +110,14 @@ class MsgspecCodec(_MsgspecBase):
         if isinstance(obj, MULTIMODAL_TYPES):
             raise UnsupportedPayloadError(self.name, obj, _capable_codecs())
         raise EncodeError(f"codec {self.name!r} cannot encode {type(obj).__qualname__}")
+
+    def _restore(self, msg: Any) -> Any:
+        # This codec never writes multimodal inputs, so any that arrive were
+        # written by another codec (b64 maps, oob extensions): refuse them
+        # rather than hand the engine raw wire structures.
+        if getattr(msg, "mm_inputs", None):
+            raise ValueError("text-only codec received multimodal inputs (frames from another codec?)")
+        return msg
 
 
 # Key that marks a base64 map in msgspec-b64; user dict keys never start with it.
@@ -232,9 +246,9 @@ class MsgspecOobCodec(_MsgspecBase):
         self._in = [as_buffer(f) for f in frames[1:]]
         self._used.clear()
         try:
-            msg = self._decoder(msg_type).decode(as_buffer(frames[0]))
-        except (msgspec.DecodeError, ValueError, TypeError, KeyError, IndexError) as exc:
-            raise DecodeError(f"codec {self.name!r}: {exc}") from exc
+            msg = self._restore(self._decoder(msg_type).decode(as_buffer(frames[0])))
+        except Exception as exc:  # a corrupt header can make torch/PIL raise anything
+            raise _decode_error(self.name, exc) from exc
         finally:
             self._in = []
         if len(self._used) != len(frames) - 1:
@@ -242,6 +256,19 @@ class MsgspecOobCodec(_MsgspecBase):
                 f"codec {self.name!r}: {len(frames) - 1} out-of-band frames sent, "
                 f"{len(self._used)} referenced"
             )
+        return msg
+
+    def _restore(self, msg: Any) -> Any:
+        # Every image/tensor/array this codec writes comes back from _ext_hook;
+        # anything else (e.g. msgspec-b64's maps) was written by another codec.
+        for item in getattr(msg, "mm_inputs", None) or ():
+            values = item.values() if isinstance(item, dict) else (item,)
+            for value in values:
+                if not isinstance(value, MULTIMODAL_TYPES):
+                    raise ValueError(
+                        f"multimodal input holds a {type(value).__name__}, not an "
+                        "image, tensor or array (frames from another codec?)"
+                    )
         return msg
 
     def _buffer(self, ref: Any) -> Any:

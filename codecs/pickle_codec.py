@@ -13,7 +13,16 @@ from typing import Any, ClassVar, Sequence
 import torch
 from PIL import Image
 
-from .base import DecodeError, Frame, Frames, T, as_buffer, check_type, require_frames
+from .base import (
+    DecodeError,
+    EncodeError,
+    Frame,
+    Frames,
+    T,
+    as_buffer,
+    check_type,
+    require_frames,
+)
 from .rawbuf import image_from_raw, image_to_raw, tensor_from_raw, tensor_to_raw
 
 # Buffers smaller than this stay inside the pickle stream: a separate frame
@@ -28,7 +37,10 @@ class PickleCodec:
     carries_multimodal: ClassVar[bool] = True
 
     def encode(self, msg: Any) -> Frames:
-        return [pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)]
+        try:
+            return [pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)]
+        except Exception as exc:  # PicklingError, TypeError, AttributeError, ...
+            raise _encode_error(self.name, exc) from exc
 
     def decode(self, frames: Sequence[Frame], msg_type: type[T]) -> T:
         require_frames(frames, self.name)
@@ -39,6 +51,12 @@ class PickleCodec:
         except Exception as exc:  # unpickling bad bytes can raise nearly anything
             raise DecodeError(f"codec {self.name!r}: {type(exc).__name__}: {exc}") from exc
         return check_type(msg, msg_type, self.name)
+
+
+def _encode_error(codec: str, exc: Exception) -> EncodeError:
+    if isinstance(exc, EncodeError):
+        return exc
+    return EncodeError(f"codec {codec!r}: {type(exc).__name__}: {exc}")
 
 
 # Rebuild functions named in the pickle stream; module-level so pickle can find them.
@@ -86,17 +104,28 @@ class PickleOobCodec:
             return False
 
         body = io.BytesIO()
-        _OutOfBandPickler(body, protocol=5, buffer_callback=keep_in_band).dump(msg)
+        try:
+            _OutOfBandPickler(body, protocol=5, buffer_callback=keep_in_band).dump(msg)
+        except Exception as exc:  # unsupported dtype/mode, unpicklable value, ...
+            raise _encode_error(self.name, exc) from exc
         frames[0] = body.getbuffer()
         return frames
 
     def decode(self, frames: Sequence[Frame], msg_type: type[T]) -> T:
         require_frames(frames, self.name)
-        buffers = [as_buffer(f) for f in frames[1:]]
+        # An iterator, so we can tell afterwards whether pickle consumed every
+        # buffer: pickle.loads silently ignores extra ones.
+        buffers = iter([as_buffer(f) for f in frames[1:]])
         try:
             msg = pickle.loads(as_buffer(frames[0]), buffers=buffers)
         except Exception as exc:
             raise DecodeError(f"codec {self.name!r}: {type(exc).__name__}: {exc}") from exc
+        left = sum(1 for _ in buffers)
+        if left:
+            raise DecodeError(
+                f"codec {self.name!r}: {len(frames) - 1} out-of-band frames sent, "
+                f"{len(frames) - 1 - left} referenced"
+            )
         return check_type(msg, msg_type, self.name)
 
 

@@ -71,7 +71,9 @@ def _check_size(buf: Any, expected: int, what: str) -> memoryview:
 
 def tensor_to_raw(t: torch.Tensor) -> tuple[str, list[int], memoryview]:
     """(dtype name, shape, uint8 buffer); zero-copy for contiguous CPU tensors."""
-    t = t.detach()
+    # resolve_conj/resolve_neg materialize lazy conjugate/negation views (a
+    # no-op otherwise): view(uint8) refuses tensors with those bits set.
+    t = t.detach().resolve_conj().resolve_neg()
     if t.device.type != "cpu":
         t = t.cpu()
     dtype = str(t.dtype).removeprefix("torch.")
@@ -104,8 +106,9 @@ def array_to_raw(a: np.ndarray) -> tuple[str, list[int], memoryview]:
     """(dtype.str with byte order, shape, uint8 buffer); zero-copy when C-contiguous."""
     if a.dtype.hasobject or a.dtype.fields is not None:
         raise TypeError(f"numpy dtype {a.dtype} is not supported on the wire")
-    a = np.ascontiguousarray(a)
-    return a.dtype.str, list(a.shape), memoryview(a.reshape(-1).view(np.uint8))
+    shape = list(a.shape)  # before ascontiguousarray, which turns 0-d into shape (1,)
+    flat = np.ascontiguousarray(a).reshape(-1)
+    return a.dtype.str, shape, memoryview(flat.view(np.uint8))
 
 
 def array_from_raw(dtype: Any, shape: Any, buf: Any) -> np.ndarray:
