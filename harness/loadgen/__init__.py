@@ -1,0 +1,13 @@
+"""The load generator: arrival schedule, streaming client, metrics, report.
+
+One job per module:
+  arrivals  planned send offsets (Poisson / gamma), computed before the clock
+  client    the streaming OpenAI-compatible request function (never raises)
+  metrics   one pure function from per-request records to a result
+  report    the console block and the JSON result file
+  serverstats  GET /v1/models, /metrics scrapes and the codec figures of a run
+  sysinfo   run metadata (versions, CPU/GPU, git revision)
+  progress  a one-line progress bar on stderr
+  runner    ``run_benchmark``: warmup, scrape /metrics, send the load, compute
+  cli       ``bench load``
+"""

@@ -1,0 +1,75 @@
+"""The arrival schedule: when each request is planned to be sent.
+
+The whole schedule is computed before the clock starts, so drawing random
+numbers never delays a send, and a seed reproduces it exactly. The runner
+then sleeps until each planned offset; how late it actually sent (the
+schedule lag) is recorded per request, so a slow client cannot hide.
+
+Intervals between consecutive requests follow a gamma distribution with
+shape ``burstiness`` and scale ``1 / (rate * burstiness)``: the mean
+interval is ``1 / rate`` whatever the burstiness. ``burstiness == 1`` is the
+exponential distribution, i.e. a Poisson process; below 1 arrivals are
+burstier, above 1 more regular. ``rate == inf`` sends everything at once.
+The first request is planned at offset 0 (as benchmark_serving does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import numpy as np
+
+
+def plan_arrivals(
+    num_requests: int,
+    request_rate: float = math.inf,
+    burstiness: float = 1.0,
+    seed: int | None = 0,
+) -> list[float]:
+    """Planned send offsets in seconds from the start, one per request, non-decreasing."""
+    if num_requests < 0:
+        raise ValueError(f"num_requests must be >= 0, got {num_requests}")
+    if not request_rate > 0:  # also rejects NaN
+        raise ValueError(f"request rate must be > 0 (or inf), got {request_rate}")
+    if not (burstiness > 0 and math.isfinite(burstiness)):
+        raise ValueError(f"burstiness must be a positive finite number, got {burstiness}")
+    if num_requests == 0:
+        return []
+    if math.isinf(request_rate):
+        return [0.0] * num_requests
+    rng = np.random.default_rng(seed)
+    scale = 1.0 / (request_rate * burstiness)
+    intervals = rng.gamma(shape=burstiness, scale=scale, size=num_requests - 1)
+    offsets = np.concatenate(([0.0], np.cumsum(intervals)))
+    return [float(x) for x in offsets]
+
+
+def describe_arrivals(request_rate: float, burstiness: float) -> str:
+    """One line naming the process, for the console."""
+    if math.isinf(request_rate):
+        return "all requests at once (rate inf)"
+    kind = "Poisson process" if burstiness == 1.0 else f"gamma intervals, burstiness {burstiness:g}"
+    return f"{request_rate:g} req/s, {kind}"
+
+
+def positive_rate(text: str) -> float:
+    """argparse type for --request-rate: a positive float or 'inf'."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r} (use a positive float or 'inf')") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"request rate must be > 0 or 'inf', got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type for --burstiness."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text!r}")
+    return value

@@ -1,0 +1,302 @@
+"""Streaming client for OpenAI-compatible servers: one record per request.
+
+``send_request`` posts a pre-serialized body to ``/v1/completions`` or
+``/v1/chat/completions`` with ``stream: true`` and reads the server-sent
+events as they arrive. It fills a ``RequestRecord`` and never raises: a
+refused connection, an HTTP error (with its body), malformed SSE, a timeout
+or a stream that ends before ``data: [DONE]`` all end as ``success=False``
+with the error kept. The one exception is cancellation, which is re-raised
+after marking the record "cancelled" so the run can stop on Ctrl-C.
+
+Token counting. If the server puts ``usage`` in every chunk (vLLM's and
+wirebench's ``stream_options.continuous_usage_stats``), ``completion_tokens``
+is cumulative and a chunk carries the difference from the previous one;
+otherwise every chunk with non-empty text counts as one token. The total
+prefers the final usage's ``completion_tokens`` when the server sends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from ..workload import SampleRequest
+
+COMPLETIONS = "/v1/completions"
+CHAT_COMPLETIONS = "/v1/chat/completions"
+ENDPOINTS = (COMPLETIONS, CHAT_COMPLETIONS)
+
+_ERROR_BODY_LIMIT = 2000
+
+
+@dataclass
+class RequestRecord:
+    """What happened to one request. Times are seconds.
+
+    ``planned_send``, ``dispatched`` and ``actual_send`` are offsets from the
+    start of the run; ``ttft``, ``latency`` and ``chunk_times`` are measured
+    from ``actual_send``.
+    """
+
+    index: int
+    prompt_len: int
+    expected_output_len: int
+    planned_send: float
+    # When the runner acted on the planned time (before waiting for a
+    # --max-concurrency slot).
+    dispatched: float = math.nan
+    # Just before the HTTP request was written.
+    actual_send: float = math.nan
+    # First chunk that carried output, from actual_send.
+    ttft: float = math.nan
+    # E2EL: until data: [DONE], from actual_send.
+    latency: float = math.nan
+    # Arrival of every chunk that carried output (text or tokens), from
+    # actual_send, and how many tokens each carried.
+    chunk_times: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    generated_text: str = ""
+    output_tokens: int = 0
+    # As reported by the server's usage (None when it sent none).
+    prompt_tokens: int | None = None
+    # True when the server sent usage with every chunk.
+    usage_per_chunk: bool = False
+    success: bool = False
+    error: str = ""
+
+    @property
+    def schedule_lag(self) -> float:
+        """actual − planned send; includes any wait for a concurrency slot."""
+        return self.actual_send - self.planned_send
+
+    @property
+    def sent(self) -> bool:
+        return not math.isnan(self.actual_send)
+
+
+def is_chat(endpoint: str) -> bool:
+    return endpoint.rstrip("/").endswith("chat/completions")
+
+
+def build_payload(
+    sample: SampleRequest,
+    model: str,
+    endpoint: str,
+    *,
+    continuous_usage: bool = True,
+) -> dict[str, Any]:
+    """The JSON body for one request; images only go through chat."""
+    body: dict[str, Any] = {"model": model}
+    if is_chat(endpoint):
+        content: list[dict[str, Any]] = [{"type": "text", "text": sample.prompt}]
+        for url in sample.image_data_urls:
+            content.append({"type": "image_url", "image_url": {"url": url}})
+        body["messages"] = [{"role": "user", "content": content}]
+    else:
+        if sample.image_data_urls:
+            raise ValueError(
+                f"request has {len(sample.image_data_urls)} image(s): images need "
+                f"--endpoint {CHAT_COMPLETIONS}, not {endpoint}"
+            )
+        body["prompt"] = sample.prompt
+    stream_options: dict[str, Any] = {"include_usage": True}
+    if continuous_usage:
+        stream_options["continuous_usage_stats"] = True
+    body.update(
+        max_tokens=sample.expected_output_len,
+        temperature=0.0,
+        ignore_eos=True,
+        stream=True,
+        stream_options=stream_options,
+    )
+    return body
+
+
+def encode_payload(body: dict[str, Any]) -> bytes:
+    """Serialize before the clock starts, so JSON encoding of big data URLs is not measured."""
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+class SSEDecoder:
+    """Incremental server-sent-events parser: bytes in, each event's data out.
+
+    Only ``data:`` fields matter here; comments and other fields are skipped.
+    Multi-line data is joined with newlines, as the SSE spec says.
+    """
+
+    def __init__(self) -> None:
+        self._pending = b""
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[str]:
+        self._pending += chunk
+        *lines, self._pending = self._pending.split(b"\n")
+        events: list[str] = []
+        for raw in lines:
+            self._line(raw.rstrip(b"\r"), events)
+        return events
+
+    def flush(self) -> list[str]:
+        """Events left when the stream ends without a final blank line."""
+        events: list[str] = []
+        if self._pending:
+            self._line(self._pending.rstrip(b"\r"), events)
+            self._pending = b""
+        self._line(b"", events)
+        return events
+
+    def _line(self, raw: bytes, events: list[str]) -> None:
+        if not raw:
+            if self._data:
+                events.append("\n".join(self._data))
+                self._data = []
+            return
+        if raw.startswith(b":"):
+            return
+        name, _, value = raw.partition(b":")
+        if name != b"data":
+            return
+        if value.startswith(b" "):
+            value = value[1:]
+        self._data.append(value.decode("utf-8", errors="replace"))
+
+
+class StreamError(Exception):
+    """The stream said something that makes the request a failure."""
+
+
+class _StreamState:
+    """Folds the events of one response into the record."""
+
+    def __init__(self, record: RequestRecord, chat: bool) -> None:
+        self.record = record
+        self.chat = chat
+        self.done = False
+        self.cumulative = 0  # last cumulative completion_tokens seen in a chunk
+        self.final_completion: int | None = None
+
+    def event(self, data: str, t: float) -> None:
+        if self.done:
+            return  # anything after [DONE] is ignored
+        if data.strip() == "[DONE]":
+            self.done = True
+            self.record.latency = t
+            return
+        try:
+            msg = json.loads(data)
+        except ValueError:
+            raise StreamError(f"malformed SSE data: {data[:200]!r}") from None
+        if not isinstance(msg, dict):
+            raise StreamError(f"malformed SSE data (not an object): {data[:200]!r}")
+        if "error" in msg:
+            raise StreamError(f"server error in stream: {json.dumps(msg['error'])[:_ERROR_BODY_LIMIT]}")
+        choices = msg.get("choices") or []
+        usage = msg.get("usage")
+        if choices:
+            self._chunk(choices[0], usage, t)
+        elif isinstance(usage, dict):
+            # The final usage-only chunk of include_usage.
+            self.final_completion = _int_or_none(usage.get("completion_tokens"))
+        if isinstance(usage, dict) and usage.get("prompt_tokens") is not None:
+            self.record.prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
+
+    def _chunk(self, choice: dict[str, Any], usage: Any, t: float) -> None:
+        if self.chat:
+            text = (choice.get("delta") or {}).get("content") or ""
+        else:
+            text = choice.get("text") or ""
+        completion = _int_or_none(usage.get("completion_tokens")) if isinstance(usage, dict) else None
+        if completion is not None:
+            self.record.usage_per_chunk = True
+            tokens = max(0, completion - self.cumulative)
+            self.cumulative = max(self.cumulative, completion)
+        else:
+            tokens = 1 if text else 0
+        if not text and tokens == 0:
+            return  # role-only or empty keep-alive chunk
+        rec = self.record
+        if not rec.chunk_times:
+            rec.ttft = t
+        rec.chunk_times.append(t)
+        rec.chunk_tokens.append(tokens)
+        rec.generated_text += text
+
+    def finish(self) -> None:
+        rec = self.record
+        if not self.done:
+            raise StreamError("stream ended before data: [DONE]")
+        if self.final_completion is not None:
+            rec.output_tokens = self.final_completion
+        elif rec.usage_per_chunk:
+            rec.output_tokens = self.cumulative
+        else:
+            rec.output_tokens = sum(rec.chunk_tokens)
+        if not rec.chunk_times:
+            raise StreamError("stream finished without any output token")
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _describe(exc: BaseException, timeout_s: float | None) -> str:
+    if isinstance(exc, asyncio.TimeoutError):
+        return f"timeout after {timeout_s:g} s" if timeout_s else "timeout"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"connection failed: {exc}"
+    if isinstance(exc, StreamError):
+        return str(exc)
+    text = str(exc) or repr(exc)
+    return f"{type(exc).__name__}: {text}"
+
+
+async def send_request(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    record: RequestRecord,
+    *,
+    origin: float,
+    chat: bool,
+    timeout_s: float | None = None,
+) -> RequestRecord:
+    """Send one streaming request and fill ``record``; never raises except on cancellation.
+
+    ``origin`` is the ``time.perf_counter()`` of the run's start, the zero of
+    ``record.actual_send``.
+    """
+    state = _StreamState(record, chat)
+    decoder = SSEDecoder()
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    start = time.perf_counter()
+    record.actual_send = start - origin
+    try:
+        async with session.post(url, data=body, headers=headers, timeout=timeout) as resp:
+            if resp.status != 200:
+                text = (await resp.text(errors="replace"))[:_ERROR_BODY_LIMIT]
+                record.error = f"HTTP {resp.status} {resp.reason or ''}".rstrip() + (f": {text}" if text else "")
+                return record
+            async for chunk in resp.content.iter_any():
+                t = time.perf_counter() - start
+                for data in decoder.feed(chunk):
+                    state.event(data, t)
+            t = time.perf_counter() - start
+            for data in decoder.flush():
+                state.event(data, t)
+        state.finish()
+        record.success = True
+    except asyncio.CancelledError:
+        record.success = False
+        record.error = "cancelled"
+        raise
+    except Exception as exc:  # the request function never raises: keep the error
+        record.success = False
+        record.error = _describe(exc, timeout_s)
+    return record

@@ -1,0 +1,65 @@
+"""Progress line, run metadata and the full `bench load` flag set."""
+
+from __future__ import annotations
+
+import argparse
+import io
+
+import pytest
+
+from harness.loadgen import cli
+from harness.loadgen.progress import Progress
+from harness.loadgen.runner import BenchmarkError, LoadSettings
+from harness.loadgen.sysinfo import collect_sysinfo
+
+
+def test_progress_draws_only_when_enabled() -> None:
+    quiet = io.StringIO()
+    p = Progress(3, stream=quiet)  # StringIO is not a TTY
+    p.update(True)
+    p.close()
+    assert quiet.getvalue() == ""
+
+    loud = io.StringIO()
+    p = Progress(3, enabled=True, stream=loud, interval_s=0.0)
+    p.update(True)
+    p.update(False)
+    p.update(True)
+    p.close()
+    last = loud.getvalue().rstrip("\n").split("\r")[-1]
+    assert "3/3 requests 1 failed" in last
+    assert loud.getvalue().endswith("\n")
+
+
+def test_sysinfo_has_the_fields_a_result_needs() -> None:
+    info = collect_sysinfo()
+    assert set(info["libraries"]) == {"torch", "msgspec", "pyzmq", "aiohttp", "numpy"}
+    assert info["libraries"]["aiohttp"]
+    assert info["python"] and info["cpu_model"] and info["cpu_count"] >= 1
+    assert "gpu" in info and "git" in info and info["platform"]
+
+
+def test_load_settings_from_flags() -> None:
+    parser = argparse.ArgumentParser()
+    cli.add_server_arguments(parser)
+    cli.add_load_arguments(parser)
+    args = parser.parse_args(["--goodput", "ttft:100", "e2el:900", "--metric-percentiles", "50,90",
+                              "--percentile-metrics", "ttft,e2el", "--request-timeout", "0",
+                              "--max-concurrency", "4", "--no-progress"])
+    s = LoadSettings.from_args(args)
+    assert s.goodput_slos_ms == {"ttft": 100.0, "e2el": 900.0}
+    assert s.percentiles == (50.0, 90.0) and s.selected_metrics == ("ttft", "e2el")
+    assert s.request_timeout_s is None and s.max_concurrency == 4 and s.progress is False
+    for bad in (["--goodput", "itl:5"], ["--percentile-metrics", "foo"], ["--max-concurrency", "0"]):
+        with pytest.raises(BenchmarkError):
+            LoadSettings.from_args(parser.parse_args(bad))
+
+
+def test_bench_load_parser_with_dataset_flags() -> None:
+    pytest.importorskip("harness.datasets")
+    from harness.cli import build_parser
+
+    parser, _ = build_parser(["load"])
+    args = parser.parse_args(["load", "--base-url", "http://x:1", "--request-rate", "5"])
+    assert args.request_rate == 5.0 and args.base_url == "http://x:1"
+    assert hasattr(args, "seed") and hasattr(args, "tokenizer")
