@@ -34,28 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--codec", default="pickle", choices=available_codecs(), help="wire codec in both directions")
     p.add_argument("--host", default="127.0.0.1", help="HTTP host")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (0 = any free port)")
-    p.add_argument("--served-model-name", default=None, help="model id in the API (default: wirebench-<preset>)")
-    p.add_argument("--tokenizer", default=None, help="path of a tokenizer.json (default: the embedded BPE)")
-    p.add_argument("--mm-payload", choices=("pil", "tensor"), default="pil",
-                   help="images travel as PIL images or as processed pixel tensors")
-    p.add_argument("--mm-tensor-size", type=int, default=336, help="side of processed pixel tensors")
-    p.add_argument("--mm-tensor-dtype", default="float16", help="dtype of processed pixel tensors")
-    g = p.add_argument_group("engine")
-    defaults = EngineConfig()
-    g.add_argument("--model-preset", default=defaults.model_preset)
-    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=defaults.device)
-    g.add_argument("--dtype", default=defaults.dtype, help="auto: float32 on CPU, bfloat16 on CUDA")
-    g.add_argument("--executor", choices=("torch", "sim"), default=defaults.executor,
-                   help="torch runs the model; sim models each step's time with no compute")
-    g.add_argument("--sim-step-fixed-ms", type=float, default=defaults.sim_step_fixed_ms)
-    g.add_argument("--sim-step-per-token-ms", type=float, default=defaults.sim_step_per_token_ms)
-    g.add_argument("--seed", type=int, default=defaults.seed, help="model weights and sampling seed")
-    g.add_argument("--engine-threads", type=int, default=defaults.num_threads, help="torch CPU threads in the engine")
-    g.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
-    g.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
-    g.add_argument("--max-model-len", type=int, default=defaults.max_model_len)
-    g.add_argument("--kv-cache-tokens", type=int, default=defaults.kv_cache_tokens)
-    g.add_argument("--image-tokens", type=int, default=defaults.image_tokens, help="embeddings per image")
+    p.add_argument("--seed", type=int, default=EngineConfig.seed, help="model weights and sampling seed")
+    add_model_arguments(p)
     t = p.add_argument_group("transport")
     t.add_argument("--transport", choices=("ipc", "tcp"), default="ipc")
     t.add_argument("--engine-host", default="127.0.0.1", help="tcp: engine address (binds here with --engine-only)")
@@ -66,6 +46,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--allow-insecure-pickle", action="store_true",
                    help="allow a pickle codec over non-loopback tcp (unpickling runs code the peer chooses)")
     p.add_argument("--log-level", default="WARNING")
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of what is served (model, engine limits, payload form); `bench run` forwards these."""
+    g = p.add_argument_group("served model and engine")
+    g.add_argument("--served-model-name", default=None, help="model id in the API (default: wirebench-<preset>)")
+    g.add_argument("--tokenizer", default=None, help="path of a tokenizer.json (default: the embedded BPE)")
+    g.add_argument("--mm-payload", choices=("pil", "tensor"), default="pil",
+                   help="images travel as PIL images or as processed pixel tensors")
+    g.add_argument("--mm-tensor-size", type=int, default=336, help="side of processed pixel tensors")
+    g.add_argument("--mm-tensor-dtype", default="float16", help="dtype of processed pixel tensors")
+    defaults = EngineConfig()
+    g.add_argument("--model-preset", default=defaults.model_preset)
+    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=defaults.device)
+    g.add_argument("--dtype", default=defaults.dtype, help="auto: float32 on CPU, bfloat16 on CUDA")
+    g.add_argument("--executor", choices=("torch", "sim"), default=defaults.executor,
+                   help="torch runs the model; sim models each step's time with no compute")
+    g.add_argument("--sim-step-fixed-ms", type=float, default=defaults.sim_step_fixed_ms)
+    g.add_argument("--sim-step-per-token-ms", type=float, default=defaults.sim_step_per_token_ms)
+    g.add_argument("--engine-threads", type=int, default=defaults.num_threads, help="torch CPU threads in the engine")
+    g.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
+    g.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
+    g.add_argument("--max-model-len", type=int, default=defaults.max_model_len)
+    g.add_argument("--kv-cache-tokens", type=int, default=defaults.kv_cache_tokens)
+    g.add_argument("--image-tokens", type=int, default=defaults.image_tokens, help="embeddings per image")
 
 
 def engine_config_from_args(args: argparse.Namespace, tokenizer: Any) -> EngineConfig:
