@@ -94,6 +94,13 @@ class PickleOobCodec:
     carries_multimodal: ClassVar[bool] = True
 
     def encode(self, msg: Any) -> Frames:
+        if not getattr(msg, "mm_inputs", None):
+            # Nothing to take out of band: the C pickler alone writes the same
+            # stream, without a Python reducer_override call per object.
+            try:
+                return [pickle.dumps(msg, protocol=5)]
+            except Exception as exc:
+                raise _encode_error(self.name, exc) from exc
         frames: Frames = [b""]
 
         def keep_in_band(buf: pickle.PickleBuffer) -> bool:
