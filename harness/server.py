@@ -160,7 +160,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
             mm_tensor_dtype=args.mm_tensor_dtype,
         )
         app = build_app(client, tokenizer, settings)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
         await runner.setup()
         site = web.TCPSite(runner, args.host, args.port)
         await site.start()
