@@ -104,7 +104,8 @@ class ZmqEngineClient:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._input.close()
+        # Give SHUTDOWN a moment to leave: linger 0 would drop it unsent.
+        self._input.close(linger=1000)
         self._output.close()
         self._ctx.term()
 
