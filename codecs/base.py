@@ -13,6 +13,10 @@ Frame = bytes | bytearray | memoryview | zmq.Frame
 # so the caller must not mutate those tensors until the frames are sent.
 Frames = list[bytes | memoryview]
 
+# Out-of-band codecs copy buffers smaller than this into the body: a separate
+# frame costs more than copying a few hundred bytes.
+INLINE_THRESHOLD = 256
+
 T = TypeVar("T")
 
 

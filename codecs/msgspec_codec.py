@@ -20,6 +20,7 @@ import torch
 from PIL import Image
 
 from .base import (
+    INLINE_THRESHOLD,
     DecodeError,
     EncodeError,
     Frame,
@@ -187,8 +188,6 @@ def _from_b64_map(obj: Any) -> Any:
 
 # msgpack extension codes of msgspec-oob.
 _EXT_TENSOR, _EXT_ARRAY, _EXT_IMAGE = 1, 2, 3
-# Buffers below this are copied into the body: a frame of their own costs more.
-INLINE_THRESHOLD = 256
 
 
 class MsgspecOobCodec(_MsgspecBase):

@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 
 from .base import (
+    INLINE_THRESHOLD,
     DecodeError,
     EncodeError,
     Frame,
@@ -24,10 +25,6 @@ from .base import (
     require_frames,
 )
 from .rawbuf import image_from_raw, image_to_raw, tensor_from_raw, tensor_to_raw
-
-# Buffers smaller than this stay inside the pickle stream: a separate frame
-# costs more than copying a few hundred bytes.
-INLINE_THRESHOLD = 256
 
 
 class PickleCodec:

@@ -20,8 +20,8 @@ Error policy (all bodies are ``{"error": {message, type, param, code}}``):
 The first engine output is awaited before the HTTP response starts, so codec
 rejections and a dead engine still get a proper status code.
 
-Client disconnects: the engine's generator is always closed and
-``engine.abort`` is called for any request the engine did not finish. Run
+Client disconnects: the engine's generator is always closed, which (by the
+EngineClient contract) aborts any request the engine did not finish. Run
 the app with ``handler_cancellation=True`` (AppRunner / run_app) so a client
 that leaves before its first token is noticed at once; without it the
 disconnect is noticed at the next write.
@@ -391,20 +391,16 @@ async def _run(request: web.Request, prep: Prepared) -> web.StreamResponse:
     finally:
         metrics.running -= 1
         metrics.requests[outcome] += 1
-        await _close(engine, gen, rid, relay.engine_finished)
+        await _close(gen, rid)
 
 
-async def _close(engine: EngineClient, gen: AsyncIterator[EngineCoreOutput], rid: str, finished: bool) -> None:
-    """Close the engine's generator and abort what it did not finish (stop string, disconnect, error)."""
+async def _close(gen: AsyncIterator[EngineCoreOutput], rid: str) -> None:
+    """Close the engine's generator; by the EngineClient contract that aborts what
+    the engine did not finish (stop string, disconnect, error)."""
     try:
         await gen.aclose()  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001 - closing must not mask the request's outcome
         log.exception("closing the engine stream of %s failed", rid)
-    if not finished:
-        try:
-            await engine.abort([rid])
-        except Exception as exc:  # noqa: BLE001 - e.g. the engine is dead
-            log.debug("abort of %s failed: %s", rid, exc)
 
 
 def _chunk(prep: Prepared, relay: _Relay, text: str, first: bool, created: int) -> dict[str, Any]:

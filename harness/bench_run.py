@@ -12,23 +12,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
+import math
 import re
-import signal
 import statistics
-import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from wirecodecs import available_codecs
 
+from .serve_process import ServerProcess, served_model_name
 from .server import add_model_arguments
 
-READY_LINE = re.compile(r"wirebench serving codec=\S+ on (http://\S+)")
 SERVER_READY_TIMEOUT_S = 300.0
 
 
@@ -82,54 +79,6 @@ class RunOutcome:
     path: Path | None = None
 
 
-class ServerProcess:
-    """One `bench serve --port 0` child; its output is kept for error messages."""
-
-    def __init__(self, codec: str, flags: list[str], log_path: str | None) -> None:
-        cmd = [sys.executable, "-m", "harness.cli", "serve", "--codec", codec, "--port", "0", *flags]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        # Its own process group: Ctrl-C in the terminal reaches only us, and we
-        # stop the server ourselves after saving what we have.
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
-        )
-        self.lines: list[str] = []
-        self.base_url: str | None = None
-        self._log = open(log_path, "a") if log_path else None
-        self._ready = threading.Event()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            if self._log:
-                self._log.write(line)
-                self._log.flush()
-            match = READY_LINE.search(line)
-            if match and self.base_url is None:
-                self.base_url = match.group(1)
-                self._ready.set()
-        self._ready.set()
-
-    def wait_ready(self, timeout: float) -> str:
-        if not self._ready.wait(timeout) or self.base_url is None:
-            tail = "".join(self.lines[-5:]).strip() or f"exit code {self.proc.poll()}"
-            raise RuntimeError(f"server did not become ready: {tail}")
-        return self.base_url
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self._log:
-            self._log.close()
-
-
 def run_one(codec: str, rnd: int, args: argparse.Namespace, workload: list, tokenizer_id: str) -> RunOutcome:
     from .loadgen.cli import flags_dict
     from .loadgen.report import print_report, save_result
@@ -139,7 +88,7 @@ def run_one(codec: str, rnd: int, args: argparse.Namespace, workload: list, toke
     server = ServerProcess(codec, server_flags(args), args.server_log)
     try:
         base_url = server.wait_ready(SERVER_READY_TIMEOUT_S)
-        model = args.served_model_name or f"wirebench-{args.model_preset}"
+        model = args.served_model_name or served_model_name(args.model_preset)
         try:
             result = asyncio.run(run_benchmark(base_url, model, workload, args))
         except BenchmarkError as exc:
@@ -201,26 +150,21 @@ COLUMNS = [
 
 
 def summary_figures(result: Any) -> dict[str, float]:
-    """The table's figures of one run, from its saved-result dict (one source of names)."""
-    from .loadgen.report import result_to_dict
-
-    data = result_to_dict(result, {})
-    figures = {key: data.get(key) for _, key in COLUMNS if key in data}
+    """The table's figures of one run."""
+    m = result.metrics
+    figures = {"request_throughput": m.request_throughput, "output_throughput": m.output_throughput}
+    for name in ("ttft", "tpot", "itl"):
+        stats = m.stats(name)
+        figures[f"mean_{name}_ms"] = stats.mean
+        figures[f"median_{name}_ms"] = stats.median
+        figures[f"p99_{name}_ms"] = stats.percentiles.get(99.0, math.nan)
     codec = result.codec_figures
     if codec is not None:
-        for key, value in codec_us(codec).items():
-            figures[key] = value
-    return {k: float(v) for k, v in figures.items() if isinstance(v, (int, float))}
-
-
-def codec_us(codec_figures: Any) -> dict[str, float]:
-    cells = codec_figures.cells
-    return {
-        "request_encode_us": cells[("request", "encode")].us_per_message,
-        "request_decode_us": cells[("request", "decode")].us_per_message,
-        "output_encode_us": cells[("output", "encode")].us_per_message,
-        "output_decode_us": cells[("output", "decode")].us_per_message,
-    }
+        figures.update(
+            request_encode_us=codec.request.encode_us, request_decode_us=codec.request.decode_us,
+            output_encode_us=codec.output.encode_us, output_decode_us=codec.output.decode_us,
+        )
+    return figures
 
 
 def aggregate(outcomes: list[RunOutcome], codecs: list[str]) -> dict[str, dict[str, Any]]:

@@ -95,8 +95,9 @@ class ZmqEngineClient:
         ]
 
     async def shutdown(self) -> None:
-        """Ask the engine to stop, then close the sockets."""
+        """Fail what is in flight, ask the engine to stop, then close the sockets."""
         if self._dead_reason is None:
+            self._declare_dead("the server is shutting down")
             try:
                 await self._input.send(transport.envelope(transport.SHUTDOWN), zmq.NOBLOCK)
             except zmq.ZMQError:
@@ -144,7 +145,9 @@ class ZmqEngineClient:
             while not finished:
                 item = await q.get()
                 if isinstance(item, Exception):
-                    finished = True  # nothing left in the engine to abort
+                    # A dead engine has nothing left to abort; otherwise (lost
+                    # output, local abort) the finally below aborts it there.
+                    finished = isinstance(item, EngineDeadError)
                     raise item
                 if item.finish_reason == FinishReason.ERROR:
                     finished = True
@@ -157,8 +160,11 @@ class ZmqEngineClient:
                 await self._send_abort([rid])
 
     async def abort(self, request_ids: list[str]) -> None:
+        """Abort in the engine; a generator still reading such a request ends with an error."""
         for rid in request_ids:
-            self._queues.pop(rid, None)
+            q = self._queues.get(rid)
+            if q is not None:
+                q.put_nowait(RequestRejectedError(f"request {rid} was aborted"))
         if self._dead_reason is None:
             await self._send_abort(request_ids)
 
@@ -171,6 +177,7 @@ class ZmqEngineClient:
         while True:
             frames = await self._output.recv_multipart(copy=False)
             self._last_message = time.monotonic()
+            kind = None
             try:
                 kind, _ = transport.open_envelope(frames[0])
                 if kind == transport.HEARTBEAT and len(frames) > 1:
@@ -182,10 +189,10 @@ class ZmqEngineClient:
                 batch = self._decoder.decode(body, EngineCoreOutputs)
                 self._counters.add_decode(started, body)
             except (CodecError, ValueError, msgspec.DecodeError) as exc:
-                log.error("dropped an undecodable message from the engine: %s", exc)
+                log.error("undecodable message from the engine: %s", exc)
+                if kind == transport.OUTPUTS:
+                    self._fail_in_flight(f"an output batch from the engine could not be decoded: {exc}")
                 continue
-            if batch.engine_codec_stats is not None:
-                self._engine_stats = batch.engine_codec_stats
             for output in batch.outputs:
                 q = self._queues.get(output.request_id)
                 if q is not None:
@@ -204,3 +211,8 @@ class ZmqEngineClient:
         self._dead_reason = reason
         for q in self._queues.values():
             q.put_nowait(EngineDeadError(reason))
+
+    def _fail_in_flight(self, reason: str) -> None:
+        """Outputs for unknown requests were lost: end every request in flight (they get aborted)."""
+        for q in self._queues.values():
+            q.put_nowait(RequestRejectedError(reason))

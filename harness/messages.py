@@ -98,7 +98,8 @@ class CodecStats(msgspec.Struct, array_like=True, gc=False):
     """Cumulative codec counters of one side of the transport, for /metrics.
 
     Times are in nanoseconds of ``time.perf_counter_ns``; ``count`` is the number
-    of messages. The engine sends its own with every output batch.
+    of messages. The engine reports its own in heartbeats (JSON, outside the
+    codec), so the figures being measured don't carry their own bookkeeping.
     """
 
     decode_count: int = 0
@@ -120,10 +121,6 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     # the output thread; both from the engine's clock.
     step_start_time: float = 0.0
     timestamp: float = 0.0
-    # The engine's codec counters so far (request decode, output encode).
-    engine_codec_stats: CodecStats | None = None
-    # Requests the engine finished or dropped without an output of their own.
-    finished_requests: list[str] | None = None
 
 
 class EngineCoreAbort(msgspec.Struct, array_like=True, gc=False):

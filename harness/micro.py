@@ -37,9 +37,6 @@ import argparse
 import gc
 import hashlib
 import json
-import math
-import os
-import platform
 import random
 import sys
 import time
@@ -50,12 +47,11 @@ from typing import Any, Callable, Sequence
 import msgspec
 import numpy as np
 import torch
-import zmq
 from PIL import Image
 
 import wirecodecs
+from harness.loadgen.sysinfo import collect_sysinfo
 from harness.messages import (
-    CodecStats,
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
@@ -63,32 +59,21 @@ from harness.messages import (
     SamplingParams,
 )
 
-SCHEMA_VERSION = 1
+# 2: metadata is loadgen.sysinfo's (library versions under "libraries").
+SCHEMA_VERSION = 2
 DEFAULT_MIN_ITERATIONS = 200
 DEFAULT_MIN_TIME_S = 0.5
 
 # --- statistics (pure) -------------------------------------------------------
 
 
-def percentile(samples: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100), linear interpolation between closest ranks."""
-    if not samples:
-        raise ValueError("percentile of no samples")
-    if not 0.0 <= q <= 100.0:
-        raise ValueError(f"percentile must be within 0..100, got {q}")
-    ordered = sorted(samples)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 def median(samples: Sequence[float]) -> float:
-    return percentile(samples, 50.0)
+    return float(np.median(samples))
 
 
 def p99(samples: Sequence[float]) -> float:
-    return percentile(samples, 99.0)
+    """99th percentile, linear interpolation (numpy's default, as the load generator uses)."""
+    return float(np.percentile(samples, 99.0))
 
 
 @dataclass(frozen=True)
@@ -244,16 +229,11 @@ def outputs_batch() -> EngineCoreOutputs:
         EngineCoreOutput(request_id=_request_id(rng), new_token_ids=[rng.randrange(VOCAB)])
         for _ in range(OUTPUT_BATCH)
     ]
-    stats = CodecStats(
-        decode_count=1200, decode_ns=48_000_000, decode_bytes=9_800_000, decode_frames=1200,
-        encode_count=5400, encode_ns=61_000_000, encode_bytes=3_900_000, encode_frames=5400,
-    )
     return EngineCoreOutputs(
         outputs=outputs,
         step_index=5400,
         step_start_time=1_700_000_100.25,
         timestamp=1_700_000_100.2731,
-        engine_codec_stats=stats,
     )
 
 
@@ -367,37 +347,17 @@ def measure_cell(
 # --- metadata and output -----------------------------------------------------
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def run_metadata() -> dict[str, Any]:
-    """Versions and machine facts; deliberately without the hostname."""
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "msgspec": msgspec.__version__,
-        "pyzmq": zmq.__version__,
-        "numpy": np.__version__,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-    }
+    """Versions and machine facts (without the hostname), plus torch's thread count."""
+    return {**collect_sysinfo(hostname=False), "torch_threads": torch.get_num_threads()}
 
 
 def machine_line(meta: dict[str, Any]) -> str:
+    libs = meta["libraries"]
     return (
         f"CPU: {meta['cpu_model']} ({meta['cpu_count']} cores) | "
-        f"Python {meta['python']} | torch {meta['torch']} (threads pinned to "
-        f"{meta['torch_threads']}) | msgspec {meta['msgspec']} | pyzmq {meta['pyzmq']}"
+        f"Python {meta['python']} | torch {libs['torch']} (threads pinned to "
+        f"{meta['torch_threads']}) | msgspec {libs['msgspec']} | pyzmq {libs['pyzmq']}"
     )
 
 

@@ -37,6 +37,11 @@ def is_greedy(params: SamplingParams) -> bool:
     return params.temperature < _GREEDY_EPS
 
 
+def _argmax(logits: Tensor) -> Tensor:
+    """Greedy pick per row, with NaN logits treated as never chosen."""
+    return logits.masked_fill(logits.isnan(), float("-inf")).argmax(dim=-1)
+
+
 class Sampler:
     def __init__(self, vocab_size: int, seed: int, device: torch.device) -> None:
         self.vocab_size = vocab_size
@@ -65,22 +70,30 @@ class Sampler:
         greedy = [i for i, r in enumerate(rows) if is_greedy(r.params)]
         if greedy:
             idx = torch.tensor(greedy, device=logits.device)
-            out[idx] = logits[idx].argmax(dim=-1)
+            out[idx] = _argmax(logits[idx])
         rand = [i for i, r in enumerate(rows) if not is_greedy(r.params)]
         if rand:
             idx = torch.tensor(rand, device=logits.device)
             probs, order = self._filtered_probs(logits[idx], [rows[i].params for i in rand])
-            picks = torch.empty(len(rand), dtype=torch.long, device=logits.device)
-            shared = [j for j, i in enumerate(rand) if rows[i].generator is None]
+            # A row with NaN/inf probabilities (e.g. inf or NaN logits) would make
+            # torch.multinomial raise and fail the whole step: it goes greedy instead.
+            usable = (torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)).tolist()
+            picks = torch.zeros(len(rand), dtype=torch.long, device=logits.device)
+            shared = [j for j, i in enumerate(rand) if usable[j] and rows[i].generator is None]
             if shared:
                 sidx = torch.tensor(shared, device=logits.device)
                 picks[sidx] = torch.multinomial(probs[sidx], 1, generator=self.generator)[:, 0]
             for j, i in enumerate(rand):
                 gen = rows[i].generator
-                if gen is not None:  # one row at a time: independent of the batch
+                if usable[j] and gen is not None:  # one row at a time: independent of the batch
                     picks[j] = torch.multinomial(probs[j : j + 1], 1, generator=gen)[0, 0]
             # picks index the sorted order when filters were applied
-            out[idx] = picks if order is None else order.gather(1, picks[:, None])[:, 0]
+            tokens = picks if order is None else order.gather(1, picks[:, None])[:, 0]
+            bad = [j for j, ok in enumerate(usable) if not ok]
+            if bad:
+                bidx = torch.tensor(bad, device=logits.device)
+                tokens[bidx] = _argmax(logits[idx[bidx]])
+            out[idx] = tokens
         return out.tolist()
 
     def _filtered_probs(self, logits: Tensor, params: list[SamplingParams]) -> tuple[Tensor, Tensor | None]:

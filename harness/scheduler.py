@@ -30,8 +30,30 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from harness.config import EngineConfig
-from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
+from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, SamplingParams
 from harness.vision import check_mm_input
+
+
+# A generous cap far below float32's overflow: a temperature that becomes inf
+# in the sampler turns a suppressed token's -inf / inf into NaN, and
+# torch.multinomial would then fail the whole step, not just this request.
+MAX_TEMPERATURE = 1000.0
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _validate_sampling(sp: SamplingParams) -> None:
+    """Reject sampling values the sampler cannot use (NaN fails every range check below)."""
+    if not 0.0 <= sp.temperature <= MAX_TEMPERATURE:
+        raise ValueError(f"temperature must be a finite number in [0, {MAX_TEMPERATURE:g}], "
+                         f"got {sp.temperature}")
+    if not 0.0 < sp.top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {sp.top_p}")
+    if not -1 <= sp.top_k <= _INT64_MAX:
+        raise ValueError(f"top_k must be -1 or 0 (disabled) or a positive int64, got {sp.top_k}")
+    if not 0.0 <= sp.min_p <= 1.0:
+        raise ValueError(f"min_p must be in [0, 1], got {sp.min_p}")
+    if sp.seed is not None and not _INT64_MIN <= sp.seed <= _INT64_MAX:
+        raise ValueError(f"seed must fit in a signed 64-bit integer, got {sp.seed}")
 
 
 @dataclass
@@ -155,15 +177,9 @@ class Scheduler:
         """Drop waiting or running requests, freeing their KV; returns the ids that existed."""
         found = []
         for rid in request_ids:
-            r = self.requests.get(rid)
-            if r is None:
-                continue
-            found.append(rid)
-            if r.slot >= 0:
-                self.running.remove(rid)
-            else:
-                self.waiting.remove(rid)
-            self._free(rid)
+            if rid in self.requests:  # also skips an id listed twice
+                self._remove_running_or_waiting(rid)
+                found.append(rid)
         return found
 
     def _validate(self, req: EngineCoreRequest) -> int:
@@ -195,14 +211,7 @@ class Scheduler:
             raise ValueError(f"prompt token id {bad} outside the vocabulary [0, {cfg.vocab_size})")
         if sp.min_tokens < 0 or sp.min_tokens > max_tokens:
             raise ValueError(f"min_tokens must be in [0, max_tokens={max_tokens}], got {sp.min_tokens}")
-        if sp.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {sp.temperature}")
-        if not 0.0 < sp.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {sp.top_p}")
-        if sp.top_k < -1:
-            raise ValueError(f"top_k must be -1, 0 (disabled) or positive, got {sp.top_k}")
-        if not 0.0 <= sp.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {sp.min_p}")
+        _validate_sampling(sp)
         self._validate_mm(req, n)
         return max_tokens
 

@@ -23,6 +23,7 @@ from wirecodecs import available_codecs
 from .config import EngineConfig
 from .engine import run_engine
 from .engine_client import ZmqEngineClient
+from .serve_process import served_model_name
 from .transport import EngineAddresses, is_loopback
 
 log = logging.getLogger("wirebench.serve")
@@ -126,22 +127,21 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
         addresses.cleanup()
         return 2
 
-    process = None
-    if not args.frontend_only:
-        ctx = multiprocessing.get_context("spawn")
-        process = ctx.Process(
-            target=run_engine, args=(config, addresses, args.log_level, True), name="wirebench-engine", daemon=True
-        )
-        process.start()
-    client = ZmqEngineClient(
-        args.codec, addresses, is_process_alive=(process.is_alive if process else None)
-    )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    process = None
+    client: ZmqEngineClient | None = None
     runner: web.AppRunner | None = None
     try:
+        if not args.frontend_only:
+            ctx = multiprocessing.get_context("spawn")
+            process = ctx.Process(
+                target=run_engine, args=(config, addresses, args.log_level, True), name="wirebench-engine", daemon=True
+            )
+            process.start()
+        client = ZmqEngineClient(args.codec, addresses, is_process_alive=(process.is_alive if process else None))
         ready_task = asyncio.ensure_future(client.wait_ready(ENGINE_READY_TIMEOUT_S, accept_heartbeat=args.frontend_only))
         stop_task = asyncio.ensure_future(stop.wait())
         await asyncio.wait({ready_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -152,7 +152,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
         info = ready_task.result()
         client.start()
         settings = FrontendSettings(
-            served_model_name=args.served_model_name or f"wirebench-{args.model_preset}",
+            served_model_name=args.served_model_name or served_model_name(args.model_preset),
             max_model_len=args.max_model_len,
             image_tokens=args.image_tokens,
             mm_payload=args.mm_payload,
@@ -177,7 +177,8 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
     finally:
         if runner is not None:
             await runner.cleanup()
-        await client.shutdown()
+        if client is not None:
+            await client.shutdown()
         if process is not None:
             process.join(timeout=5)
             if process.is_alive():

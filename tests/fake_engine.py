@@ -21,7 +21,7 @@ class FakeEngine:
       RequestRejectedError, as a codec that cannot carry it would.
     - ``die(reason)``: from then on every generator raises EngineDeadError;
       ``die_after=k`` kills it by itself after k outputs in total.
-    - ``requests`` (accepted), ``aborted`` (engine.abort calls) and ``closed_early``
+    - ``requests`` (accepted), ``aborted`` (aborts: engine.abort calls and early closes) and ``closed_early``
       (generators closed before their last output) record what happened.
     """
 
@@ -106,7 +106,9 @@ class FakeEngine:
                     return
         finally:
             if not finished:
+                # As the real client does: closing the generator early aborts the request.
                 self.closed_early.append(request.request_id)
+                self.aborted.append(request.request_id)
 
     @staticmethod
     def _count(stats: CodecStats, op: str, nbytes: int) -> None:

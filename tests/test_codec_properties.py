@@ -18,7 +18,6 @@ from PIL import Image
 
 import wirecodecs
 from harness.messages import (
-    CodecStats,
     EngineCoreAbort,
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -164,8 +163,6 @@ output_batches = st.builds(
     step_index=st.integers(0, 2**63 - 1),
     step_start_time=any_float,
     timestamp=any_float,
-    engine_codec_stats=st.none() | st.builds(CodecStats, *[st.integers(0, 2**63 - 1)] * 8),
-    finished_requests=st.none() | st.lists(text, max_size=5),
 )
 
 aborts = st.builds(EngineCoreAbort, request_ids=st.lists(text, max_size=10))

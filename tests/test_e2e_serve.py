@@ -93,7 +93,7 @@ def metric(text: str, name: str, **labels: str) -> float:
 
 @pytest.fixture(scope="module")
 def pickle_server():
-    server = start_serve("--codec", "pickle")
+    server = start_serve(codec="pickle")
     yield server
     server.stop()
 
@@ -123,6 +123,7 @@ def test_aiohttp_stream_and_metrics_move(pickle_server):
             pickle_server.base_url,
             {"model": MODEL, "prompt": "The quiet sea", "max_tokens": 20, "ignore_eos": True, "temperature": 0},
         )
+        await asyncio.sleep(0.6)  # the engine's counters arrive with its idle heartbeat
         _, after = await get_text(pickle_server.base_url, "/metrics")
         return before, chunks, done, after
 
@@ -179,7 +180,7 @@ def test_bad_input_gets_openai_error(pickle_server, path, body, status):
 
 @pytest.mark.parametrize("codec", available_codecs())
 def test_every_codec_serves_text_and_images_or_refuses_clearly(codec):
-    server = start_serve("--codec", codec)
+    server = start_serve(codec=codec)
     try:
         async def scenario():
             text = await stream_completion(
@@ -206,7 +207,7 @@ def test_every_codec_serves_text_and_images_or_refuses_clearly(codec):
 
 
 def test_tensor_mm_payload_serves_images():
-    server = start_serve("--codec", "msgspec-oob", "--mm-payload", "tensor")
+    server = start_serve("--mm-payload", "tensor", codec="msgspec-oob")
     try:
         status, body = asyncio.run(post(server.base_url, "/v1/chat/completions", chat_with_image()))
         assert status == 200, body
@@ -216,7 +217,7 @@ def test_tensor_mm_payload_serves_images():
 
 
 def test_killed_engine_fails_inflight_requests_and_health():
-    server = start_serve("--codec", "msgspec")
+    server = start_serve(codec="msgspec")
     try:
         engine_pid = server.engine_pid
 
@@ -248,7 +249,7 @@ def test_killed_engine_fails_inflight_requests_and_health():
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_stops_cleanly_leaving_no_children_or_sockets(sig):
     before = ipc_dirs()
-    server = start_serve("--codec", "msgspec-oob")
+    server = start_serve(codec="msgspec-oob")
     server.engine_pid  # the engine runs as a child process
     children = server.child_pids
     assert server.stop(sig) == 0

@@ -30,9 +30,9 @@ from fake_openai_server import (
     FakeOpenAIServer,
 )
 
-from harness.loadgen import cli
+from harness.loadgen import cli, runner
 from harness.loadgen.report import format_report, save_result
-from harness.loadgen.runner import BenchmarkResult, LoadSettings, run_benchmark
+from harness.loadgen.runner import BenchmarkError, BenchmarkResult, LoadSettings, run_benchmark
 from harness.workload import SampleRequest
 
 TTFT, GAP, K = 0.08, 0.02, 8
@@ -49,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     cli.add_server_arguments(parser)
     cli.add_load_arguments(parser)
     return parser
+
+
+@pytest.fixture(autouse=True)
+def _no_scrape_settle(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fake server's counters are current at once; the real wait only slows tests.
+    monkeypatch.setattr(runner, "SCRAPE_SETTLE_S", 0.0)
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +127,43 @@ def test_codec_figures_are_the_difference_of_two_scrapes(server: FakeOpenAIServe
     path_us = (REQ_ENCODE_NS + REQ_DECODE_NS + OUT_ENCODE_NS + OUT_DECODE_NS) / 1000
     assert fig.first_token_path_us == pytest.approx(path_us)
     assert fig.ttft_share(result.metrics.ttft.mean) == pytest.approx(path_us / (result.metrics.ttft.mean * 1000))
+
+
+@pytest.mark.parametrize("serve_metrics, waits", [(True, 2), (False, 0)])
+def test_scrapes_settle_only_for_a_server_with_codec_counters(
+    serve_metrics: bool, waits: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settles: list[None] = []
+
+    async def record() -> None:
+        settles.append(None)
+
+    monkeypatch.setattr(runner, "_settle", record)
+    with FakeOpenAIServer(FakeConfig(ttft_s=0.0, token_gap_s=0.0, serve_metrics=serve_metrics)) as srv:
+        result = _run(srv.base_url, _workload(2, tokens=2))
+    assert len(settles) == waits  # before the load and after it, never for other servers
+    assert (result.codec_figures is not None) is serve_metrics
+
+
+def test_ctrl_c_while_settling_keeps_the_finished_run(server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[None] = []
+
+    async def cancelled_after_the_load() -> None:
+        calls.append(None)
+        if len(calls) == 2:
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            await asyncio.sleep(5)
+
+    monkeypatch.setattr(runner, "_settle", cancelled_after_the_load)
+    result = _run(server.base_url, _workload(2, tokens=2))
+    assert result.interrupted and result.metrics.completed == 2
+
+
+def test_bad_endpoint_is_a_benchmark_error(server: FakeOpenAIServer) -> None:
+    with pytest.raises(BenchmarkError, match="--endpoint must be one of"):
+        _run(server.base_url, _workload(1), endpoint="/v1/embeddings")
 
 
 def test_report_and_json_follow_benchmark_serving(server: FakeOpenAIServer, tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from harness.loadgen.client import (
     encode_payload,
     send_request,
 )
+from harness.datasets import user_message
 from harness.workload import SampleRequest
 
 TTFT, GAP = 0.05, 0.01
@@ -74,6 +75,9 @@ def test_payloads() -> None:
     assert json.loads(encode_payload(chat)) == chat
     with pytest.raises(ValueError, match="chat"):
         build_payload(sample, "m", COMPLETIONS)
+    # Text-only chat content is the plain string datasets.chat_prompt_len counted.
+    text_only = build_payload(SampleRequest("hi", 1, 3), "m", CHAT_COMPLETIONS)
+    assert text_only["messages"] == [user_message("hi")] == [{"role": "user", "content": "hi"}]
     plain = build_payload(SampleRequest("hi", 1, 3), "m", COMPLETIONS, continuous_usage=False)
     assert plain["prompt"] == "hi" and plain["stream_options"] == {"include_usage": True}
 

@@ -9,7 +9,9 @@ import pytest
 
 from harness.loadgen import cli
 from harness.loadgen.progress import Progress
-from harness.loadgen.runner import BenchmarkError, LoadSettings
+from harness import prom
+from harness.loadgen.runner import BenchmarkError, LoadSettings, check_endpoint, exposes_codec_counters
+from harness.messages import CodecStats
 from harness.loadgen.sysinfo import collect_sysinfo
 
 
@@ -37,6 +39,20 @@ def test_sysinfo_has_the_fields_a_result_needs() -> None:
     assert info["libraries"]["aiohttp"]
     assert info["python"] and info["cpu_model"] and info["cpu_count"] >= 1
     assert "gpu" in info and "git" in info and info["platform"]
+    assert info["hostname"] and "hostname" not in collect_sysinfo(hostname=False)
+
+
+def test_endpoint_checked_in_one_place() -> None:
+    with pytest.raises(BenchmarkError, match="--endpoint must be one of"):
+        check_endpoint([], "/v1/embeddings")
+    check_endpoint([], "/v1/chat/completions")
+
+
+def test_exposes_codec_counters() -> None:
+    wirebench = prom.render(prom.codec_samples(CodecStats(), CodecStats()))
+    assert exposes_codec_counters(wirebench)
+    assert not exposes_codec_counters(None) and not exposes_codec_counters("")
+    assert not exposes_codec_counters("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n")
 
 
 def test_load_settings_from_flags() -> None:

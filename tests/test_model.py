@@ -223,3 +223,22 @@ def test_suppressed_ids_and_vocab_limit():
     assert s.sample(logits, [SampleRow(SamplingParams(temperature=0.0), suppress_token_ids=[3])]) == [7]
     with pytest.raises(ValueError, match="rows"):
         s.sample(logits, [])
+
+
+def test_rows_with_non_finite_probabilities_fall_back_to_greedy():
+    s = Sampler(50, seed=0, device=CPU)
+    logits = _logits(4)
+    logits[0, 5] = float("inf")  # softmax -> NaN
+    logits[2, 9] = float("nan")
+    logits[2, 11] = 30.0  # the greedy pick once NaN is ignored
+    logits[3, 4], logits[3, 6] = 3e38, 2e38  # / temperature overflows float32 to inf
+    rows = [
+        SampleRow(SamplingParams(temperature=1.0)),
+        SampleRow(SamplingParams(temperature=1.0)),
+        SampleRow(SamplingParams(temperature=0.7, top_k=10, seed=7),
+                  s.request_generator(SamplingParams(temperature=0.7, seed=7))),
+        SampleRow(SamplingParams(temperature=0.01, top_p=0.9)),
+    ]
+    picks = s.sample(logits, rows)
+    assert picks[0] == 5 and picks[2] == 11 and picks[3] == 4
+    assert 0 <= picks[1] < 50  # the healthy row is still sampled

@@ -145,7 +145,7 @@ def test_abort_waiting_and_running_frees_kv_and_tells_executor():
     assert s.num_running == 1 and s.num_waiting == 1 and s.kv_tokens_used == 60
     assert s.abort_requests(["wait", "nope"]) == ["wait"]
     assert s.num_waiting == 0
-    assert s.abort_requests(["run"]) == ["run"]
+    assert s.abort_requests(["run", "run"]) == ["run"]  # an id listed twice is aborted once
     assert s.kv_tokens_used == 0 and not s.has_unfinished_requests()
     assert s.schedule().total_num_tokens == 0  # nothing to run: finished ids are kept for a real step
     s.add_request(req("run", n=4))  # the id is free again
@@ -251,6 +251,16 @@ IMG = {"pixel_values": np.zeros((3, 8, 8), np.float32)}
     (req("p", top_p=0.0), "top_p"),
     (req("k", top_k=-2), "top_k"),
     (req("mp", min_p=1.5), "min_p"),
+    (req("t2", temperature=float("nan")), "temperature must be a finite number"),
+    (req("t3", temperature=float("inf")), "temperature"),
+    (req("t4", temperature=1000.5), r"temperature must be a finite number in \[0, 1000\]"),
+    (req("p2", top_p=float("nan")), "top_p"),
+    (req("p3", top_p=1.5), "top_p"),
+    (req("k2", top_k=1 << 63), "top_k"),
+    (req("mp2", min_p=float("nan")), "min_p"),
+    (req("mp3", min_p=-0.1), "min_p"),
+    (req("s", seed=1 << 63), "seed must fit in a signed 64-bit integer"),
+    (req("s2", seed=-(1 << 63) - 1), "seed"),
     (req("ph", mm=[IMG], ph=None), "1 multimodal inputs but 0 placeholder"),
     (req("ph2", mm=[IMG], ph=[PlaceholderRange(8, 4)]), "outside the prompt"),
     (req("ph3", mm=[IMG], ph=[PlaceholderRange(0, 3)]), "image_tokens"),
@@ -262,6 +272,16 @@ def test_validation_errors(bad, match):
     with pytest.raises(ValueError, match=match):
         s.add_request(bad)
     assert not s.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("params", [
+    dict(temperature=0.0), dict(temperature=1000.0), dict(top_k=-1), dict(top_k=0), dict(top_k=10**6),
+    dict(top_p=1e-9), dict(min_p=0.0), dict(min_p=1.0), dict(seed=(1 << 63) - 1), dict(seed=-(1 << 63)),
+])
+def test_sampling_values_at_the_limits_are_accepted(params):
+    s = Scheduler(make_config())
+    s.add_request(req("ok", **params))
+    assert s.num_waiting == 1
 
 
 def test_duplicate_id_and_valid_multimodal_request():

@@ -18,7 +18,6 @@ import torch
 from PIL import Image
 
 from harness.messages import (
-    CodecStats,
     EngineCoreAbort,
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -151,8 +150,6 @@ def output_batch(num_requests: int = 64) -> EngineCoreOutputs:
         step_index=4711,
         step_start_time=1733131201.25,
         timestamp=1733131201.2625,
-        engine_codec_stats=CodecStats(3, 4500, 9000, 3, 10, 25000, 40000, 10),
-        finished_requests=["cmpl-gone-1", "cmpl-gone-2"],
     )
 
 

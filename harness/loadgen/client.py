@@ -26,6 +26,7 @@ from typing import Any
 
 import aiohttp
 
+from ..datasets import user_message
 from ..workload import SampleRequest
 
 COMPLETIONS = "/v1/completions"
@@ -94,10 +95,8 @@ def build_payload(
     """The JSON body for one request; images only go through chat."""
     body: dict[str, Any] = {"model": model}
     if is_chat(endpoint):
-        content: list[dict[str, Any]] = [{"type": "text", "text": sample.prompt}]
-        for url in sample.image_data_urls:
-            content.append({"type": "image_url", "image_url": {"url": url}})
-        body["messages"] = [{"role": "user", "content": content}]
+        # The message prompt_len was counted with (datasets.chat_prompt_len).
+        body["messages"] = [user_message(sample.prompt, sample.image_data_urls)]
     else:
         if sample.image_data_urls:
             raise ValueError(

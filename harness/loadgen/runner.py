@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 
+from .. import prom
 from ..workload import SampleRequest
 from . import metrics as M
 from .arrivals import plan_arrivals
@@ -28,6 +29,10 @@ from .progress import Progress
 from .serverstats import CodecFigures, codec_figures, codec_name, scrape_metrics
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
+# Wait before a /metrics scrape of a wirebench server: the engine's codec
+# counters arrive with its idle heartbeat (sent after 0.25 s without outputs),
+# so a scrape right after the last request would miss the engine's share.
+SCRAPE_SETTLE_S = 0.6
 
 
 class BenchmarkError(Exception):
@@ -65,9 +70,7 @@ class LoadSettings:
         max_conc = getattr(args, "max_concurrency", None)
         if max_conc is not None and max_conc < 1:
             raise BenchmarkError(f"--max-concurrency must be >= 1, got {max_conc}")
-        endpoint = get("endpoint", d.endpoint)
-        if endpoint not in ENDPOINTS:
-            raise BenchmarkError(f"--endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
+        endpoint = get("endpoint", d.endpoint)  # validated by check_endpoint
         warmup = int(get("warmup_requests", 0))
         if warmup < 0:
             raise BenchmarkError(f"--warmup-requests must be >= 0, got {warmup}")
@@ -177,7 +180,18 @@ async def run_benchmark(
     async with aiohttp.ClientSession(connector=connector) as session:
         warmup_failed = await _warmup(session, url, bodies, workload, settings, chat)
         before = await scrape_metrics(session, base_url)
+        # Only wirebench's server needs the settle wait; others (vLLM) are not slowed.
+        wirebench = exposes_codec_counters(before)
+        if wirebench:
+            await _settle()
+            before = await scrape_metrics(session, base_url)
         records, duration, interrupted = await _run_load(session, url, bodies, workload, offsets, settings, chat)
+        if wirebench and not interrupted:
+            try:
+                await _settle()
+            except asyncio.CancelledError:  # Ctrl-C now: keep the finished run
+                interrupted = True
+                _uncancel_current_task()
         after = await scrape_metrics(session, base_url)
 
     result_metrics = M.compute_metrics(
@@ -201,6 +215,22 @@ async def run_benchmark(
         warmup_failed=warmup_failed,
         codec_figures=codec_figures(before, after),
     )
+
+
+def exposes_codec_counters(metrics_text: str | None) -> bool:
+    """True when a /metrics scrape carries wirebench's codec counters."""
+    return bool(metrics_text) and any(name == prom.CODEC_MESSAGES for name, _ in prom.parse(metrics_text))
+
+
+async def _settle() -> None:
+    await asyncio.sleep(SCRAPE_SETTLE_S)
+
+
+def _uncancel_current_task() -> None:
+    """The cancellation was handled here: the partial result is returned."""
+    current = asyncio.current_task()
+    if current is not None:
+        current.uncancel()
 
 
 async def _warmup(
@@ -280,9 +310,7 @@ async def _run_load(
         for rec in records:
             if not rec.success and not rec.error:
                 rec.error = "cancelled"
-        current = asyncio.current_task()
-        if current is not None:
-            current.uncancel()  # handled here: the partial result is returned
+        _uncancel_current_task()
     finally:
         gc.unfreeze()
     duration = time.perf_counter() - origin

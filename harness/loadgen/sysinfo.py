@@ -84,16 +84,21 @@ def git_revision(repo: Path = REPO_ROOT) -> dict[str, Any] | None:
     return {"commit": commit, "dirty": bool(status)}
 
 
-def collect_sysinfo(probe_torch: bool = False) -> dict[str, Any]:
-    return {
+def collect_sysinfo(probe_torch: bool = False, *, hostname: bool = True) -> dict[str, Any]:
+    """The run's metadata; ``hostname=False`` leaves the machine's name out
+    (for results meant to be shared, such as ``bench micro``'s)."""
+    info: dict[str, Any] = {
         "python": sys.version.split()[0],
         "python_implementation": platform.python_implementation(),
         "libraries": library_versions(),
         "platform": platform.platform(),
+        "machine": platform.machine(),
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpu_usable": usable_cores(),
         "gpu": gpu_name(probe_torch),
         "git": git_revision(),
-        "hostname": platform.node(),
     }
+    if hostname:
+        info["hostname"] = platform.node()
+    return info
