@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from harness.serve_process import ServerProcess
@@ -53,3 +54,17 @@ def start_serve(*flags: str, codec: str = "pickle", timeout: float = 90.0) -> Se
     server = ServeProcess(codec, list(flags))
     server.wait_ready(timeout)
     return server
+
+
+def free_port_pair() -> int:
+    """A free loopback port whose successor is free too (engine input and output)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+                return port
+            except OSError:
+                continue

@@ -7,7 +7,6 @@ plays the frontend with raw ZeroMQ sockets.
 from __future__ import annotations
 
 import multiprocessing
-import socket
 import subprocess
 import sys
 import time
@@ -22,20 +21,9 @@ from harness.messages import EngineCoreOutputs, EngineCoreRequest, FinishReason,
 from harness.transport import EngineAddresses
 from wirecodecs import get_codec
 
+from serve_process import free_port_pair, pid_alive
+
 pytestmark = pytest.mark.e2e
-
-
-def free_port_pair() -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
 
 
 @pytest.fixture
@@ -127,8 +115,6 @@ def test_engine_stops_when_its_frontend_dies(tmp_path):
     parent.kill()
     parent.wait()
     deadline = time.monotonic() + 10
-    from serve_process import pid_alive
-
     while pid_alive(engine_pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not pid_alive(engine_pid)

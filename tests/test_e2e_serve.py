@@ -13,13 +13,15 @@ import io
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import aiohttp
 import pytest
 from PIL import Image
 
-from serve_process import ipc_dirs, pid_alive, start_serve
+from serve_process import free_port_pair, ipc_dirs, pid_alive, start_serve
 from wirecodecs import available_codecs, codecs_that_carry_multimodal
 
 pytestmark = pytest.mark.e2e
@@ -256,3 +258,35 @@ def test_stops_cleanly_leaving_no_children_or_sockets(sig):
     for pid in children:
         assert not pid_alive(pid)
     assert ipc_dirs() <= before
+
+
+def test_engine_and_frontend_split_over_tcp():
+    """`--engine-only` and `--frontend-only` on loopback tcp, as on two hosts."""
+    port = str(free_port_pair())
+    engine = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "serve", "--engine-only", "--codec", "msgspec-oob",
+         "--engine-host", "127.0.0.1", "--engine-port", port],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        frontend = start_serve("--frontend-only", "--engine-host", "127.0.0.1", "--engine-port", port,
+                               codec="msgspec-oob")
+        try:
+            chunks, done = asyncio.run(stream_completion(
+                frontend.base_url, {"model": MODEL, "prompt": "Across the wire", "max_tokens": 5, "ignore_eos": True}
+            ))
+            assert done and len(chunks) >= 5
+        finally:
+            assert frontend.stop() == 0
+    finally:
+        engine.send_signal(signal.SIGINT)
+        assert engine.wait(timeout=20) == 0
+
+
+def test_pickle_over_non_loopback_tcp_is_refused():
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "serve", "--engine-only", "--codec", "pickle", "--engine-host", "0.0.0.0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 2
+    assert "--allow-insecure-pickle" in done.stderr
