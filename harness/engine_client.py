@@ -97,7 +97,7 @@ class ZmqEngineClient:
     async def shutdown(self) -> None:
         """Fail what is in flight, ask the engine to stop, then close the sockets."""
         if self._dead_reason is None:
-            self._declare_dead("the server is shutting down")
+            self._declare_dead("the server is shutting down", expected=True)
             try:
                 await self._input.send(transport.envelope(transport.SHUTDOWN), zmq.NOBLOCK)
             except zmq.ZMQError:
@@ -206,8 +206,8 @@ class ZmqEngineClient:
             elif time.monotonic() - self._last_message > self._heartbeat_timeout_s:
                 self._declare_dead(f"no message from the engine for {self._heartbeat_timeout_s:.1f} s")
 
-    def _declare_dead(self, reason: str) -> None:
-        log.error("engine is dead: %s", reason)
+    def _declare_dead(self, reason: str, expected: bool = False) -> None:
+        log.log(logging.INFO if expected else logging.ERROR, "engine is unavailable: %s", reason)
         self._dead_reason = reason
         for q in self._queues.values():
             q.put_nowait(EngineDeadError(reason))
