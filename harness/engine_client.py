@@ -37,6 +37,7 @@ class ZmqEngineClient:
         addresses: EngineAddresses,
         is_process_alive: Callable[[], bool] | None = None,
         heartbeat_timeout_s: float = transport.HEARTBEAT_TIMEOUT_S,
+        owns_engine: bool = True,
     ) -> None:
         self.codec_name = codec_name
         self._encoder = get_codec(codec_name)
@@ -44,6 +45,9 @@ class ZmqEngineClient:
         self._addresses = addresses
         self._is_process_alive = is_process_alive
         self._heartbeat_timeout_s = heartbeat_timeout_s
+        # A frontend that started its engine stops it; one that joined a
+        # remote engine (--frontend-only) leaves it running for the next one.
+        self._owns_engine = owns_engine
         self._ctx = zmq.asyncio.Context()
         self._input = self._ctx.socket(zmq.PUSH)
         self._output = self._ctx.socket(zmq.PULL)
@@ -98,6 +102,7 @@ class ZmqEngineClient:
         """Fail what is in flight, ask the engine to stop, then close the sockets."""
         if self._dead_reason is None:
             self._declare_dead("the server is shutting down", expected=True)
+        if self._owns_engine:
             try:
                 await self._input.send(transport.envelope(transport.SHUTDOWN), zmq.NOBLOCK)
             except zmq.ZMQError:

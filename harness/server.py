@@ -141,7 +141,10 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
                 target=run_engine, args=(config, addresses, args.log_level, True), name="wirebench-engine", daemon=True
             )
             process.start()
-        client = ZmqEngineClient(args.codec, addresses, is_process_alive=(process.is_alive if process else None))
+        client = ZmqEngineClient(
+            args.codec, addresses, is_process_alive=(process.is_alive if process else None),
+            owns_engine=not args.frontend_only,
+        )
         ready_task = asyncio.ensure_future(client.wait_ready(ENGINE_READY_TIMEOUT_S, accept_heartbeat=args.frontend_only))
         stop_task = asyncio.ensure_future(stop.wait())
         await asyncio.wait({ready_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
