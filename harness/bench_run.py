@@ -211,7 +211,8 @@ def format_table(table: dict[str, dict[str, Any]], repeat: int) -> str:
                 text += f" ±{cell['spread_pct']:.1f}%"
             cells.append(text)
         rows.append(cells)
-    widths = [max(len(h), *(len(r[i]) for r in rows if len(r) > i and len(r) == len(headers))) for i, h in enumerate(headers)]
+    full_rows = [r for r in rows if len(r) == len(headers)]
+    widths = [max([len(h), *(len(r[i]) for r in full_rows)]) for i, h in enumerate(headers)]
     lines = ["  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(headers, widths)))]
     for r in rows:
         if len(r) != len(headers):
@@ -221,7 +222,55 @@ def format_table(table: dict[str, dict[str, Any]], repeat: int) -> str:
     note = "times in ms unless marked µs; µs columns are codec time per message from the server's /metrics"
     if repeat > 1:
         note += f"; median of {repeat} interleaved rounds, ± half the range"
-    return "\n".join(["", "=" * 20 + " Codec comparison " + "=" * 20, *lines, note])
+    return "\n".join(["", "=" * 20 + " Codec comparison " + "=" * 20, *lines, note, *format_changes(table)])
+
+
+# Figures compared against the first codec, and which direction is better.
+COMPARED = [("TTFT mean", "mean_ttft_ms"), ("TPOT mean", "mean_tpot_ms"), ("ITL mean", "mean_itl_ms"),
+            ("out tok/s", "output_throughput")]
+
+
+def changes_vs_baseline(table: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each codec's change against the first measured codec, per compared figure.
+
+    ``significant`` is None with fewer than two rounds a side (no spread to
+    judge), False when the two codecs' per-round values overlap, True when
+    every round of one lies beyond every round of the other. Overlapping
+    ranges is a deliberately conservative test: a difference smaller than
+    the machine's round-to-round noise is reported as noise.
+    """
+    measured = [c for c, row in table.items() if row["measured"]]
+    if len(measured) < 2:
+        return {}
+    base = table[measured[0]]
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for codec in measured[1:]:
+        row, cells = table[codec], {}
+        for _, key in COMPARED:
+            a, b = base.get(key), row.get(key)
+            if not a or not b or not a["median"]:
+                continue
+            va, vb = a["values"], b["values"]
+            significant = None
+            if len(va) > 1 and len(vb) > 1:
+                significant = max(va) < min(vb) or max(vb) < min(va)
+            cells[key] = {"change_pct": (b["median"] - a["median"]) / a["median"] * 100, "significant": significant}
+        out[codec] = cells
+    return out
+
+
+def format_changes(table: dict[str, dict[str, Any]]) -> list[str]:
+    changes = changes_vs_baseline(table)
+    if not changes:
+        return []
+    baseline = next(c for c, row in table.items() if row["measured"])
+    verdicts = {None: "one round: no spread to judge", False: "within noise", True: "beyond noise"}
+    lines = [f"change vs {baseline} (medians; 'within noise' = the rounds' ranges overlap):"]
+    for codec, cells in changes.items():
+        parts = [f"{label} {cells[key]['change_pct']:+.1f}% ({verdicts[cells[key]['significant']]})"
+                 for label, key in COMPARED if key in cells]
+        lines.append(f"  {codec}: " + ", ".join(parts))
+    return lines
 
 
 def _fmt(value: float) -> str:
@@ -273,6 +322,7 @@ def main(args: argparse.Namespace) -> int:
             "runs": [{"codec": o.codec, "round": o.round, "status": o.status, "message": o.message,
                       "result_file": str(o.path) if o.path else None} for o in outcomes],
             "table": table,
+            "changes_vs_first": changes_vs_baseline(table),
         }
         path.write_text(json.dumps(summary, indent=2, default=str))
         print(f"Comparison saved to {path}")
