@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import re
 import statistics
 import sys
@@ -279,6 +280,7 @@ def _fmt(value: float) -> str:
 
 def main(args: argparse.Namespace) -> int:
     from .loadgen.cli import check_endpoint, load_workload
+    from .loadgen.report import jsonable
     from .loadgen.runner import BenchmarkError, LoadSettings
 
     try:
@@ -319,12 +321,13 @@ def main(args: argparse.Namespace) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         summary = {
             "schema_version": 1, "codecs": codecs, "repeat": args.repeat,
+            # Relative to this file, so a folder of results can move (e.g. into baselines/).
             "runs": [{"codec": o.codec, "round": o.round, "status": o.status, "message": o.message,
-                      "result_file": str(o.path) if o.path else None} for o in outcomes],
+                      "result_file": os.path.relpath(o.path, path.parent) if o.path else None} for o in outcomes],
             "table": table,
             "changes_vs_first": changes_vs_baseline(table),
         }
-        path.write_text(json.dumps(summary, indent=2, default=str))
+        path.write_text(json.dumps(jsonable(summary), indent=2, allow_nan=False))
         print(f"Comparison saved to {path}")
     if interrupted:
         return 130

@@ -33,7 +33,7 @@ def test_interleaved_repeats_compare_two_codecs(tmp_path):
         row = summary["table"][codec]
         assert len(row["mean_ttft_ms"]["values"]) == 2
         assert row["request_encode_us"]["median"] > 0
-    result = json.loads(Path(summary["runs"][0]["result_file"]).read_text())
+    result = json.loads((tmp_path / summary["runs"][0]["result_file"]).read_text())  # relative to the compare file
     assert result["completed"] == 12 and result["codec"] == "pickle"
     assert len(result["ttfts"]) == 12 and result["output_lens"] == [20] * 12
     assert "Serving Benchmark Result" in done.stdout and "Codec comparison" in done.stdout

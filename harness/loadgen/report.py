@@ -145,7 +145,7 @@ def print_report(result: BenchmarkResult, file: TextIO | None = None) -> None:
 # ---------------------------------------------------------------- JSON
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     """NaN → None, ±inf → "inf"/"-inf", tuples → lists, unknown objects → str."""
     if isinstance(value, float):
         if math.isnan(value):
@@ -156,11 +156,11 @@ def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _jsonable({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
+        return jsonable({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     return str(value)
@@ -254,7 +254,7 @@ def result_to_dict(result: BenchmarkResult, sysinfo: dict[str, Any] | None = Non
             "metadata": {**(sysinfo or {}), "flags": result.flags, **result.extra},
         }
     )
-    return _jsonable(doc)
+    return jsonable(doc)
 
 
 def default_result_path(

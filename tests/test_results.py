@@ -1,0 +1,290 @@
+"""harness.results, scripts/check_regression.py and scripts/plot_results.py.
+
+The files are produced by the project's own writers: run files by
+``report.save_result`` on hand-built BenchmarkResults, compare files from
+``bench_run.aggregate`` with the keys ``bench run`` saves. No timing is
+asserted: the numbers are made up and only checked for being carried
+through faithfully.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness import prom
+from harness.bench_run import RunOutcome, aggregate, changes_vs_baseline
+from harness.loadgen.client import RequestRecord
+from harness.loadgen.metrics import compute_metrics
+from harness.loadgen.report import save_result
+from harness.loadgen.runner import BenchmarkResult, LoadSettings
+from harness.loadgen.serverstats import CodecFigures, DirectionFigures
+from harness.results import ResultsError, itls_frame, load_compare, load_run, requests_frame, runs_frame
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+# ------------------------------------------------------------------ builders
+
+
+def _records(scale: float, n: int = 4) -> list[RequestRecord]:
+    """n successful requests (one with a 2-token chunk) and one failed one."""
+    records = []
+    for i in range(n):
+        ttft = scale * (0.020 + 0.005 * i)
+        gap = scale * (0.002 + 0.001 * i)
+        tokens = [1, 1, 2, 1] if i == 1 else [1, 1, 1, 1]
+        times = [ttft + gap * j for j in range(len(tokens))]
+        records.append(RequestRecord(
+            index=i, prompt_len=10 + i, expected_output_len=5, planned_send=0.01 * i,
+            dispatched=0.01 * i + 0.0001, actual_send=0.01 * i + 0.0002 * (i + 1),
+            ttft=ttft, latency=times[-1] + 0.0005, chunk_times=times, chunk_tokens=tokens,
+            generated_text="x" * sum(tokens), output_tokens=sum(tokens), prompt_tokens=9 + i,
+            usage_per_chunk=True, success=True,
+        ))
+    records.append(RequestRecord(index=n, prompt_len=12, expected_output_len=5, planned_send=0.05,
+                                 dispatched=0.05, actual_send=0.0501, error="boom"))
+    return records
+
+
+def _direction(
+    messages: float, enc_us: float, dec_us: float
+) -> tuple[DirectionFigures, prom.CodecCell, prom.CodecCell]:
+    enc = prom.CodecCell(messages, enc_us * messages / 1e6, 100.0 * messages, messages)
+    dec = prom.CodecCell(messages, dec_us * messages / 1e6, 100.0 * messages, messages)
+    return DirectionFigures(messages, enc_us, dec_us, 100.0, 1.0), enc, dec
+
+
+def make_result(codec: str, rnd: int, scale: float = 1.0, enc_us: float = 30.0) -> BenchmarkResult:
+    """A run whose latencies are multiplied by ``scale`` and whose request encode costs ``enc_us``."""
+    records = _records(scale)
+    request, req_enc, req_dec = _direction(len(records) - 1, enc_us, 2 * enc_us)
+    output, out_enc, out_dec = _direction(20, 10.0 * scale, 8.0 * scale)
+    figures = CodecFigures(codec, request, output, {
+        ("request", "encode"): req_enc, ("request", "decode"): req_dec,
+        ("output", "encode"): out_enc, ("output", "decode"): out_dec,
+    })
+    return BenchmarkResult(
+        metrics=compute_metrics(records, duration_s=1.0), records=records, settings=LoadSettings(),
+        base_url="http://127.0.0.1:1", model="wirebench-tiny", codec=codec, payload_kind="text",
+        num_prompts=len(records), started_at=datetime(2026, 1, 1, tzinfo=timezone.utc),
+        codec_figures=figures, flags={"codec": codec, "round": rnd},
+    )
+
+
+def write_comparison(folder: Path, specs: dict[str, dict], repeat: int = 2, relative: bool = False,
+                     name: str = "compare.json") -> Path:
+    """Run files plus a compare file for codecs {name: make_result kwargs}, rounds interleaved.
+
+    ``relative`` writes result_file as bench run does from the repo root
+    ("results/<file>"), which only resolves through the compare file's folder.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    codecs = list(specs)
+    outcomes = []
+    for rnd in range(repeat):
+        for codec in codecs:
+            kwargs = specs[codec]
+            if kwargs is None:  # a codec that failed: no result, no file
+                outcomes.append(RunOutcome(codec, rnd, status="error", message="engine died"))
+                continue
+            result = make_result(codec, rnd, **kwargs)
+            path = save_result(result, folder / f"{codec}-r{rnd}-{name[:-5]}.json", sysinfo={})
+            status = "failures" if result.failed else "ok"  # as bench_run.run_one says it
+            outcomes.append(RunOutcome(codec, rnd, result, status=status, path=path))
+    table = aggregate(outcomes, codecs)
+    summary = {  # the keys bench_run.main saves
+        "schema_version": 1, "codecs": codecs, "repeat": repeat,
+        "runs": [{"codec": o.codec, "round": o.round, "status": o.status, "message": o.message,
+                  "result_file": (f"results/{o.path.name}" if relative else str(o.path)) if o.path else None}
+                 for o in outcomes],
+        "table": table,
+        "changes_vs_first": changes_vs_baseline(table),
+    }
+    path = folder / name
+    path.write_text(json.dumps(summary, indent=2, default=str))
+    return path
+
+
+BASE = {"pickle": {"enc_us": 30.0}, "msgspec": {"enc_us": 10.0, "scale": 0.8}}
+
+
+@pytest.fixture
+def compare_file(tmp_path: Path) -> Path:
+    return write_comparison(tmp_path / "run", BASE)
+
+
+# ------------------------------------------------------------------ harness.results
+
+
+def test_runs_frame_from_compare_file(compare_file: Path) -> None:
+    frame = runs_frame(compare_file)
+    assert list(frame["codec"]) == ["pickle", "msgspec", "pickle", "msgspec"]
+    assert list(frame["round"]) == [0, 0, 1, 1]
+    assert set(frame["status"]) == {"failures"}  # each run has one failed request
+    for _, row in frame.iterrows():
+        doc = load_run(row["file"])
+        for key in ("mean_ttft_ms", "median_tpot_ms", "p99_itl_ms", "request_throughput", "output_throughput"):
+            assert row[key] == pytest.approx(doc[key])
+        assert row["mean_e2el_ms"] == pytest.approx(doc["metrics"]["e2el"]["mean_ms"])
+        assert row["request_encode_us"] == pytest.approx(doc["codec_figures"]["request"]["encode_us"])
+        assert row["output_decode_us"] == pytest.approx(doc["codec_figures"]["output"]["decode_us"])
+        assert row["completed"] == 4 and row["failed"] == 1
+    assert frame.loc[frame["codec"] == "msgspec", "request_encode_us"].tolist() == pytest.approx([10.0, 10.0])
+
+
+def test_folder_list_and_single_file_sources_agree(compare_file: Path) -> None:
+    folder = runs_frame(compare_file.parent)  # run files only; compare.json is skipped
+    assert len(folder) == 4
+    both = runs_frame([compare_file.parent, compare_file])  # the same files, counted once
+    assert len(both) == 4
+    single = runs_frame(folder["file"].iloc[0])
+    assert len(single) == 1 and single["status"].iloc[0] == "failures"
+    assert single["round"].iloc[0] in (0, 1)
+
+
+def test_requests_frame_matches_the_run_summary(compare_file: Path) -> None:
+    runs = runs_frame(compare_file)
+    requests = requests_frame(compare_file)
+    assert len(requests) == 4 * len(runs)  # the failed request of each run is left out
+    for _, run in runs.iterrows():
+        mine = requests[requests["file"] == run["file"]]
+        assert mine["ttft_ms"].mean() == pytest.approx(run["mean_ttft_ms"])
+        assert mine["tpot_ms"].mean() == pytest.approx(run["mean_tpot_ms"])
+        assert mine["e2el_ms"].mean() == pytest.approx(run["mean_e2el_ms"])
+    first = requests.iloc[1]
+    assert first["index"] == 1 and first["output_tokens"] == 5 and first["chunks"] == 4
+    assert first["prompt_len"] == 11 and first["prompt_tokens"] == 10
+    assert first["schedule_lag_ms"] == pytest.approx(0.4)  # actual 0.0104 s − planned 0.0100 s
+
+
+def test_itls_frame_per_token_and_per_chunk(compare_file: Path) -> None:
+    runs = runs_frame(compare_file)
+    tokens = itls_frame(compare_file, per="token")
+    chunks = itls_frame(compare_file, per="chunk")
+    for _, run in runs.iterrows():
+        key = (tokens["codec"] == run["codec"]) & (tokens["round"] == run["round"])
+        assert tokens.loc[key, "itl_ms"].mean() == pytest.approx(run["mean_itl_ms"])
+        ckey = (chunks["codec"] == run["codec"]) & (chunks["round"] == run["round"])
+        assert chunks.loc[ckey, "itl_ms"].mean() == pytest.approx(run["mean_chunk_itl_ms"])
+        # The 2-token chunk counts as two tokens: one more sample per run than chunk gaps.
+        assert key.sum() == ckey.sum() + 1
+    with pytest.raises(ValueError):
+        itls_frame(compare_file, per="word")
+
+
+def test_relative_result_files_resolve_through_the_compare_folder(tmp_path: Path) -> None:
+    compare = write_comparison(tmp_path / "baselines", BASE, relative=True)
+    assert json.loads(compare.read_text())["runs"][0]["result_file"].startswith("results/")
+    assert len(runs_frame(compare)) == 4
+
+
+def test_a_run_without_a_file_is_a_row_without_figures(tmp_path: Path) -> None:
+    compare = write_comparison(tmp_path, {"pickle": {}, "msgspec": None}, repeat=1)
+    frame = runs_frame(compare)
+    broken = frame[frame["codec"] == "msgspec"].iloc[0]
+    assert broken["status"] == "error" and broken["message"] == "engine died"
+    assert pd.isna(broken["file"]) and math.isnan(broken["mean_ttft_ms"])
+    assert set(requests_frame(compare)["codec"]) == {"pickle"}
+
+
+def test_a_benchmark_serving_style_file_without_records(tmp_path: Path, compare_file: Path) -> None:
+    doc = load_run(runs_frame(compare_file)["file"].iloc[0])
+    del doc["records"], doc["metrics"]  # what vLLM's benchmark_serving saves has neither
+    path = tmp_path / "vllm.json"
+    path.write_text(json.dumps(doc))
+    run = runs_frame(path).iloc[0]
+    assert run["mean_ttft_ms"] == pytest.approx(doc["mean_ttft_ms"]) and math.isnan(run["mean_e2el_ms"])
+    requests = requests_frame(path)
+    assert len(requests) == 4 and requests["ttft_ms"].mean() == pytest.approx(doc["mean_ttft_ms"])
+    assert requests["e2el_ms"].isna().all()
+    itls = itls_frame(path)  # only chunk gaps are saved there
+    assert set(itls["per"]) == {"chunk"} and len(itls) == sum(len(g) for g in doc["itls"])
+
+
+def test_bad_input_raises_clear_errors(tmp_path: Path, compare_file: Path) -> None:
+    with pytest.raises(ResultsError, match="compare file"):
+        load_run(compare_file)
+    with pytest.raises(ResultsError, match="run file"):
+        load_compare(runs_frame(compare_file)["file"].iloc[0])
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ResultsError, match="not valid JSON"):
+        runs_frame(bad)
+    with pytest.raises(ResultsError, match="no such file"):
+        runs_frame(tmp_path / "missing.json")
+    doc = json.loads(compare_file.read_text())
+    doc["runs"][0]["result_file"] = "gone/pickle-r0.json"
+    moved = tmp_path / "moved.json"
+    moved.write_text(json.dumps(doc))
+    with pytest.raises(ResultsError, match="not found"):
+        runs_frame(moved)
+
+
+# ------------------------------------------------------------------ scripts
+
+
+def _script(name: str, *args: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPTS / name), *map(str, args)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_check_regression_verdicts_and_exit_codes(tmp_path: Path, compare_file: Path) -> None:
+    same = _script("check_regression.py", compare_file, compare_file)
+    assert same.returncode == 0, same.stderr
+    assert "no regression" in same.stdout and "+0.0%" in same.stdout
+
+    # A machine twice as slow: absolute figures double, ratios to pickle do not move.
+    slow = write_comparison(tmp_path / "slow", {"pickle": {"enc_us": 60.0, "scale": 2.0},
+                                               "msgspec": {"enc_us": 20.0, "scale": 1.6}})
+    assert _script("check_regression.py", slow, compare_file).returncode == 0
+
+    # msgspec's latencies 25% worse relative to pickle, its encode unchanged.
+    worse = write_comparison(tmp_path / "worse", {"pickle": {"enc_us": 30.0}, "msgspec": {"enc_us": 10.0}})
+    out = _script("check_regression.py", worse, compare_file, "--threshold-pct", "5")
+    assert out.returncode == 1, out.stdout + out.stderr
+    lines = {tuple(line.split()[:3]): line for line in out.stdout.splitlines() if line.startswith("msgspec")}
+    assert "REGRESSION" in lines[("msgspec", "TTFT", "mean")]
+    assert lines[("msgspec", "req", "enc")].split()[-1] == "ok"
+    # The other way round the same change is an improvement.
+    better = _script("check_regression.py", compare_file, worse)
+    assert better.returncode == 0 and "improved" in better.stdout
+    # A threshold above the change lets it pass.
+    assert _script("check_regression.py", worse, compare_file, "--threshold-pct", "30").returncode == 0
+
+
+def test_check_regression_reports_missing_codecs_and_bad_input(tmp_path: Path, compare_file: Path) -> None:
+    extra = write_comparison(tmp_path / "extra", {**BASE, "pickle-oob": {"enc_us": 25.0}})
+    out = _script("check_regression.py", extra, compare_file)
+    assert out.returncode == 0
+    assert "pickle-oob" in out.stdout and "not measured in baseline" in out.stdout
+
+    no_ref = write_comparison(tmp_path / "noref", {"pickle": None, "msgspec": {}}, repeat=1)
+    out = _script("check_regression.py", no_ref, compare_file)
+    assert out.returncode == 2 and "reference codec 'pickle'" in out.stderr
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2")
+    for args in ((bad, compare_file), (compare_file, tmp_path / "missing.json"),
+                 (runs_frame(compare_file)["file"].iloc[0], compare_file)):
+        out = _script("check_regression.py", *args)
+        assert out.returncode == 2 and out.stderr.startswith("check_regression: error:"), out.stderr
+
+
+def test_plot_results_writes_a_png(tmp_path: Path, compare_file: Path) -> None:
+    target = tmp_path / "out" / "plot.png"
+    out = _script("plot_results.py", compare_file, "--out", target)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(target)
+    data = target.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
+
+    missing = _script("plot_results.py", tmp_path / "nothing.json")
+    assert missing.returncode == 2 and "no such file" in missing.stderr
