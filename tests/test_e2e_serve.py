@@ -241,7 +241,7 @@ def test_killed_engine_fails_inflight_requests_and_health():
 
         events, ended_after, health, status = asyncio.run(scenario())
         assert b"error" in events[-1]
-        assert ended_after < 5.0
+        assert ended_after < 2.5  # "within about two seconds"
         assert health == 503
         assert status == 503
     finally:
@@ -290,3 +290,41 @@ def test_pickle_over_non_loopback_tcp_is_refused():
     )
     assert done.returncode == 2
     assert "--allow-insecure-pickle" in done.stderr
+
+
+def test_remote_engine_death_is_noticed_by_heartbeat():
+    """A frontend-only server has no process to watch: silence past the heartbeat timeout is death."""
+    port = str(free_port_pair())
+    engine = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "serve", "--engine-only", "--codec", "msgspec",
+         "--engine-host", "127.0.0.1", "--engine-port", port],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        frontend = start_serve("--frontend-only", "--engine-host", "127.0.0.1", "--engine-port", port,
+                               codec="msgspec")
+        try:
+            async def scenario():
+                async with aiohttp.ClientSession() as session:
+                    body = {"model": MODEL, "prompt": "Far away", "max_tokens": 1800, "ignore_eos": True, "stream": True}
+                    async with session.post(f"{frontend.base_url}/v1/completions", json=body) as resp:
+                        events = []
+                        async for raw in resp.content:
+                            if raw.startswith(b"data:"):
+                                events.append(raw)
+                                if len(events) == 2:
+                                    engine.kill()
+                                    killed_at = time.monotonic()
+                    ended_after = time.monotonic() - killed_at
+                health, _ = await get_text(frontend.base_url, "/health")
+                return events, ended_after, health
+
+            events, ended_after, health = asyncio.run(scenario())
+            assert b"error" in events[-1]
+            assert ended_after < 4.0  # heartbeat timeout (2 s) plus the monitor's tick
+            assert health == 503
+        finally:
+            assert frontend.stop() == 0
+    finally:
+        engine.kill()
+        engine.wait()
