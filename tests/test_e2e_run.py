@@ -54,3 +54,33 @@ def test_unknown_codec_is_a_clear_error(tmp_path):
     done = bench_run(tmp_path, "--codec", "pickle,nope")
     assert done.returncode == 2
     assert "unknown codec(s) nope" in done.stderr and "msgspec-oob" in done.stderr
+
+
+def test_ctrl_c_stops_servers_and_saves_what_it_has(tmp_path):
+    import signal
+    import time
+
+    from serve_process import child_pids, pid_alive
+
+    cmd = [sys.executable, "-m", "harness.cli", "run", "--result-dir", str(tmp_path), "--no-progress",
+           "--codec", "msgspec", "--num-prompts", "400", "--request-rate", "20"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    servers: list[int] = []
+    while time.monotonic() < deadline and not servers:
+        servers = child_pids(proc.pid)
+        time.sleep(0.2)
+    assert servers, "bench run should have started a server"
+    engines = [p for s in servers for p in child_pids(s)]
+    time.sleep(8)  # server up and some requests done
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    for pid in servers + engines:
+        assert not pid_alive(pid)
+    summary = comparison(tmp_path)
+    (run,) = summary["runs"]
+    assert run["status"] == "interrupted"
+    result = json.loads((tmp_path / run["result_file"]).read_text())
+    assert 0 < result["completed"] < 400
+    assert result["completed"] + result["failed"] == 400  # every request accounted for
