@@ -167,14 +167,15 @@ def _check_model(app: web.Application, model: str | None) -> str:
     return served
 
 
-def _resolve_max_tokens(settings: FrontendSettings, prompt_len: int, requested: int | None) -> int:
+def _resolve_max_tokens(settings: FrontendSettings, prompt_len: int, requested: int | None, chat: bool) -> int:
     room = settings.max_model_len - prompt_len
     if requested is None:
         if room < 1:
             raise ProtocolError(
                 f"The prompt is {prompt_len} tokens, which leaves no room to generate within this "
                 f"model's maximum context length of {settings.max_model_len} tokens.", param="prompt")
-        return min(settings.default_max_tokens, room)
+        # As OpenAI and vLLM: completions default to 16 tokens, chat to the rest of the context.
+        return room if chat else min(settings.default_max_tokens, room)
     if requested > room:
         raise ProtocolError(
             f"This model's maximum context length is {settings.max_model_len} tokens. However, you "
@@ -253,7 +254,7 @@ async def prepare_completion(app: web.Application, body: Any) -> Prepared:
         bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ProtocolError(f"token id {bad} is outside the vocabulary [0, {vocab})", param="prompt")
-    max_tokens = _resolve_max_tokens(settings, len(ids), req.sampling.max_tokens)
+    max_tokens = _resolve_max_tokens(settings, len(ids), req.sampling.max_tokens, chat=False)
     request = EngineCoreRequest(
         request_id=f"cmpl-{uuid.uuid4().hex}",
         prompt=text,
@@ -277,7 +278,7 @@ async def prepare_chat(app: web.Application, body: Any) -> Prepared:
     ids, positions = _tokenize_with_markers(tokenizer, text, n_images)
     ids, ranges = _expand_images(ids, positions, _image_token_id(tokenizer, settings), settings.image_tokens)
     # Check the context before the costly image decoding.
-    max_tokens = _resolve_max_tokens(settings, len(ids), req.sampling.max_tokens)
+    max_tokens = _resolve_max_tokens(settings, len(ids), req.sampling.max_tokens, chat=True)
     mm_inputs = mm_hashes = None
     if n_images:
         images = await _process_images(req.image_urls, settings)

@@ -182,8 +182,9 @@ def sample_sonnet_requests(
     ]
     lens = [len(ids) for ids in tokenizer.encode_batch(formatted)]
     return [
-        SampleRequest(prompt=p, prompt_len=n, expected_output_len=output_len, image_data_urls=u)
-        for p, n, u in zip(prompts, lens, urls)
+        SampleRequest(prompt=p, prompt_len=n, expected_output_len=output_len, image_data_urls=u,
+                      completion_prompt=None if u else f)
+        for p, n, u, f in zip(prompts, lens, urls, formatted)
     ]
 
 

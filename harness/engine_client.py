@@ -204,11 +204,20 @@ class ZmqEngineClient:
                     q.put_nowait(output)
 
     async def _monitor(self) -> None:
+        last_tick = time.monotonic()
         while self._dead_reason is None:
             await asyncio.sleep(0.1)
+            now = time.monotonic()
+            # If this loop itself was held up, heartbeats may be waiting unread:
+            # silence only counts when messages are really not arriving.
+            stalled, last_tick = now - last_tick > 1.0, now
             if self._is_process_alive is not None and not self._is_process_alive():
                 self._declare_dead("the engine process exited")
-            elif time.monotonic() - self._last_message > self._heartbeat_timeout_s:
+            elif (
+                not stalled
+                and now - self._last_message > self._heartbeat_timeout_s
+                and not self._output.get(zmq.EVENTS) & zmq.POLLIN
+            ):
                 self._declare_dead(f"no message from the engine for {self._heartbeat_timeout_s:.1f} s")
 
     def _declare_dead(self, reason: str, expected: bool = False) -> None:

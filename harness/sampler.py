@@ -72,29 +72,34 @@ class Sampler:
             idx = torch.tensor(greedy, device=logits.device)
             out[idx] = _argmax(logits[idx])
         rand = [i for i, r in enumerate(rows) if not is_greedy(r.params)]
-        if rand:
-            idx = torch.tensor(rand, device=logits.device)
-            probs, order = self._filtered_probs(logits[idx], [rows[i].params for i in rand])
-            # A row with NaN/inf probabilities (e.g. inf or NaN logits) would make
-            # torch.multinomial raise and fail the whole step: it goes greedy instead.
-            usable = (torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)).tolist()
-            picks = torch.zeros(len(rand), dtype=torch.long, device=logits.device)
-            shared = [j for j, i in enumerate(rand) if usable[j] and rows[i].generator is None]
-            if shared:
-                sidx = torch.tensor(shared, device=logits.device)
-                picks[sidx] = torch.multinomial(probs[sidx], 1, generator=self.generator)[:, 0]
-            for j, i in enumerate(rand):
-                gen = rows[i].generator
-                if usable[j] and gen is not None:  # one row at a time: independent of the batch
-                    picks[j] = torch.multinomial(probs[j : j + 1], 1, generator=gen)[0, 0]
-            # picks index the sorted order when filters were applied
-            tokens = picks if order is None else order.gather(1, picks[:, None])[:, 0]
-            bad = [j for j, ok in enumerate(usable) if not ok]
-            if bad:
-                bidx = torch.tensor(bad, device=logits.device)
-                tokens[bidx] = _argmax(logits[idx[bidx]])
-            out[idx] = tokens
+        shared = [i for i in rand if rows[i].generator is None]
+        if shared:
+            idx = torch.tensor(shared, device=logits.device)
+            out[idx] = self._sample_group(logits[idx], [rows[i].params for i in shared], self.generator)
+        for i in rand:
+            gen = rows[i].generator
+            if gen is not None:  # alone, filters included: independent of the batch
+                out[i] = self._sample_group(logits[i : i + 1], [rows[i].params], gen)[0]
         return out.tolist()
+
+    def _sample_group(self, logits: Tensor, params: list[SamplingParams], generator: torch.Generator) -> Tensor:
+        """One token per row from the filtered distribution, drawn with ``generator``."""
+        probs, order = self._filtered_probs(logits, params)
+        # A row with NaN/inf probabilities (e.g. inf or NaN logits) would make
+        # torch.multinomial raise and fail the whole step: it goes greedy instead.
+        usable = torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)
+        picks = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
+        if bool(usable.all()):
+            picks = torch.multinomial(probs, 1, generator=generator)[:, 0]
+        elif bool(usable.any()):
+            ok = usable.nonzero()[:, 0]
+            picks[ok] = torch.multinomial(probs[ok], 1, generator=generator)[:, 0]
+        # picks index the sorted order when filters were applied
+        tokens = picks if order is None else order.gather(1, picks[:, None])[:, 0]
+        bad = (~usable).nonzero()[:, 0]
+        if len(bad):
+            tokens[bad] = _argmax(logits[bad])
+        return tokens
 
     def _filtered_probs(self, logits: Tensor, params: list[SamplingParams]) -> tuple[Tensor, Tensor | None]:
         """Temperature, then top-k / top-p / min-p. Returns (probs [n, V], order or None).

@@ -15,3 +15,7 @@ class SampleRequest:
     expected_output_len: int
     # Images as data URLs (data:image/png;base64,...), encoded before the clock starts.
     image_data_urls: tuple[str, ...] = field(default_factory=tuple)
+    # What /v1/completions receives, if not ``prompt``: for sonnet the
+    # chat-formatted prompt, as benchmark_serving sends completion backends
+    # (``prompt_len`` counts that text).
+    completion_prompt: str | None = None

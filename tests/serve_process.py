@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 from harness.serve_process import ServerProcess
@@ -27,6 +28,15 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def still_alive(pids: list[int], grace_s: float = 3.0) -> list[int]:
+    """The pids still running after up to ``grace_s`` (multiprocessing's resource
+    tracker exits a moment after its parent, once it sees the pipe close)."""
+    deadline = time.monotonic() + grace_s
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if pid_alive(p)]
 
 
 def ipc_dirs() -> set[str]:

@@ -60,7 +60,7 @@ def test_ctrl_c_stops_servers_and_saves_what_it_has(tmp_path):
     import signal
     import time
 
-    from serve_process import child_pids, pid_alive
+    from serve_process import child_pids, still_alive
 
     cmd = [sys.executable, "-m", "harness.cli", "run", "--result-dir", str(tmp_path), "--no-progress",
            "--codec", "msgspec", "--num-prompts", "400", "--request-rate", "20"]
@@ -76,8 +76,7 @@ def test_ctrl_c_stops_servers_and_saves_what_it_has(tmp_path):
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
-    for pid in servers + engines:
-        assert not pid_alive(pid)
+    assert not still_alive(servers + engines)
     summary = comparison(tmp_path)
     (run,) = summary["runs"]
     assert run["status"] == "interrupted"

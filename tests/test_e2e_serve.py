@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 from PIL import Image
 
-from serve_process import free_port_pair, ipc_dirs, pid_alive, start_serve
+from serve_process import free_port_pair, ipc_dirs, start_serve, still_alive
 from wirecodecs import available_codecs, codecs_that_carry_multimodal
 
 pytestmark = pytest.mark.e2e
@@ -255,8 +255,7 @@ def test_stops_cleanly_leaving_no_children_or_sockets(sig):
     server.engine_pid  # the engine runs as a child process
     children = server.child_pids
     assert server.stop(sig) == 0
-    for pid in children:
-        assert not pid_alive(pid)
+    assert not still_alive(children)
     assert ipc_dirs() <= before
 
 

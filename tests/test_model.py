@@ -242,3 +242,17 @@ def test_rows_with_non_finite_probabilities_fall_back_to_greedy():
     picks = s.sample(logits, rows)
     assert picks[0] == 5 and picks[2] == 11 and picks[3] == 4
     assert 0 <= picks[1] < 50  # the healthy row is still sampled
+
+
+def test_seeded_row_ignores_other_rows_filters():
+    """A seeded request samples the same token alone or beside a top-k row."""
+    from harness.sampler import Sampler, SampleRow
+
+    sampler = Sampler(512, 0, torch.device("cpu"))
+    logits = torch.randn(2, 512, generator=torch.Generator().manual_seed(1))
+    other = SampleRow(SamplingParams(temperature=1.0, top_k=5))
+    for seed in range(20):
+        params = SamplingParams(temperature=1.0, seed=seed)
+        alone = sampler.sample(logits[:1].clone(), [SampleRow(params, sampler.request_generator(params))])[0]
+        mixed = sampler.sample(logits.clone(), [SampleRow(params, sampler.request_generator(params)), other])[0]
+        assert alone == mixed

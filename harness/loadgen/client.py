@@ -103,7 +103,7 @@ def build_payload(
                 f"request has {len(sample.image_data_urls)} image(s): images need "
                 f"--endpoint {CHAT_COMPLETIONS}, not {endpoint}"
             )
-        body["prompt"] = sample.prompt
+        body["prompt"] = sample.completion_prompt or sample.prompt
     stream_options: dict[str, Any] = {"include_usage": True}
     if continuous_usage:
         stream_options["continuous_usage_stats"] = True
