@@ -42,7 +42,7 @@ from aiohttp import web
 
 from . import openai_protocol as proto
 from . import prom
-from .engine_api import EngineClient, EngineDeadError, RequestRejectedError
+from .engine_api import EngineClient, EngineDeadError, EngineRequestError, RequestRejectedError
 from .messages import EngineCoreOutput, EngineCoreRequest, FinishReason, PlaceholderRange
 from .mm_processing import MM_PAYLOADS, TENSOR_DTYPES, MmPayload, ProcessedImage, process_image_url
 from .openai_protocol import ProtocolError
@@ -332,9 +332,11 @@ class _Relay:
 
     def add(self, out: EngineCoreOutput) -> str:
         """The text this output adds; sets finish_reason when the request is done."""
-        if out.finish_reason == FinishReason.ERROR:
-            # The client normally raises this itself; be safe if it does not.
+        # The client normally raises these itself; be safe if it does not.
+        if out.finish_reason == FinishReason.REJECTED:
             raise RequestRejectedError(out.error or "the engine refused the request")
+        if out.finish_reason == FinishReason.ERROR:
+            raise EngineRequestError(out.error or "the engine failed serving the request")
         self.completion_tokens += len(out.new_token_ids)
         self.metrics.generation_tokens += len(out.new_token_ids)
         text = self.detok.add(out.new_token_ids)
@@ -377,6 +379,8 @@ async def _run(request: web.Request, prep: Prepared) -> web.StreamResponse:
             return error_response(str(exc), 400)
         except EngineDeadError as exc:
             return error_response(f"the engine is not available: {exc}", 503)
+        except EngineRequestError as exc:
+            return error_response(str(exc), 500)
         except StopAsyncIteration:
             return error_response("the engine ended the request without any output", 500)
         metrics.prompt_tokens += relay.prompt_tokens
@@ -427,6 +431,9 @@ async def _stream(request: web.Request, resp: web.StreamResponse, prep: Prepared
             except RequestRejectedError as exc:
                 await resp.write(_error_event(str(exc), 400))
                 return "rejected"
+            except EngineRequestError as exc:
+                await resp.write(_error_event(str(exc), 500))
+                return "failed"
             await resp.write(_sse(_chunk(prep, relay, text, is_first, created)))
             is_first = False
             if relay.done:
@@ -438,6 +445,9 @@ async def _stream(request: web.Request, resp: web.StreamResponse, prep: Prepared
             except RequestRejectedError as exc:
                 await resp.write(_error_event(str(exc), 400))
                 return "rejected"
+            except EngineRequestError as exc:
+                await resp.write(_error_event(str(exc), 500))
+                return "failed"
             except EngineDeadError as exc:
                 await resp.write(_error_event(f"the engine is not available: {exc}", 503))
                 return "failed"
@@ -471,6 +481,8 @@ async def _collect(prep: Prepared, relay: _Relay, first: EngineCoreOutput,
             out = await anext(gen, None)
     except RequestRejectedError as exc:
         return error_response(str(exc), 400), "rejected"
+    except EngineRequestError as exc:
+        return error_response(str(exc), 500), "failed"
     except EngineDeadError as exc:
         return error_response(f"the engine is not available: {exc}", 503), "failed"
     if not relay.done:

@@ -43,12 +43,13 @@ log = logging.getLogger("wirebench.engine")
 _STOP = object()  # sentinel through the queues
 
 
-def error_output(request_id: str, message: str) -> EngineCoreOutput:
+def error_output(request_id: str, message: str, rejected: bool = True) -> EngineCoreOutput:
+    """The last output of a request the engine refused (rejected) or failed to serve."""
     return EngineCoreOutput(
         request_id=request_id,
         new_token_ids=[],
         finished=True,
-        finish_reason=FinishReason.ERROR,
+        finish_reason=FinishReason.REJECTED if rejected else FinishReason.ERROR,
         error=message,
     )
 
@@ -91,7 +92,7 @@ class EngineCore:
         """After a step raised: end every request with an error, keep serving."""
         ids = list(self.scheduler.requests)
         self.scheduler.abort_requests(ids)
-        return [error_output(rid, message) for rid in ids]
+        return [error_output(rid, message, rejected=False) for rid in ids]
 
 
 class EngineProcess:
@@ -190,7 +191,9 @@ class EngineProcess:
             # Nothing may be lost: the same requests end with an error instead.
             log.exception("could not encode an output batch")
             message = f"engine could not encode its output: {exc}"
-            batch = EngineCoreOutputs(outputs=[error_output(o.request_id, message) for o in batch.outputs])
+            batch = EngineCoreOutputs(
+                outputs=[error_output(o.request_id, message, rejected=False) for o in batch.outputs]
+            )
             frames = self.codec_out.encode(batch)
         else:
             self.counters.add_encode(started, frames)

@@ -20,6 +20,10 @@ class RequestRejectedError(ValueError):
     """The request could not be sent or was refused (codec cannot carry it, engine validation)."""
 
 
+class EngineRequestError(RuntimeError):
+    """The engine failed while serving the request (a server-side error, not the client's)."""
+
+
 class EngineClient(Protocol):
     codec_name: str
 

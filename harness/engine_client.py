@@ -23,7 +23,7 @@ import zmq.asyncio
 from wirecodecs import CodecError, EncodeError, get_codec
 
 from . import transport
-from .engine_api import EngineDeadError, RequestRejectedError
+from .engine_api import EngineDeadError, EngineRequestError, RequestRejectedError
 from .messages import CodecStats, EngineCoreAbort, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
 from .transport import CodecCounters, EngineAddresses
 
@@ -154,9 +154,12 @@ class ZmqEngineClient:
                     # output, local abort) the finally below aborts it there.
                     finished = isinstance(item, EngineDeadError)
                     raise item
-                if item.finish_reason == FinishReason.ERROR:
+                if item.finish_reason == FinishReason.REJECTED:
                     finished = True
                     raise RequestRejectedError(item.error or "the engine refused the request")
+                if item.finish_reason == FinishReason.ERROR:
+                    finished = True
+                    raise EngineRequestError(item.error or "the engine failed serving the request")
                 finished = item.finished
                 yield item
         finally:

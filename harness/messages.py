@@ -78,7 +78,8 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"  # EOS or a stop token / string
     LENGTH = "length"  # max_tokens reached
     ABORT = "abort"  # client aborted
-    ERROR = "error"  # the engine could not serve the request
+    REJECTED = "rejected"  # the engine refused the request: invalid or undecodable (a client error)
+    ERROR = "error"  # the engine failed while serving the request (a server error)
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

@@ -25,7 +25,7 @@ from harness import prom
 from harness.api_server import FALLBACK_IMAGE_TOKEN_ID, FrontendSettings, build_app
 from harness.config import EngineConfig
 from harness.images import synthetic_image, to_data_url
-from harness.messages import EngineCoreRequest
+from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
 from harness.openai_protocol import StopStringFilter
 from harness.tokenizer import load_tokenizer
 
@@ -377,6 +377,26 @@ async def test_codec_rejection_is_400_with_its_message():
         assert "cannot carry" in out["error"]["message"]
         resp = await client.post("/v1/chat/completions", json=chat_body(text_part("no image")))
         assert resp.status == 200
+
+
+class FailingEngine(FakeEngine):
+    """An engine that fails while serving (a step error): the server's fault, not the client's."""
+
+    async def generate(self, request: EngineCoreRequest):  # type: ignore[override]
+        yield EngineCoreOutput(request.request_id, [], finished=True, finish_reason=FinishReason.ERROR,
+                               error="engine step failed: RuntimeError: boom")
+
+
+@arun
+async def test_engine_failure_is_500_not_400():
+    async with serve(FailingEngine(SCRIPT)) as client:
+        resp = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 3})
+        out = await resp.json()
+        assert resp.status == 500 and out["error"]["code"] == 500
+        assert "engine step failed" in out["error"]["message"]
+        resp = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 3, "stream": True})
+        events = sse_events(await resp.text())
+        assert events[-1]["error"]["code"] == 500
 
 
 # --- images -------------------------------------------------------------------------------------

@@ -82,7 +82,7 @@ def test_bad_frames_never_kill_the_engine(engine):
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not (len(errors) == 3 and len(good_tokens) == 3):
         for out in next_outputs(pull).outputs:
-            if out.finish_reason == FinishReason.ERROR:
+            if out.finish_reason == FinishReason.REJECTED:
                 errors[out.request_id] = out.error or ""
             elif out.request_id == "good":
                 good_tokens += out.new_token_ids
