@@ -5,11 +5,12 @@ and sampler); ``SimExecutor`` runs no model and only spends the time a step is
 modelled to take. Both take a ``SchedulerOutput`` and return a
 ``ModelRunnerOutput``, so the engine loop does not know which it has.
 
-Per-request state (sampling params, seeded generator, image embeddings) is
-created the first time a request appears in ``new_requests`` and dropped when
-its id shows up in ``finished_req_ids``. A request whose inputs can't be
-processed (say, an image that fails to decode) is reported in
-``ModelRunnerOutput.errors`` instead of failing the step for everyone.
+Per-request state (sampling params, seeded generator, image embeddings and,
+only for requests with penalties, their token history) is created the first
+time a request appears in ``new_requests`` and dropped when its id shows up
+in ``finished_req_ids``. A request whose inputs can't be processed (say, an
+image that fails to decode) is reported in ``ModelRunnerOutput.errors``
+instead of failing the step for everyone.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from torch import Tensor
 from harness.config import EngineConfig
 from harness.messages import SamplingParams
 from harness.model import build_model, get_model_config, resolve_device, resolve_dtype
-from harness.sampler import Sampler, SampleRow
+from harness.sampler import Sampler, SampleRow, uses_penalties
 from harness.scheduler import ModelRunnerOutput, NewRequest, ScheduledChunk, SchedulerOutput
 from harness.vision import build_vision_encoder, to_pixels
 
@@ -70,6 +71,9 @@ class _TorchState:
     generator: torch.Generator | None
     # (placeholder offset, embeddings [image_tokens, dim]) per image
     images: list[tuple[int, Tensor]] = field(default_factory=list)
+    # Token history for the sampler's penalties; None (no tracking) when all are default.
+    prompt_ids: list[int] | None = None
+    output_ids: list[int] | None = None
 
 
 class TorchExecutor:
@@ -101,6 +105,8 @@ class TorchExecutor:
     def _new_state(self, nr: NewRequest) -> _TorchState:
         params = nr.request.sampling_params
         st = _TorchState(params, self.sampler.request_generator(params))
+        if uses_penalties(params):
+            st.prompt_ids, st.output_ids = nr.request.prompt_token_ids, []
         for item, pr in zip(nr.request.mm_inputs or [], nr.request.mm_placeholders or [], strict=True):
             st.images.append((pr.offset, self.vision.encode(item)))  # computed once per request
         return st
@@ -138,12 +144,22 @@ class TorchExecutor:
                     logit_rows.append(last[None])
                     sample_chunks.append(c)
 
-            rows = [SampleRow(self.states[c.request_id].params, self.states[c.request_id].generator,
-                              c.suppress_token_ids) for c in sample_chunks]
+            rows = [self._sample_row(c) for c in sample_chunks]
             tokens_out = self.sampler.sample(torch.cat(logit_rows), rows) if rows else []
             self._sync()
         sampled = {c.request_id: t for c, t in zip(sample_chunks, tokens_out, strict=True)}
         return ModelRunnerOutput(sampled, errors, time.perf_counter() - t0)
+
+    def _sample_row(self, c: ScheduledChunk) -> SampleRow:
+        st = self.states[c.request_id]
+        if st.output_ids is None:  # default penalties: no history to keep
+            return SampleRow(st.params, st.generator, c.suppress_token_ids)
+        # A chunk past the prompt is a decode, which feeds the newest output
+        # token (the scheduler's record of it); prefill chunks hold prompt only.
+        if c.start_pos >= len(st.prompt_ids or ()):
+            st.output_ids.append(c.token_ids[0])
+        return SampleRow(st.params, st.generator, c.suppress_token_ids,
+                         prompt_token_ids=st.prompt_ids, output_token_ids=st.output_ids)
 
 
 def _splitmix64(x: int) -> int:

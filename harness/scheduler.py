@@ -54,6 +54,13 @@ def _validate_sampling(sp: SamplingParams) -> None:
         raise ValueError(f"min_p must be in [0, 1], got {sp.min_p}")
     if sp.seed is not None and not _INT64_MIN <= sp.seed <= _INT64_MAX:
         raise ValueError(f"seed must fit in a signed 64-bit integer, got {sp.seed}")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if not -2.0 <= getattr(sp, name) <= 2.0:
+            raise ValueError(f"{name} must be in [-2, 2], got {getattr(sp, name)}")
+    if not 0.0 < sp.repetition_penalty <= MAX_TEMPERATURE:
+        raise ValueError(f"repetition_penalty must be in (0, {MAX_TEMPERATURE:g}], got {sp.repetition_penalty}")
+    if sp.logit_bias and not all(-100.0 <= v <= 100.0 for v in sp.logit_bias.values()):
+        raise ValueError("logit_bias values must be in [-100, 100]")
 
 
 @dataclass

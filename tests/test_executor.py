@@ -178,3 +178,59 @@ def test_undecodable_image_fails_only_its_request(kind, torch_executor):
 def test_make_executor_rejects_unknown_kind():
     with pytest.raises(ValueError, match="unknown executor"):
         make_executor(make_config(executor="gpu-magic"))
+
+
+def _reference_pick(logits: torch.Tensor, sp: SamplingParams, prompt: list[int], outputs: list[int]) -> int:
+    """Greedy pick after logit bias and penalties, written out the plain way."""
+    x = logits.clone()
+    for tok, b in (sp.logit_bias or {}).items():
+        x[tok] += b
+    for tok in set(prompt) | set(outputs):
+        x[tok] = x[tok] / sp.repetition_penalty if x[tok] > 0 else x[tok] * sp.repetition_penalty
+    for tok in set(outputs):
+        x[tok] -= sp.presence_penalty + sp.frequency_penalty * outputs.count(tok)
+    return int(x.argmax())
+
+
+def test_penalties_follow_the_token_history(torch_executor):
+    """Greedy tokens with penalties match a fresh prefill plus the penalties over prompt+outputs so far.
+
+    Served beside another request, so the prompt is prefilled in chunks
+    (long_prefill_token_threshold=24) and later tokens come from batched decodes.
+    """
+    cfg = make_config()
+    kw = dict(n=40, seed_tokens=6, max_tokens=10, temperature=0.0, ignore_eos=True)
+    pen = dict(repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.3, logit_bias={5: 0.5})
+    r = request("pen-a", **kw, **pen)
+    other = request("pen-other", n=30, seed_tokens=2, max_tokens=12, temperature=0.0, ignore_eos=True)
+    outputs = serve(cfg, torch_executor, [other, r])
+    toks = tokens(outputs["pen-a"])
+    assert toks != tokens(serve(cfg, torch_executor, [request("pen-plain", **kw)])["pen-plain"])
+    model = torch_executor.model
+    prompt = list(r.prompt_token_ids)
+    with torch.inference_mode():
+        for i, t in enumerate(toks):
+            logits = model.prefill(model.embed(torch.tensor(prompt + toks[:i])), slot=3, start=0)
+            assert _reference_pick(logits[: cfg.vocab_size], r.sampling_params, prompt, toks[:i]) == t
+    # The default request beside it is unaffected, and keeps no token history.
+    alone = serve(cfg, torch_executor, [request("pen-other-2", n=30, seed_tokens=2, max_tokens=12,
+                                                temperature=0.0, ignore_eos=True)])
+    assert tokens(alone["pen-other-2"]) == tokens(outputs["pen-other"])
+
+
+def test_presence_penalty_stops_repeats_and_defaults_keep_no_history():
+    cfg = make_config()
+    ex = TorchExecutor(cfg)
+    s = Scheduler(cfg)
+    s.add_request(request("np", n=12, max_tokens=30, temperature=0.0, ignore_eos=True, presence_penalty=2.0, frequency_penalty=2.0))
+    s.add_request(request("plain", n=12, max_tokens=30, temperature=0.0, ignore_eos=True))
+    outs: dict[str, list[EngineCoreOutput]] = {}
+    while s.has_unfinished_requests():
+        sched = s.schedule()
+        for o in s.update_from_output(sched, ex.execute(sched)):
+            outs.setdefault(o.request_id, []).append(o)
+        if "np" in ex.states and "plain" in ex.states:
+            assert ex.states["plain"].output_ids is None and ex.states["plain"].prompt_ids is None
+            assert ex.states["np"].output_ids == tokens(outs.get("np", []))[:-1]  # all but the newest, unfed
+    np_toks = tokens(outs["np"])
+    assert len(np_toks) == 30 and len(set(np_toks)) == 30  # no output token repeats

@@ -256,3 +256,117 @@ def test_seeded_row_ignores_other_rows_filters():
         alone = sampler.sample(logits[:1].clone(), [SampleRow(params, sampler.request_generator(params))])[0]
         mixed = sampler.sample(logits.clone(), [SampleRow(params, sampler.request_generator(params)), other])[0]
         assert alone == mixed
+
+
+# -- logit bias and penalties ---------------------------------------------------
+
+def _greedy(**kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, **kw)
+
+
+def test_logit_bias_forces_a_token_under_greedy():
+    s = Sampler(50, seed=0, device=CPU)
+    logits = _logits(3)
+    plain = logits.argmax(-1).tolist()
+    target = (plain[0] + 1) % 50
+    bias = {target: 100.0, 10_000: 100.0, -1: 100.0}  # ids outside the vocab are ignored
+    rows = [SampleRow(_greedy(logit_bias=bias)), SampleRow(_greedy()),
+            SampleRow(_greedy(logit_bias={plain[2]: -100.0}))]
+    before = logits.clone()
+    picks = s.sample(logits, rows)
+    assert picks[0] == target
+    assert picks[1] == plain[1]  # the row without a bias is untouched
+    assert picks[2] != plain[2]  # a negative bias bans the argmax
+    assert torch.equal(logits, before)  # the caller's logits are not modified
+    # A bias also steers temperature sampling.
+    assert all(s.sample(logits[:1], [SampleRow(SamplingParams(temperature=1.0, logit_bias=bias))]) == [target]
+               for _ in range(5))
+
+
+def test_repetition_penalty_moves_argmax_off_a_repeated_token():
+    s = Sampler(10, seed=0, device=CPU)
+    logits = torch.zeros(2, 10)
+    logits[0, 3], logits[0, 7] = 3.0, 1.99  # positive: 3.0 / 1.5 = 2.0, still ahead of 1.99
+    logits[1, 3], logits[1, 7] = -1.0, -1.49  # negative: -1.0 * 1.5 = -1.5, now behind -1.49
+    logits[1, [0, 1, 2, 4, 5, 6, 8, 9]] = -5.0
+
+    def pick(row: int, p: float, prompt=(), output=()) -> int:
+        r = SampleRow(_greedy(repetition_penalty=p), prompt_token_ids=list(prompt), output_token_ids=list(output))
+        return s.sample(logits[row:row + 1], [r])[0]
+
+    assert pick(0, 1.5, output=[3]) == 3  # divided: 2.0 > 1.99
+    logits[0, 7] = 2.01
+    assert pick(0, 1.5) == 3  # not seen: no penalty
+    assert pick(0, 1.5, output=[3, 3, 3]) == 7  # applied once, whatever the count
+    assert pick(0, 1.5, prompt=[3]) == 7  # the prompt counts too (vLLM/HF semantics)
+    assert pick(1, 1.5, prompt=[3]) == 7  # multiplied: -1.5 < -1.49
+    assert pick(1, 1.5, prompt=[1]) == 3
+    assert pick(0, 0.5, prompt=[7], output=[]) == 7  # p < 1 favours seen tokens
+
+
+def test_presence_and_frequency_penalties_lower_repeated_output_tokens():
+    s = Sampler(10, seed=0, device=CPU)
+    logits = torch.zeros(1, 10)
+    logits[0, 3], logits[0, 7] = 5.0, 4.45
+
+    def pick(prompt=(), output=(), **kw) -> int:
+        r = SampleRow(_greedy(**kw), prompt_token_ids=list(prompt), output_token_ids=list(output))
+        return s.sample(logits, [r])[0]
+
+    assert pick(output=[3], presence_penalty=0.5) == 3  # 4.5 > 4.45
+    assert pick(output=[3], presence_penalty=0.6) == 7  # 4.4 < 4.45
+    assert pick(output=[3, 3, 3], presence_penalty=0.5) == 3  # presence ignores the count
+    assert pick(output=[3, 3], frequency_penalty=0.25) == 3  # 5 - 0.5 = 4.5
+    assert pick(output=[3, 3, 3], frequency_penalty=0.25) == 7  # 5 - 0.75 = 4.25
+    assert pick(output=[3], presence_penalty=0.3, frequency_penalty=0.3) == 7  # both: 4.4
+    assert pick(prompt=[3, 3, 3], presence_penalty=2.0, frequency_penalty=2.0) == 3  # output tokens only
+    assert pick(output=[7], presence_penalty=-1.0) == 7  # negative values encourage repeats
+
+
+def test_penalty_rows_batch_with_default_and_seeded_rows():
+    s = Sampler(50, seed=0, device=CPU)
+    logits = _logits(4, seed=3)
+    top = logits.argmax(-1).tolist()
+    seeded = SamplingParams(temperature=1.0, seed=5, frequency_penalty=100.0)
+    rows = [SampleRow(_greedy()),
+            SampleRow(_greedy(presence_penalty=100.0), output_token_ids=[top[1]]),
+            SampleRow(seeded, s.request_generator(seeded), output_token_ids=list(range(49))),
+            SampleRow(_greedy(repetition_penalty=1.2, logit_bias={0: 1.0}), prompt_token_ids=[0, 1])]
+    picks = s.sample(logits, rows)
+    assert picks[0] == top[0]
+    assert picks[1] != top[1]
+    assert picks[2] == 49  # every other id is penalised out of reach
+    ref = logits[3].clone()
+    ref[0] += 1.0
+    ref[:2] = torch.where(ref[:2] > 0, ref[:2] / 1.2, ref[:2] * 1.2)
+    assert picks[3] == int(ref.argmax())
+
+
+def test_default_rows_never_touch_the_penalty_path(monkeypatch):
+    """Default params: same tokens with or without history, and no bias/penalty work at all."""
+    def fresh_rows(s: Sampler, with_history: bool) -> list[SampleRow]:
+        hist = dict(prompt_token_ids=[1, 2, 3], output_token_ids=[4, 4]) if with_history else {}
+        kinds = [_greedy(), SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=7),
+                 SamplingParams(temperature=1.0, seed=11), SamplingParams(temperature=0.9, top_p=0.7, seed=3),
+                 SamplingParams(temperature=1.2, min_p=0.05, logit_bias={})]
+        return [SampleRow(p, s.request_generator(p), [4] if i == 0 else None, **hist) for i, p in enumerate(kinds)]
+
+    def draws(with_history: bool) -> list[list[int]]:
+        s = Sampler(50, seed=7, device=CPU)  # a fresh engine generator per run
+        rows = fresh_rows(s, with_history)
+        return [s.sample(_logits(6, seed=step), rows) for step in range(4)]
+
+    def run() -> list[list[int]]:
+        a = draws(False)
+        assert draws(True) == a
+        return a
+
+    expected = run()
+
+    def boom(*args, **kwargs):
+        raise AssertionError("default rows must not reach the bias/penalty code")
+
+    monkeypatch.setattr(Sampler, "_with_logit_bias", boom)
+    monkeypatch.setattr(Sampler, "_with_penalties", boom)
+    monkeypatch.setattr(Sampler, "_flat_bins", boom)
+    assert run() == expected

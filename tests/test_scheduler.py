@@ -295,3 +295,19 @@ def test_duplicate_id_and_valid_multimodal_request():
 def test_bad_limits_rejected():
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         Scheduler(make_config(max_num_batched_tokens=3, max_num_seqs=4))
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("presence_penalty", 2.5), ("frequency_penalty", float("nan")), ("repetition_penalty", 0.0),
+     ("repetition_penalty", float("inf")), ("logit_bias", {5: 1e9})],
+)
+def test_out_of_range_penalties_are_rejected(field, value):
+    from harness.config import EngineConfig
+    from harness.messages import EngineCoreRequest, SamplingParams
+    from harness.scheduler import Scheduler
+
+    s = Scheduler(EngineConfig(vocab_size=64, max_model_len=64, max_num_seqs=2, max_num_batched_tokens=32))
+    req = EngineCoreRequest("r", None, [1, 2, 3], SamplingParams(max_tokens=2, **{field: value}), None, 0.0)
+    with pytest.raises(ValueError, match=field):
+        s.add_request(req)
