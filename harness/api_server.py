@@ -255,15 +255,22 @@ async def prepare_completion(app: web.Application, body: Any) -> Prepared:
         if bad is not None:
             raise ProtocolError(f"token id {bad} is outside the vocabulary [0, {vocab})", param="prompt")
     max_tokens = _resolve_max_tokens(settings, len(ids), req.sampling.max_tokens, chat=False)
-    request = EngineCoreRequest(
-        request_id=f"cmpl-{uuid.uuid4().hex}",
+    request = _engine_request("cmpl", text, ids, req.sampling, max_tokens, tokenizer, settings)
+    return Prepared(request, False, req.stream, req.stream_options, req.sampling.stop, model)
+
+
+def _engine_request(id_prefix: str, text: str | None, ids: list[int], sampling: Any, max_tokens: int,
+                    tokenizer: TextTokenizer, settings: FrontendSettings, **mm: Any) -> EngineCoreRequest:
+    """The EngineCoreRequest both endpoints send; ``mm`` holds the chat endpoint's image fields."""
+    return EngineCoreRequest(
+        request_id=f"{id_prefix}-{uuid.uuid4().hex}",
         prompt=text,
         prompt_token_ids=ids,
-        sampling_params=req.sampling.to_sampling_params(max_tokens),
+        sampling_params=sampling.to_sampling_params(max_tokens),
         eos_token_id=_eos(tokenizer, settings),
         arrival_time=time.time(),
+        **mm,
     )
-    return Prepared(request, False, req.stream, req.stream_options, req.sampling.stop, model)
 
 
 async def prepare_chat(app: web.Application, body: Any) -> Prepared:
@@ -284,17 +291,8 @@ async def prepare_chat(app: web.Application, body: Any) -> Prepared:
         images = await _process_images(req.image_urls, settings)
         mm_inputs = [img.mm_input for img in images]
         mm_hashes = [img.mm_hash for img in images]
-    request = EngineCoreRequest(
-        request_id=f"chatcmpl-{uuid.uuid4().hex}",
-        prompt=text,
-        prompt_token_ids=ids,
-        sampling_params=req.sampling.to_sampling_params(max_tokens),
-        eos_token_id=_eos(tokenizer, settings),
-        arrival_time=time.time(),
-        mm_inputs=mm_inputs,
-        mm_hashes=mm_hashes,
-        mm_placeholders=ranges or None,
-    )
+    request = _engine_request("chatcmpl", text, ids, req.sampling, max_tokens, tokenizer, settings,
+                              mm_inputs=mm_inputs, mm_hashes=mm_hashes, mm_placeholders=ranges or None)
     return Prepared(request, True, req.stream, req.stream_options, req.sampling.stop, model)
 
 
@@ -488,8 +486,8 @@ async def _collect(prep: Prepared, relay: _Relay, first: EngineCoreOutput,
     if not relay.done:
         return error_response("the engine ended the request without finishing it", 500), "failed"
     rid, created = prep.request.request_id, proto.now()
-    build = proto.chat_response if prep.chat else proto.completion_response
-    body = build(rid, prep.model, created, relay.filter.text, relay.finish_reason, relay.stop_reason, relay.usage())
+    body = proto.full_response(rid, prep.model, created, prep.chat, relay.filter.text, relay.finish_reason,
+                               relay.stop_reason, relay.usage())
     return json_response(body), "completed"
 
 

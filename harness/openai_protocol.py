@@ -499,39 +499,19 @@ def usage_chunk(rid: str, model: str, created: int, chat: bool, usage_: dict) ->
     }
 
 
-def completion_response(
-    rid: str, model: str, created: int, text: str, finish_reason: str | None,
+def full_response(
+    rid: str, model: str, created: int, chat: bool, text: str, finish_reason: str | None,
     stop_reason: int | str | None, usage_: dict,
 ) -> dict[str, Any]:
+    """A non-streaming completion or chat completion; they differ only in how text is held."""
+    held = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
     return {
         "id": rid,
-        "object": "text_completion",
+        "object": "chat.completion" if chat else "text_completion",
         "created": created,
         "model": model,
         "choices": [
-            {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
-        ],
-        "usage": usage_,
-    }
-
-
-def chat_response(
-    rid: str, model: str, created: int, text: str, finish_reason: str | None,
-    stop_reason: int | str | None, usage_: dict,
-) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish_reason,
-                "stop_reason": stop_reason,
-            }
+            {"index": 0, **held, "logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
         ],
         "usage": usage_,
     }

@@ -84,6 +84,21 @@ async def get_text(base_url: str, path: str) -> tuple[int, str]:
             return resp.status, await resp.text()
 
 
+async def stream_then_kill(base_url: str, kill) -> tuple[list[bytes], float]:
+    """Stream a long completion, call ``kill`` after two events; (events, seconds from kill to stream end)."""
+    async with aiohttp.ClientSession() as session:
+        body = {"model": MODEL, "prompt": "Doomed", "max_tokens": 1800, "ignore_eos": True, "stream": True}
+        async with session.post(f"{base_url}/v1/completions", json=body) as resp:
+            events = []
+            async for raw in resp.content:
+                if raw.startswith(b"data:"):
+                    events.append(raw)
+                    if len(events) == 2:
+                        kill()
+                        killed_at = time.monotonic()
+        return events, time.monotonic() - killed_at
+
+
 def metric(text: str, name: str, **labels: str) -> float:
     want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     prefix = f"{name}{{{want}}}" if labels else name
@@ -224,17 +239,7 @@ def test_killed_engine_fails_inflight_requests_and_health():
         engine_pid = server.engine_pid
 
         async def scenario():
-            async with aiohttp.ClientSession() as session:
-                body = {"model": MODEL, "prompt": "Doomed", "max_tokens": 1800, "ignore_eos": True, "stream": True}
-                async with session.post(f"{server.base_url}/v1/completions", json=body) as resp:
-                    events = []
-                    async for raw in resp.content:
-                        if raw.startswith(b"data:"):
-                            events.append(raw)
-                            if len(events) == 2:
-                                os.kill(engine_pid, signal.SIGKILL)
-                                killed_at = time.monotonic()
-                ended_after = time.monotonic() - killed_at
+            events, ended_after = await stream_then_kill(server.base_url, lambda: os.kill(engine_pid, signal.SIGKILL))
             health, _ = await get_text(server.base_url, "/health")
             status, refused = await post(server.base_url, "/v1/completions", {"model": MODEL, "prompt": "x"})
             return events, ended_after, health, status
@@ -304,17 +309,7 @@ def test_remote_engine_death_is_noticed_by_heartbeat():
                                codec="msgspec")
         try:
             async def scenario():
-                async with aiohttp.ClientSession() as session:
-                    body = {"model": MODEL, "prompt": "Far away", "max_tokens": 1800, "ignore_eos": True, "stream": True}
-                    async with session.post(f"{frontend.base_url}/v1/completions", json=body) as resp:
-                        events = []
-                        async for raw in resp.content:
-                            if raw.startswith(b"data:"):
-                                events.append(raw)
-                                if len(events) == 2:
-                                    engine.kill()
-                                    killed_at = time.monotonic()
-                    ended_after = time.monotonic() - killed_at
+                events, ended_after = await stream_then_kill(frontend.base_url, engine.kill)
                 health, _ = await get_text(frontend.base_url, "/health")
                 return events, ended_after, health
 
