@@ -5,6 +5,7 @@ Installed as ``wirecodecs`` from the ``codecs/`` folder (a package named
 """
 
 from .base import (
+    UNSUPPORTED_PAYLOAD,
     Codec,
     CodecError,
     DecodeError,
@@ -19,9 +20,11 @@ from .registry import (
     available_codecs,
     codecs_that_carry_multimodal,
     get_codec,
+    unpickles_peer_data,
 )
 
 __all__ = [
+    "UNSUPPORTED_PAYLOAD",
     "Codec",
     "CodecError",
     "DecodeError",
@@ -34,4 +37,5 @@ __all__ = [
     "available_codecs",
     "codecs_that_carry_multimodal",
     "get_codec",
+    "unpickles_peer_data",
 ]

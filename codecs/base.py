@@ -21,7 +21,13 @@ T = TypeVar("T")
 
 
 class CodecError(Exception):
-    """Base class of every error a codec raises on purpose."""
+    """Base class of every error a codec raises on purpose.
+
+    ``code`` is a stable, machine-readable kind: callers branch on it (and it
+    travels to HTTP clients as the error's type), never on the message text.
+    """
+
+    code: ClassVar[str] = "codec_error"
 
 
 class DecodeError(CodecError, ValueError):
@@ -31,13 +37,22 @@ class DecodeError(CodecError, ValueError):
     codec, and well-formed messages of the wrong type. Never anything else.
     """
 
+    code: ClassVar[str] = "decode_error"
+
 
 class EncodeError(CodecError, TypeError):
     """A message could not be encoded."""
 
+    code: ClassVar[str] = "encode_error"
+
+
+UNSUPPORTED_PAYLOAD = "unsupported_payload"
+
 
 class UnsupportedPayloadError(EncodeError):
     """The codec cannot carry a value in this message (e.g. an image in text-only msgspec)."""
+
+    code: ClassVar[str] = UNSUPPORTED_PAYLOAD
 
     def __init__(self, codec: str, obj: Any, capable: Sequence[str]) -> None:
         kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
@@ -58,6 +73,15 @@ class Codec(Protocol):
     An instance is not safe for two concurrent ``encode`` calls (or two
     concurrent ``decode`` calls); one encode and one decode may run at once on
     different threads. ``get_codec`` returns a fresh instance per call.
+
+    Optional facts a codec class may state (the registry reads them with a default):
+
+    - ``unpickles_peer_data: ClassVar[bool]`` (default False): decode runs
+      code the sender chooses (pickle), so the codec must never face an
+      untrusted peer; ``bench serve`` refuses it over non-loopback tcp.
+    - ``alternatives: Sequence[str]``: for a codec that refuses some payloads,
+      the codecs that can carry them; ``get_codec`` fills it in from the
+      registry so the codec's error can name them.
     """
 
     name: ClassVar[str]

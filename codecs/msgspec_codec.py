@@ -42,12 +42,6 @@ from .rawbuf import (
 MULTIMODAL_TYPES = (torch.Tensor, np.ndarray, Image.Image)
 
 
-def _capable_codecs() -> list[str]:
-    from .registry import codecs_that_carry_multimodal
-
-    return codecs_that_carry_multimodal()
-
-
 class _MsgspecBase:
     """Shared encode/decode plumbing; subclasses say how multimodal values travel."""
 
@@ -106,10 +100,12 @@ class MsgspecCodec(_MsgspecBase):
 
     name: ClassVar[str] = "msgspec"
     carries_multimodal: ClassVar[bool] = False
+    # Named in the refusal; get_codec fills it in from the registry.
+    alternatives: Sequence[str] = ()
 
     def _enc_hook(self, obj: Any) -> Any:
         if isinstance(obj, MULTIMODAL_TYPES):
-            raise UnsupportedPayloadError(self.name, obj, _capable_codecs())
+            raise UnsupportedPayloadError(self.name, obj, self.alternatives)
         raise EncodeError(f"codec {self.name!r} cannot encode {type(obj).__qualname__}")
 
     def _restore(self, msg: Any) -> Any:

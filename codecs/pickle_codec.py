@@ -32,6 +32,7 @@ class PickleCodec:
 
     name: ClassVar[str] = "pickle"
     carries_multimodal: ClassVar[bool] = True
+    unpickles_peer_data: ClassVar[bool] = True
 
     def encode(self, msg: Any) -> Frames:
         try:
@@ -89,6 +90,7 @@ class PickleOobCodec:
 
     name: ClassVar[str] = "pickle-oob"
     carries_multimodal: ClassVar[bool] = True
+    unpickles_peer_data: ClassVar[bool] = True
 
     def encode(self, msg: Any) -> Frames:
         if not getattr(msg, "mm_inputs", None):

@@ -6,7 +6,8 @@ A third-party package adds a codec by declaring, in its pyproject.toml::
     my-codec = "my_package.my_module:MyCodec"
 
 The class needs ``name``, ``carries_multimodal``, ``encode`` and ``decode``
-(see ``wirecodecs.base.Codec``). Built-ins are imported lazily by name.
+and may state ``unpickles_peer_data`` (see ``wirecodecs.base.Codec``).
+Built-ins are imported lazily by name.
 """
 
 from __future__ import annotations
@@ -63,7 +64,15 @@ def codec_class(name: str) -> type[Codec]:
 
 def get_codec(name: str) -> Codec:
     """A new codec instance (instances keep per-call state; don't share across threads)."""
-    return codec_class(name)()
+    codec = codec_class(name)()
+    if hasattr(codec, "alternatives"):
+        codec.alternatives = codecs_that_carry_multimodal()
+    return codec
+
+
+def unpickles_peer_data(name: str) -> bool:
+    """Whether the codec's decode runs code the sender chooses (its class says; default False)."""
+    return bool(getattr(codec_class(name), "unpickles_peer_data", False))
 
 
 def codecs_that_carry_multimodal() -> list[str]:

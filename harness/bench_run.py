@@ -22,17 +22,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wirecodecs import available_codecs
+from wirecodecs import UNSUPPORTED_PAYLOAD, available_codecs
 
-from .serve_process import ServerProcess, served_model_name
-from .server import add_model_arguments
+from harness.frontend.settings import default_model_name
+from harness.serve_process import ServerProcess
+from harness import table as text_table
+from harness.serve import add_model_arguments
 
 SERVER_READY_TIMEOUT_S = 300.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .datasets import add_dataset_arguments
-    from .loadgen.cli import add_load_arguments
+    from harness.workloads.datasets import add_dataset_arguments
+    from harness.loadgen.cli import add_load_arguments
 
     p.add_argument("--codec", default="pickle",
                    help="codec name, a comma-separated list, or 'all' (default pickle)")
@@ -81,28 +83,29 @@ class RunOutcome:
 
 
 def run_one(codec: str, rnd: int, args: argparse.Namespace, workload: list, tokenizer_id: str) -> RunOutcome:
-    from .loadgen.cli import flags_dict
-    from .loadgen.report import print_report, save_result
-    from .loadgen.runner import BenchmarkError, run_benchmark
+    from harness.loadgen.cli import flags_dict
+    from harness.loadgen.report import print_report, save_result
+    from harness.loadgen.runner import BenchmarkError, run_benchmark
 
     outcome = RunOutcome(codec, rnd)
     server = ServerProcess(codec, server_flags(args), args.server_log)
     try:
         base_url = server.wait_ready(SERVER_READY_TIMEOUT_S)
-        model = args.served_model_name or served_model_name(args.model_preset)
+        model = args.served_model_name or default_model_name(args.model_preset)
         try:
             result = asyncio.run(run_benchmark(base_url, model, workload, args))
         except BenchmarkError as exc:
             # All warmup requests failed: for a codec that cannot carry the
             # payload this is the server's clear 400, which the table shows.
-            outcome.status = "unsupported" if "cannot carry" in str(exc) else "error"
-            outcome.message = _error_message(str(exc))
+            refusal = _codec_refusal(exc.records)
+            outcome.status = "error" if refusal is None else "unsupported"
+            outcome.message = refusal or _error_message(str(exc))
             return outcome
         result.tokenizer_id = tokenizer_id
         result.flags = {**flags_dict(args), "codec": codec, "round": rnd}
         print_report(result)
         outcome.result = result
-        refusal = _codec_refusal(result)
+        refusal = None if result.metrics.completed else _codec_refusal(result.records)
         if refusal:
             outcome.result, outcome.status, outcome.message = None, "unsupported", refusal
             return outcome
@@ -122,12 +125,10 @@ def run_one(codec: str, rnd: int, args: argparse.Namespace, workload: list, toke
     return outcome
 
 
-def _codec_refusal(result: Any) -> str | None:
-    """The server's 'cannot carry' error when no request got through (codec can't carry the workload)."""
-    if result.metrics.completed:
-        return None
-    for record in result.records:
-        if record.error and "cannot carry" in record.error:
+def _codec_refusal(records: list[Any]) -> str | None:
+    """The server's message when a request was refused because the codec cannot carry its payload."""
+    for record in records:
+        if record.error_type == UNSUPPORTED_PAYLOAD:
             return _error_message(record.error)
     return None
 
@@ -212,14 +213,7 @@ def format_table(table: dict[str, dict[str, Any]], repeat: int) -> str:
                 text += f" ±{cell['spread_pct']:.1f}%"
             cells.append(text)
         rows.append(cells)
-    full_rows = [r for r in rows if len(r) == len(headers)]
-    widths = [max([len(h), *(len(r[i]) for r in full_rows)]) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(headers, widths)))]
-    for r in rows:
-        if len(r) != len(headers):
-            lines.append(f"{r[0].ljust(widths[0])}  {r[1]}")
-        else:
-            lines.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    lines = text_table.format_table(headers, rows)
     note = "times in ms unless marked µs; µs columns are codec time per message from the server's /metrics"
     if repeat > 1:
         note += f"; median of {repeat} interleaved rounds, ± half the range"
@@ -279,9 +273,9 @@ def _fmt(value: float) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from .loadgen.cli import check_endpoint, load_workload
-    from .loadgen.report import jsonable
-    from .loadgen.runner import BenchmarkError, LoadSettings
+    from harness.loadgen.cli import check_endpoint, load_workload
+    from harness.loadgen.report import jsonable
+    from harness.loadgen.runner import BenchmarkError, LoadSettings
 
     try:
         codecs = parse_codecs(args.codec)

@@ -13,7 +13,7 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "micro": ("harness.micro", "time each codec on fixed payloads against one memcpy"),
-    "serve": ("harness.server", "start the OpenAI-compatible frontend and the engine"),
+    "serve": ("harness.serve", "start the OpenAI-compatible frontend and the engine"),
     "load": ("harness.loadgen.cli", "replay a workload against an OpenAI-compatible server"),
     "run": ("harness.bench_run", "for each codec: start a server, load it, report side by side"),
 }

@@ -17,6 +17,7 @@ How they travel is the codec's business.
 from __future__ import annotations
 
 import enum
+import math
 from typing import Any
 
 import msgspec
@@ -47,6 +48,74 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     spaces_between_special_tokens: bool = True
     detokenize: bool = True
     logit_bias: dict[int, float] | None = None
+
+
+# --- the sampling contract ------------------------------------------------------
+# One set of bounds, checked by the frontend before any codec sees a request
+# (a 400 naming the parameter) and again by the engine's scheduler (which may
+# face a frontend it does not know). Integers must fit in int64 so that every
+# codec carries the same values: msgpack and pickle differ beyond that.
+
+# Far below float32's overflow: a temperature that becomes inf in the sampler
+# turns a suppressed token's -inf / inf into NaN.
+MAX_TEMPERATURE = 1000.0
+# Dividing a logit by more than this already makes the token unreachable.
+MAX_REPETITION_PENALTY = 1000.0
+MAX_PENALTY = 2.0  # presence and frequency penalties, as OpenAI
+MAX_LOGIT_BIAS = 100.0  # as OpenAI
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+class SamplingParamsError(ValueError):
+    """A sampling parameter outside the contract; ``param`` names it."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _check(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise SamplingParamsError(param, message)
+
+
+def _in_int64(value: int) -> bool:
+    return INT64_MIN <= value <= INT64_MAX
+
+
+def validate_sampling_params(sp: SamplingParams) -> None:
+    """Raise SamplingParamsError for a value the engine cannot honour.
+
+    NaN fails every range check below (comparisons with NaN are false), so it
+    needs no case of its own. ``max_tokens`` is checked for >= 1 only: what
+    fits the context is the caller's business (it knows the prompt).
+    """
+    _check(sp.n == 1 and sp.best_of in (None, 1), "n",
+           f"only n=1 (and best_of 1) is supported, got n={sp.n} best_of={sp.best_of}")
+    _check(0.0 <= sp.temperature <= MAX_TEMPERATURE, "temperature",
+           f"temperature must be a finite number in [0, {MAX_TEMPERATURE:g}], got {sp.temperature}")
+    _check(0.0 < sp.top_p <= 1.0, "top_p", f"top_p must be in (0, 1], got {sp.top_p}")
+    _check(-1 <= sp.top_k <= INT64_MAX, "top_k",
+           f"top_k must be -1 or 0 (disabled) or a positive int64, got {sp.top_k}")
+    _check(0.0 <= sp.min_p <= 1.0, "min_p", f"min_p must be in [0, 1], got {sp.min_p}")
+    _check(sp.seed is None or _in_int64(sp.seed), "seed",
+           f"seed must fit in a signed 64-bit integer, got {sp.seed}")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(sp, name)
+        _check(-MAX_PENALTY <= value <= MAX_PENALTY, name,
+               f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value}")
+    _check(0.0 < sp.repetition_penalty <= MAX_REPETITION_PENALTY, "repetition_penalty",
+           f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], got {sp.repetition_penalty}")
+    _check(sp.max_tokens is None or 1 <= sp.max_tokens <= INT64_MAX, "max_tokens",
+           f"max_tokens must be >= 1, got {sp.max_tokens}")
+    _check(0 <= sp.min_tokens <= INT64_MAX, "min_tokens", f"min_tokens must be >= 0, got {sp.min_tokens}")
+    _check(all(0 <= t <= INT64_MAX for t in sp.stop_token_ids), "stop_token_ids",
+           "stop_token_ids must be non-negative 64-bit integers")
+    _check(all(s for s in sp.stop), "stop", "stop strings must not be empty")
+    if sp.logit_bias:
+        _check(all(_in_int64(t) for t in sp.logit_bias), "logit_bias", "logit_bias keys must be 64-bit token ids")
+        _check(all(math.isfinite(v) and -MAX_LOGIT_BIAS <= v <= MAX_LOGIT_BIAS for v in sp.logit_bias.values()),
+               "logit_bias", f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]")
 
 
 class PlaceholderRange(msgspec.Struct, array_like=True, gc=False):
@@ -128,6 +197,3 @@ class EngineCoreAbort(msgspec.Struct, array_like=True, gc=False):
     """Ask the engine to stop the given requests and free their memory."""
 
     request_ids: list[str]
-
-
-WireMessage = EngineCoreRequest | EngineCoreOutputs | EngineCoreAbort

@@ -51,6 +51,7 @@ from PIL import Image
 
 import wirecodecs
 from harness.loadgen.sysinfo import collect_sysinfo
+from harness.table import format_line
 from harness.messages import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -403,30 +404,28 @@ def _ratio_text(r: float) -> str:
     return f"{r:,.0f}" if r >= 100 else f"{r:.1f}" if r >= 10 else f"{r:.2f}" if r >= 1 else f"{r:.3f}"
 
 
-# (title, width, right-aligned)
+# Fixed widths (title, width), so rows can print as they are measured;
+# the codec and payload columns are left-aligned.
 COLUMNS = [
-    ("codec", 12, False), ("payload", 17, False),
-    ("enc p50 µs", 11, True), ("enc p99 µs", 11, True),
-    ("dec p50 µs", 11, True), ("dec p99 µs", 11, True),
-    ("bytes", 12, True), ("frames", 6, True), ("memcpy µs", 10, True), ("ratio", 8, True),
+    ("codec", 12), ("payload", 17), ("enc p50 µs", 11), ("enc p99 µs", 11), ("dec p50 µs", 11),
+    ("dec p99 µs", 11), ("bytes", 12), ("frames", 6), ("memcpy µs", 10), ("ratio", 8),
 ]
+_WIDTHS = [w for _, w in COLUMNS]
 
 
 def _row(values: Sequence[str]) -> str:
-    parts = [v.rjust(w) if right else v.ljust(w) for v, (_, w, right) in zip(values, COLUMNS)]
-    return "  ".join(parts).rstrip()
+    return format_line(values, _WIDTHS, left=2)
 
 
 def header_lines() -> list[str]:
-    titles = _row([t for t, _, _ in COLUMNS])
+    titles = _row([t for t, _ in COLUMNS])
     return [titles, "-" * len(titles)]
 
 
 def format_row(cell: Cell, memcpy: Timing | None) -> str:
     memcpy_text = _us(memcpy.p50_us) if memcpy else "-"
     if cell.status != "ok" or cell.encode is None or cell.decode is None:
-        head = _row([cell.codec, cell.payload])
-        return f"{head}  {cell.status}: {cell.reason}"
+        return _row([cell.codec, cell.payload, f"{cell.status}: {cell.reason}"])
     ratio = _ratio(cell, memcpy)
     return _row([
         cell.codec, cell.payload,

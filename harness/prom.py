@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from .messages import CodecStats
+from harness.messages import CodecStats
 
 PREFIX = "wirebench_"
 

@@ -33,8 +33,8 @@ from typing import Any
 
 import pandas as pd
 
-from .loadgen.client import RequestRecord
-from .loadgen.metrics import METRICS, chunk_itls, request_tpot, token_itls
+from harness.loadgen.client import RequestRecord
+from harness.loadgen.metrics import METRICS, chunk_itls, request_tpot, token_itls
 
 PathLike = str | os.PathLike[str]
 # One file or folder, or several.
@@ -428,8 +428,3 @@ def _frame(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> pd.DataFrame
     frame = pd.DataFrame(rows, columns=list(columns))
     frame["round"] = frame["round"].astype("Int64")
     return frame
-
-
-def codec_order(source_frame: pd.DataFrame) -> list[str]:
-    """Codecs in the order they first appear (a compare file's order)."""
-    return list(dict.fromkeys(source_frame["codec"].tolist()))

@@ -16,9 +16,9 @@ from typing import IO
 READY_LINE = re.compile(r"wirebench serving codec=\S+ on (http://\S+)")
 
 
-def served_model_name(preset: str) -> str:
-    """The model id `bench serve` uses when --served-model-name is not given."""
-    return f"wirebench-{preset}"
+def ready_line(codec: str, base_url: str, engine_desc: str) -> str:
+    """What `bench serve` prints once it serves; READY_LINE finds the URL in it."""
+    return f"wirebench serving codec={codec} on {base_url} (engine: {engine_desc})"
 
 
 class ServerProcess:

@@ -25,7 +25,7 @@ import zmq
 
 from wirecodecs import Frame
 
-from .messages import CodecStats
+from harness.messages import CodecStats
 
 # Envelope kinds (first byte of frame 0).
 ADD = 0x00

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.results import ResultsError, load_compare
+from harness.table import format_table
 
 # (label, key of the compare table); all lower-is-better.
 FIGURES = [
@@ -115,14 +116,7 @@ def format_rows(rows: list[Row]) -> list[str]:
          r.verdict + (" *" if r.noisy else "")]
         for r in rows
     ]
-    widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(headers)]
-    left = {0, 1, 5}
-
-    def line(cells: list[str]) -> str:
-        padded = (c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-        return "  ".join(padded).rstrip()
-
-    return [line(headers), *(line(t) for t in table)]
+    return format_table(headers, table, left=2)
 
 
 def main(argv: list[str] | None = None) -> int:

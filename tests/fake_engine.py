@@ -1,8 +1,8 @@
 """An in-process stand-in for the engine client, to test the HTTP layer alone.
 
 Never used outside tests: the product talks to the real engine through
-``harness.engine_client.ZmqEngineClient``. This fake has the same surface
-(``harness.engine_api.EngineClient``) and records what the frontend did to it.
+``harness.frontend.engine_client.ZmqEngineClient``. This fake has the same surface
+(``harness.frontend.engine_client.EngineClient``) and records what the frontend did to it.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncIterator, Callable
 
-from harness.engine_api import EngineDeadError, RequestRejectedError
+from harness.frontend.engine_client import EngineDeadError, RequestRejectedError
 from harness.messages import CodecStats, EngineCoreOutput, EngineCoreRequest, FinishReason
 
 

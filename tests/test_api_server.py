@@ -22,11 +22,13 @@ from aiohttp.test_utils import TestClient, TestServer
 from PIL import Image
 
 from harness import prom
-from harness.api_server import FALLBACK_IMAGE_TOKEN_ID, FrontendSettings, build_app
-from harness.config import EngineConfig
-from harness.images import synthetic_image, to_data_url
+from harness.frontend.app import build_app
+from harness.frontend.inputs import FALLBACK_IMAGE_TOKEN_ID
+from harness.frontend.settings import FrontendSettings
+from harness.engine.config import EngineConfig
+from harness.workloads.images import synthetic_image, to_data_url
 from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
-from harness.openai_protocol import StopStringFilter
+from harness.frontend.outputs import StopStringFilter
 from harness.tokenizer import load_tokenizer
 
 from fake_engine import FakeEngine
@@ -510,7 +512,7 @@ async def test_client_disconnect_aborts_request():
 
 
 def _outcomes_seen(client: TestClient) -> set[str]:
-    from harness.api_server import METRICS
+    from harness.frontend.app import METRICS
 
     return {k for k, v in client.app[METRICS].requests.items() if v}
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from harness.datasets import (
+from harness.workloads.datasets import (
     EMBEDDED_SONNETS,
     SONNET_BASE_PROMPT,
     ImageSpec,
@@ -24,9 +24,10 @@ from harness.datasets import (
     sample_random_requests,
     sample_sonnet_requests,
 )
-from harness.images import decode_data_url, synthetic_image, to_data_url
+from harness.frontend.images import decode_data_url
+from harness.workloads.images import synthetic_image, to_data_url
 from harness.tokenizer import TextTokenizer, load_tokenizer
-from harness.workload import SampleRequest
+from harness.workloads.sample import SampleRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE_SONNET = Path("/work/shared/reference/sonnet.txt")

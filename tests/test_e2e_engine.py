@@ -15,8 +15,8 @@ import pytest
 import zmq
 
 from harness import transport
-from harness.config import EngineConfig
-from harness.engine import run_engine
+from harness.engine.config import EngineConfig
+from harness.engine.process import run_engine
 from harness.messages import EngineCoreOutputs, EngineCoreRequest, FinishReason, SamplingParams
 from harness.transport import EngineAddresses
 from wirecodecs import get_codec
@@ -98,8 +98,8 @@ def test_engine_stops_when_its_frontend_dies(tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(
         "import multiprocessing, sys, time\n"
-        "from harness.config import EngineConfig\n"
-        "from harness.engine import run_engine\n"
+        "from harness.engine.config import EngineConfig\n"
+        "from harness.engine.process import run_engine\n"
         "from harness.transport import EngineAddresses\n"
         "if __name__ == '__main__':\n"
         "    addrs = EngineAddresses.private_ipc()\n"

@@ -9,10 +9,10 @@ import pytest
 import torch
 from PIL import Image
 
-from harness.config import EngineConfig
-from harness.executor import SimExecutor, TorchExecutor, make_executor, splice_images, wait_until
+from harness.engine.config import EngineConfig
+from harness.engine.executor import SimExecutor, TorchExecutor, make_executor, splice_images, wait_until
 from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, PlaceholderRange, SamplingParams
-from harness.scheduler import Scheduler
+from harness.engine.scheduler import Scheduler
 
 EOS = 1
 

@@ -33,7 +33,7 @@ from fake_openai_server import (
 from harness.loadgen import cli, runner
 from harness.loadgen.report import format_report, save_result
 from harness.loadgen.runner import BenchmarkError, BenchmarkResult, LoadSettings, run_benchmark
-from harness.workload import SampleRequest
+from harness.workloads.sample import SampleRequest
 
 TTFT, GAP, K = 0.08, 0.02, 8
 TOLERANCE = 1.15

@@ -20,8 +20,8 @@ from harness.loadgen.client import (
     encode_payload,
     send_request,
 )
-from harness.datasets import user_message
-from harness.workload import SampleRequest
+from harness.workloads.datasets import user_message
+from harness.workloads.sample import SampleRequest
 
 TTFT, GAP = 0.05, 0.01
 

@@ -72,7 +72,7 @@ def test_load_settings_from_flags() -> None:
 
 
 def test_bench_load_parser_with_dataset_flags() -> None:
-    pytest.importorskip("harness.datasets")
+    pytest.importorskip("harness.workloads.datasets")
     from harness.cli import build_parser
 
     parser, _ = build_parser(["load"])

@@ -8,9 +8,10 @@ import torch
 from PIL import Image
 
 from harness.messages import SamplingParams
-from harness.model import PRESETS, build_model, get_model_config, resolve_dtype
-from harness.sampler import SampleRow, Sampler
-from harness.vision import build_vision_encoder, check_mm_input, to_pixels
+from harness.engine.device import resolve_dtype
+from harness.engine.model import PRESETS, build_model, get_model_config
+from harness.engine.sampler import SampleRow, Sampler
+from harness.engine.vision import build_vision_encoder, check_mm_input, to_pixels
 
 CPU = torch.device("cpu")
 VOCAB = 300
@@ -246,7 +247,7 @@ def test_rows_with_non_finite_probabilities_fall_back_to_greedy():
 
 def test_seeded_row_ignores_other_rows_filters():
     """A seeded request samples the same token alone or beside a top-k row."""
-    from harness.sampler import Sampler, SampleRow
+    from harness.engine.sampler import Sampler, SampleRow
 
     sampler = Sampler(512, 0, torch.device("cpu"))
     logits = torch.randn(2, 512, generator=torch.Generator().manual_seed(1))

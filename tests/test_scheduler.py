@@ -11,9 +11,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from harness.config import EngineConfig
+from harness.engine.config import EngineConfig
 from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, PlaceholderRange, SamplingParams
-from harness.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
+from harness.engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
 
 EOS = 2
 
@@ -303,9 +303,9 @@ def test_bad_limits_rejected():
      ("repetition_penalty", float("inf")), ("logit_bias", {5: 1e9})],
 )
 def test_out_of_range_penalties_are_rejected(field, value):
-    from harness.config import EngineConfig
+    from harness.engine.config import EngineConfig
     from harness.messages import EngineCoreRequest, SamplingParams
-    from harness.scheduler import Scheduler
+    from harness.engine.scheduler import Scheduler
 
     s = Scheduler(EngineConfig(vocab_size=64, max_model_len=64, max_num_seqs=2, max_num_batched_tokens=32))
     req = EngineCoreRequest("r", None, [1, 2, 3], SamplingParams(max_tokens=2, **{field: value}), None, 0.0)

@@ -7,7 +7,7 @@ import stat
 import pytest
 
 from harness import transport
-from harness.server import check_transport_safety
+from harness.serve import check_transport_safety
 from harness.transport import EngineAddresses
 
 

@@ -17,12 +17,12 @@ from typing import Any
 
 import aiohttp
 
-from ..workload import SampleRequest
-from .arrivals import describe_arrivals, positive_float, positive_rate
-from .client import CHAT_COMPLETIONS, COMPLETIONS
-from .metrics import METRICS
-from .report import DEFAULT_RESULT_DIR, print_report, save_result
-from .runner import (
+from harness.workloads.sample import SampleRequest
+from harness.loadgen.arrivals import describe_arrivals, positive_float, positive_rate
+from harness.loadgen.client import CHAT_COMPLETIONS, COMPLETIONS
+from harness.loadgen.metrics import METRICS
+from harness.loadgen.report import DEFAULT_RESULT_DIR, print_report, save_result
+from harness.loadgen.runner import (
     DEFAULT_REQUEST_TIMEOUT_S,
     BenchmarkError,
     BenchmarkResult,
@@ -30,7 +30,7 @@ from .runner import (
     check_endpoint,
     run_benchmark,
 )
-from .serverstats import ServerUnreachable, fetch_model_ids
+from harness.loadgen.serverstats import ServerUnreachable, fetch_model_ids
 
 __all__ = [
     "add_arguments",
@@ -108,7 +108,7 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..datasets import add_dataset_arguments  # the dataset flags own --seed/--tokenizer if they define them
+    from harness.workloads.datasets import add_dataset_arguments  # the dataset flags own --seed/--tokenizer if they define them
 
     add_dataset_arguments(parser)
     add_server_arguments(parser)
@@ -117,8 +117,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_workload(args: argparse.Namespace) -> tuple[list[SampleRequest], str]:
     """The workload and the tokenizer's name, built before any clock starts."""
-    from ..datasets import build_workload
-    from ..tokenizer import load_tokenizer
+    from harness.workloads.datasets import build_workload
+    from harness.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(getattr(args, "tokenizer", None))
     return build_workload(args, tokenizer), tokenizer.name

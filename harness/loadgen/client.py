@@ -26,8 +26,8 @@ from typing import Any
 
 import aiohttp
 
-from ..datasets import user_message
-from ..workload import SampleRequest
+from harness.workloads.datasets import user_message
+from harness.workloads.sample import SampleRequest
 
 COMPLETIONS = "/v1/completions"
 CHAT_COMPLETIONS = "/v1/chat/completions"
@@ -70,6 +70,9 @@ class RequestRecord:
     usage_per_chunk: bool = False
     success: bool = False
     error: str = ""
+    # The server's machine-readable kind of the error (an OpenAI-style body's
+    # error.type, e.g. "unsupported_payload"), "" when it sent none.
+    error_type: str = ""
 
     @property
     def schedule_lag(self) -> float:
@@ -194,6 +197,7 @@ class _StreamState:
         if not isinstance(msg, dict):
             raise StreamError(f"malformed SSE data (not an object): {data[:200]!r}")
         if "error" in msg:
+            self.record.error_type = _error_type(msg)
             raise StreamError(f"server error in stream: {json.dumps(msg['error'])[:_ERROR_BODY_LIMIT]}")
         choices = msg.get("choices") or []
         usage = msg.get("usage")
@@ -240,6 +244,13 @@ class _StreamState:
             raise StreamError("stream finished without any output token")
 
 
+def _error_type(body: Any) -> str:
+    """error.type of an OpenAI-style error body, "" when there is none."""
+    error = body.get("error") if isinstance(body, dict) else None
+    kind = error.get("type") if isinstance(error, dict) else None
+    return kind if isinstance(kind, str) else ""
+
+
 def _int_or_none(value: Any) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -279,7 +290,12 @@ async def send_request(
     try:
         async with session.post(url, data=body, headers=headers, timeout=timeout) as resp:
             if resp.status != 200:
-                text = (await resp.text(errors="replace"))[:_ERROR_BODY_LIMIT]
+                text = await resp.text(errors="replace")
+                try:
+                    record.error_type = _error_type(json.loads(text))
+                except ValueError:
+                    pass
+                text = text[:_ERROR_BODY_LIMIT]
                 record.error = f"HTTP {resp.status} {resp.reason or ''}".rstrip() + (f": {text}" if text else "")
                 return record
             async for chunk in resp.content.iter_any():

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .client import RequestRecord
+from harness.loadgen.client import RequestRecord
 
 METRICS: dict[str, tuple[str, str]] = {
     # name: (label in the console, section header)

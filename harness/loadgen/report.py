@@ -21,10 +21,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, TextIO
 
-from .metrics import METRICS, MetricStats, chunk_itls, percentile_key
-from .runner import BenchmarkResult
-from .serverstats import CodecFigures, DirectionFigures
-from .sysinfo import collect_sysinfo
+from harness.loadgen.metrics import METRICS, MetricStats, chunk_itls, percentile_key
+from harness.loadgen.runner import BenchmarkResult
+from harness.loadgen.serverstats import CodecFigures, DirectionFigures
+from harness.loadgen.sysinfo import collect_sysinfo
 
 SCHEMA_VERSION = 1
 WIDTH = 50

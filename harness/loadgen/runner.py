@@ -20,13 +20,13 @@ from typing import Any
 
 import aiohttp
 
-from .. import prom
-from ..workload import SampleRequest
-from . import metrics as M
-from .arrivals import plan_arrivals
-from .client import ENDPOINTS, RequestRecord, build_payload, encode_payload, is_chat, send_request
-from .progress import Progress
-from .serverstats import CodecFigures, codec_figures, codec_name, scrape_metrics
+from harness import prom
+from harness.workloads.sample import SampleRequest
+from harness.loadgen import metrics as M
+from harness.loadgen.arrivals import plan_arrivals
+from harness.loadgen.client import ENDPOINTS, RequestRecord, build_payload, encode_payload, is_chat, send_request
+from harness.loadgen.progress import Progress
+from harness.loadgen.serverstats import CodecFigures, codec_figures, codec_name, scrape_metrics
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
 # Wait before a /metrics scrape of a wirebench server: the engine's codec
@@ -36,7 +36,14 @@ SCRAPE_SETTLE_S = 0.6
 
 
 class BenchmarkError(Exception):
-    """The benchmark cannot run as asked (bad settings, warmup failed)."""
+    """The benchmark cannot run as asked (bad settings, warmup failed).
+
+    ``records`` holds the failed warmup requests when that is the reason.
+    """
+
+    def __init__(self, message: str, records: list[RequestRecord] | None = None) -> None:
+        super().__init__(message)
+        self.records = records or []
 
 
 @dataclass(frozen=True)
@@ -258,7 +265,7 @@ async def _warmup(
     records = await asyncio.gather(*(one(i) for i in range(n)))
     failed = [r for r in records if not r.success]
     if len(failed) == n:
-        raise BenchmarkError(f"all {n} warmup request(s) failed; first error: {failed[0].error}")
+        raise BenchmarkError(f"all {n} warmup request(s) failed; first error: {failed[0].error}", failed)
     return len(failed)
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from .. import prom
+from harness import prom
 
 _PROBE_TIMEOUT = aiohttp.ClientTimeout(total=10)
 

@@ -14,17 +14,17 @@ import logging
 import multiprocessing
 import signal
 import sys
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
 
-from wirecodecs import available_codecs
+from wirecodecs import available_codecs, unpickles_peer_data
 
-from .config import EngineConfig
-from .engine import run_engine
-from .engine_client import ZmqEngineClient
-from .serve_process import served_model_name
-from .transport import EngineAddresses, is_loopback
+from harness.engine.config import EngineConfig
+from harness.frontend.engine_client import ZmqEngineClient
+from harness.serve_process import ready_line
+from harness.transport import EngineAddresses, is_loopback
 
 log = logging.getLogger("wirebench.serve")
 
@@ -102,21 +102,23 @@ def _addresses(args: argparse.Namespace) -> EngineAddresses:
 
 
 def check_transport_safety(args: argparse.Namespace, addresses: EngineAddresses) -> str | None:
-    """An error message when a pickle codec would face a non-loopback peer."""
-    if args.codec.startswith("pickle") and not args.allow_insecure_pickle:
+    """An error message when a codec that unpickles peer data would face a non-loopback peer."""
+    if unpickles_peer_data(args.codec) and not args.allow_insecure_pickle:
         for address in (addresses.input, addresses.output):
             if not is_loopback(address):
                 return (
-                    f"refusing codec {args.codec!r} over non-loopback {address}: unpickling "
-                    "frames runs code chosen by the peer. Use a msgspec codec, or pass "
+                    f"refusing codec {args.codec!r} over non-loopback {address}: it unpickles "
+                    "frames, which runs code chosen by the peer. Use a msgspec codec, or pass "
                     "--allow-insecure-pickle if every host on that network is trusted."
                 )
     return None
 
 
 async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) -> int:
-    from .api_server import FrontendSettings, build_app
-    from .tokenizer import load_tokenizer
+    from harness.engine.process import run_engine
+    from harness.frontend.app import build_app
+    from harness.frontend.settings import FrontendSettings
+    from harness.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer)
     config = engine_config_from_args(args, tokenizer)
@@ -154,14 +156,11 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
         stop_task.cancel()
         info = ready_task.result()
         client.start()
-        settings = FrontendSettings(
-            served_model_name=args.served_model_name or served_model_name(args.model_preset),
-            max_model_len=args.max_model_len,
-            image_tokens=args.image_tokens,
-            mm_payload=args.mm_payload,
-            mm_tensor_size=args.mm_tensor_size,
-            mm_tensor_dtype=args.mm_tensor_dtype,
-        )
+        settings = FrontendSettings.from_engine_config(
+            config, mm_payload=args.mm_payload, mm_tensor_size=args.mm_tensor_size,
+            mm_tensor_dtype=args.mm_tensor_dtype)
+        if args.served_model_name:
+            settings = replace(settings, served_model_name=args.served_model_name)
         app = build_app(client, tokenizer, settings)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
         await runner.setup()
@@ -169,7 +168,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
         await site.start()
         port = site._server.sockets[0].getsockname()[1] if site._server else args.port  # type: ignore[union-attr]
         engine_desc = ", ".join(f"{k}={v}" for k, v in info.items() if k != "pid")
-        print(f"wirebench serving codec={args.codec} on http://{args.host}:{port} (engine: {engine_desc})", flush=True)
+        print(ready_line(args.codec, f"http://{args.host}:{port}", engine_desc), flush=True)
         if ready is not None:
             ready.set()
         await stop.wait()
@@ -196,7 +195,8 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.engine_only:
-        from .tokenizer import load_tokenizer
+        from harness.engine.process import run_engine
+        from harness.tokenizer import load_tokenizer
 
         addresses = EngineAddresses.tcp(args.engine_host, args.engine_port)
         error = check_transport_safety(args, addresses)

@@ -1,6 +1,6 @@
 """Executors: run one scheduled step and return the sampled tokens.
 
-``TorchExecutor`` runs the model of ``harness.model`` (plus the vision encoder
+``TorchExecutor`` runs the model of ``harness.engine.model`` (plus the vision encoder
 and sampler); ``SimExecutor`` runs no model and only spends the time a step is
 modelled to take. Both take a ``SchedulerOutput`` and return a
 ``ModelRunnerOutput``, so the engine loop does not know which it has.
@@ -23,12 +23,13 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from harness.config import EngineConfig
+from harness.engine.config import EngineConfig
+from harness.engine.device import resolve_device, resolve_dtype, synchronize
+from harness.engine.model import build_model, get_model_config
+from harness.engine.sampler import Sampler, SampleRow, uses_penalties
+from harness.engine.step import ModelRunnerOutput, NewRequest, ScheduledChunk, SchedulerOutput
+from harness.engine.vision import build_vision_encoder, to_pixels
 from harness.messages import SamplingParams
-from harness.model import build_model, get_model_config, resolve_device, resolve_dtype
-from harness.sampler import Sampler, SampleRow, uses_penalties
-from harness.scheduler import ModelRunnerOutput, NewRequest, ScheduledChunk, SchedulerOutput
-from harness.vision import build_vision_encoder, to_pixels
 
 
 class Executor(Protocol):
@@ -90,17 +91,13 @@ class TorchExecutor:
                                            config.image_tokens, self.device, self.dtype, config.seed + 1)
         self.sampler = Sampler(config.vocab_size, config.seed, self.device)
         self.states: dict[str, _TorchState] = {}
-        self._sync()
+        synchronize(self.device)
 
     def info(self) -> dict[str, Any]:
         return {"executor": "torch", "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
                 "model_preset": self.config.model_preset, "model": asdict(self.model_config),
                 "num_params": sum(p.numel() for p in self.model.parameters()),
                 "torch_threads": torch.get_num_threads(), "torch_version": torch.__version__}
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
     def _new_state(self, nr: NewRequest) -> _TorchState:
         params = nr.request.sampling_params
@@ -146,7 +143,7 @@ class TorchExecutor:
 
             rows = [self._sample_row(c) for c in sample_chunks]
             tokens_out = self.sampler.sample(torch.cat(logit_rows), rows) if rows else []
-            self._sync()
+            synchronize(self.device)
         sampled = {c.request_id: t for c, t in zip(sample_chunks, tokens_out, strict=True)}
         return ModelRunnerOutput(sampled, errors, time.perf_counter() - t0)
 

@@ -25,8 +25,6 @@ G = H // K query heads per kv head, D head dim, L cached length, V vocab.
 
 from __future__ import annotations
 
-import argparse
-import time
 from dataclasses import dataclass, replace
 
 import torch
@@ -79,24 +77,6 @@ def get_model_config(preset: str, tokenizer_vocab: int) -> ModelConfig:
     return replace(cfg, vocab_size=max(cfg.vocab_size, tokenizer_vocab))
 
 
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' requested but torch.cuda.is_available() is False")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-    if dtype not in table:
-        raise ValueError(f"unknown dtype {dtype!r}; choose auto or one of {sorted(table)}")
-    return table[dtype]
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float, **factory) -> None:
         super().__init__()
@@ -128,6 +108,29 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).type_as(x)
 
 
+@dataclass(frozen=True)
+class PrefillBatch:
+    """One chunk of one sequence: positions [start, start+T) of the sequence in ``slot``."""
+
+    slot: int
+    start: int
+    cos: Tensor  # [T, D/2] rotary tables at the chunk's positions
+    sin: Tensor
+
+
+@dataclass(frozen=True)
+class DecodeBatch:
+    """One new token for each of B sequences, at ``positions[b]`` in ``slots[b]``."""
+
+    slots: Tensor  # [B]
+    positions: Tensor  # [B]
+    cos: Tensor  # [B, D/2]
+    sin: Tensor
+    n_slots: int  # attend over slots [0, n_slots): a view of the cache, not a gather
+    lengths_all: Tensor  # [n_slots] keys each slot row may see (1 for rows not in the batch)
+    max_len: int  # longest KV length in the batch
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, max_num_seqs: int, max_model_len: int, **factory) -> None:
         super().__init__()
@@ -150,11 +153,17 @@ class Attention(nn.Module):
         k = apply_rope(k.view(n, self.n_kv, self.head_dim), cos, sin)
         return q, k, v.view(n, self.n_kv, self.head_dim)
 
-    def prefill(self, x: Tensor, slot: int, start: int, cos: Tensor, sin: Tensor) -> Tensor:
+    def forward(self, x: Tensor, batch: PrefillBatch | DecodeBatch) -> Tensor:
+        if isinstance(batch, PrefillBatch):
+            return self._prefill(x, batch)
+        return self._decode(x, batch)
+
+    def _prefill(self, x: Tensor, batch: PrefillBatch) -> Tensor:
         # x: [T, dim] for positions [start, start+T) of the sequence in `slot`.
+        slot, start = batch.slot, batch.start
         t = x.shape[0]
         end = start + t
-        q, k, v = self._qkv(x, cos, sin)
+        q, k, v = self._qkv(x, batch.cos, batch.sin)
         self.k_cache[slot, :, start:end] = k.transpose(0, 1)  # [K, T, D]
         self.v_cache[slot, :, start:end] = v.transpose(0, 1)
         keys = self.k_cache[slot, :, :end]  # [K, L=end, D]
@@ -172,11 +181,11 @@ class Attention(nn.Module):
         out = out.view(self.n_kv, self.group, t, self.head_dim).permute(2, 0, 1, 3).reshape(t, -1)
         return self.wo(out)
 
-    def decode(self, x: Tensor, slots: Tensor, positions: Tensor, cos: Tensor, sin: Tensor,
-               n_slots: int, lengths_all: Tensor, max_len: int) -> Tensor:
+    def _decode(self, x: Tensor, batch: DecodeBatch) -> Tensor:
         # x: [B, dim]; one new token per sequence at positions[b] in slots[b].
         b = x.shape[0]
-        q, k, v = self._qkv(x, cos, sin)  # q [B, H, D], k/v [B, K, D]
+        slots, positions, n_slots, max_len = batch.slots, batch.positions, batch.n_slots, batch.max_len
+        q, k, v = self._qkv(x, batch.cos, batch.sin)  # q [B, H, D], k/v [B, K, D]
         self.k_cache[slots, :, positions] = k
         self.v_cache[slots, :, positions] = v
         # Attend over a view of the first n_slots slots instead of gathering
@@ -186,7 +195,7 @@ class Attention(nn.Module):
         values = self.v_cache[:n_slots, :, :max_len]
         q_all = q.new_zeros(n_slots, self.n_kv, self.group, self.head_dim)
         q_all[slots] = q.view(b, self.n_kv, self.group, self.head_dim)
-        mask = torch.arange(max_len, device=x.device)[None, :] < lengths_all[:, None]  # [S, L]
+        mask = torch.arange(max_len, device=x.device)[None, :] < batch.lengths_all[:, None]  # [S, L]
         out = F.scaled_dot_product_attention(q_all, keys, values, attn_mask=mask[:, None, None, :])
         return self.wo(out[slots].reshape(b, -1))  # [S, K, G, D] -> [B, H*D]
 
@@ -209,6 +218,10 @@ class Block(nn.Module):
         self.attn = Attention(cfg, max_num_seqs, max_model_len, **factory)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps, **factory)
         self.ffn = FeedForward(cfg, **factory)
+
+    def forward(self, x: Tensor, batch: PrefillBatch | DecodeBatch) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), batch)
+        return x + self.ffn(self.ffn_norm(x))
 
 
 class Transformer(nn.Module):
@@ -271,10 +284,9 @@ class Transformer(nn.Module):
             raise ValueError(f"prefill chunk [{start}, {start + t}) outside [0, {self.max_model_len})")
         if not 0 <= slot < self.max_num_seqs:
             raise ValueError(f"slot {slot} outside [0, {self.max_num_seqs})")
-        cos, sin = self.rope_cos[start:start + t], self.rope_sin[start:start + t]
+        batch = PrefillBatch(slot, start, self.rope_cos[start:start + t], self.rope_sin[start:start + t])
         for layer in self.layers:
-            x = x + layer.attn.prefill(layer.attn_norm(x), slot, start, cos, sin)
-            x = x + layer.ffn(layer.ffn_norm(x))
+            x = layer(x, batch)
         h = x if all_logits else x[-1]  # the LM head only where logits are used
         return self.output(self.norm(h)).float()
 
@@ -293,10 +305,10 @@ class Transformer(nn.Module):
         max_len = int(positions.max()) + 1
         lengths_all = torch.ones(n_slots, dtype=torch.long, device=self.device)  # dummy rows see one key
         lengths_all[slots] = positions + 1
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        batch = DecodeBatch(slots, positions, self.rope_cos[positions], self.rope_sin[positions],
+                            n_slots, lengths_all, max_len)
         for layer in self.layers:
-            x = x + layer.attn.decode(layer.attn_norm(x), slots, positions, cos, sin, n_slots, lengths_all, max_len)
-            x = x + layer.ffn(layer.ffn_norm(x))
+            x = layer(x, batch)
         return self.output(self.norm(x)).float()
 
 
@@ -310,57 +322,3 @@ def build_model(cfg: ModelConfig, max_num_seqs: int, max_model_len: int, device:
     model = Transformer(cfg, max_num_seqs, max_model_len, device, dtype)
     model.init_weights(seed)
     return model.eval().requires_grad_(False)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _bench(argv: list[str] | None = None) -> None:
-    """Time one prefill and one batched decode step: ``python -m harness.model``."""
-    p = argparse.ArgumentParser(description=_bench.__doc__)
-    p.add_argument("--preset", default="tiny")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--vocab", type=int, default=4096)
-    p.add_argument("--prefill-len", type=int, default=550)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--kv-len", type=int, default=700)
-    p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--iters", type=int, default=20)
-    a = p.parse_args(argv)
-    device = resolve_device(a.device)
-    if device.type == "cpu":
-        torch.set_num_threads(a.threads)
-    cfg = get_model_config(a.preset, a.vocab)
-    model = build_model(cfg, a.batch, a.max_model_len, device, resolve_dtype(a.dtype, device), seed=0)
-
-    def timed(fn) -> float:
-        for _ in range(3):
-            fn()
-        _sync(device)
-        times = []
-        for _ in range(a.iters):
-            t0 = time.perf_counter()
-            fn()
-            _sync(device)
-            times.append(time.perf_counter() - t0)
-        times.sort()
-        return times[len(times) // 2] * 1e3
-
-    g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(0, cfg.vocab_size, (a.prefill_len,), generator=g).to(device)
-    tok = torch.randint(0, cfg.vocab_size, (a.batch,), generator=g).to(device)
-    slots = torch.arange(a.batch, device=device)
-    positions = torch.full((a.batch,), a.kv_len - 1, device=device)
-    with torch.inference_mode():
-        pre = timed(lambda: model.prefill(model.embed(prompt), 0, 0))
-        dec = timed(lambda: model.decode(model.embed(tok), slots, positions))
-    print(f"{a.preset} on {device} ({model.dtype}, {torch.get_num_threads()} threads): "
-          f"prefill {a.prefill_len} tokens {pre:.2f} ms; decode {a.batch} seqs at KV {a.kv_len} {dec:.2f} ms")
-
-
-if __name__ == "__main__":
-    _bench()

@@ -1,5 +1,9 @@
 """Turn a chat request's image data URLs into the engine's multimodal inputs.
 
+``decode_data_url`` refuses malformed, undecodable or oversized input with a
+``ValueError`` saying what was wrong; ``process_image_url`` then gives the
+engine-bound form.
+
 Two payload shapes, because what a frontend sends for an image is exactly what
 the codecs are compared on:
 
@@ -15,7 +19,12 @@ thread (``asyncio.to_thread``) so the event loop keeps streaming.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
+import io
+import re
+import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -30,6 +39,10 @@ CLIP_MEAN = np.array([0.48145466, 0.4578275, 0.40821073], dtype=np.float32)
 CLIP_STD = np.array([0.26862954, 0.26130258, 0.27577711], dtype=np.float32)
 
 TENSOR_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")
+
+DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024
+DEFAULT_MAX_PIXELS = 4096 * 4096
+_DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^,;]*)*),", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -81,9 +94,61 @@ def to_mm_input(image: Image.Image, payload: MmPayload, size: int, dtype: str) -
 
 def process_image_url(url: str, *, max_bytes: int, payload: MmPayload, size: int, dtype: str) -> ProcessedImage:
     """Decode one data URL and convert it; ValueError with a clear message on bad input."""
-    from .images import decode_data_url
-
     # A plain RGB image, as vLLM's image loader hands on: one mode for every
     # codec to carry, and no file object or PNG metadata riding along.
     image = decode_data_url(url, max_bytes).convert("RGB")
     return ProcessedImage(to_mm_input(image, payload, size, dtype), image_hash(image))
+
+
+def decode_data_url(
+    url: str,
+    max_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> Image.Image:
+    """Decode a base64 image data URL into a loaded PIL image.
+
+    Raises ValueError when the URL is not a base64 ``data:image/...`` URL, the
+    payload is larger than ``max_bytes`` decoded bytes (checked before
+    decoding), the bytes are not an image PIL can read, or the image has more
+    than ``max_pixels`` pixels (checked before pixels are decoded).
+    """
+    if not isinstance(url, str):
+        raise ValueError(f"image URL must be a string, got {type(url).__name__}")
+    match = _DATA_URL.match(url[:256])
+    if match is None:
+        shown = url[:40] + ("..." if len(url) > 40 else "")
+        raise ValueError(f"not a data URL (expected 'data:image/...;base64,...'): {shown!r}")
+    mime = (match.group("mime") or "").lower()
+    if not mime.startswith("image/"):
+        raise ValueError(f"data URL media type must be image/*, got {mime or 'none'!r}")
+    if "base64" not in [p.strip().lower() for p in match.group("params").split(";")]:
+        raise ValueError("data URL must be base64-encoded (';base64,')")
+    payload = url[match.end():]
+    # 4 base64 chars carry 3 bytes: refuse oversized input before decoding it.
+    if len(payload) // 4 * 3 > max_bytes + 3:
+        raise ValueError(
+            f"image data is too large: about {len(payload) // 4 * 3} bytes, limit {max_bytes}"
+        )
+    try:
+        raw = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"image data is not valid base64: {exc}") from exc
+    if len(raw) > max_bytes:
+        raise ValueError(f"image data is too large: {len(raw)} bytes, limit {max_bytes}")
+    if not raw:
+        raise ValueError("image data is empty")
+    with warnings.catch_warnings():
+        # We enforce our own pixel limit; PIL's bomb warning is noise here.
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            img = Image.open(io.BytesIO(raw))
+        except Exception as exc:  # UnidentifiedImageError, or a decoder's own error
+            raise ValueError(f"image data is not a readable image ({mime}): {exc}") from exc
+        w, h = img.size
+        if w * h > max_pixels:
+            raise ValueError(f"image is too large: {w}x{h} pixels, limit {max_pixels}")
+        try:
+            img.load()
+        except Exception as exc:  # truncated or corrupt pixel data
+            raise ValueError(f"image data could not be decoded ({mime}): {exc}") from exc
+    return img

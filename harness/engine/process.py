@@ -27,72 +27,15 @@ import zmq
 
 from wirecodecs import CodecError, get_codec
 
-from . import transport
-from .config import EngineConfig
-from .messages import (
-    EngineCoreAbort,
-    EngineCoreOutput,
-    EngineCoreOutputs,
-    EngineCoreRequest,
-    FinishReason,
-)
-from .transport import CodecCounters, EngineAddresses
+from harness import transport
+from harness.engine.config import EngineConfig
+from harness.engine.core import EngineCore, error_output
+from harness.messages import EngineCoreAbort, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from harness.transport import CodecCounters, EngineAddresses
 
 log = logging.getLogger("wirebench.engine")
 
 _STOP = object()  # sentinel through the queues
-
-
-def error_output(request_id: str, message: str, rejected: bool = True) -> EngineCoreOutput:
-    """The last output of a request the engine refused (rejected) or failed to serve."""
-    return EngineCoreOutput(
-        request_id=request_id,
-        new_token_ids=[],
-        finished=True,
-        finish_reason=FinishReason.REJECTED if rejected else FinishReason.ERROR,
-        error=message,
-    )
-
-
-class EngineCore:
-    """Scheduler + executor + the step that ties them."""
-
-    def __init__(self, config: EngineConfig) -> None:
-        from .executor import make_executor
-        from .scheduler import Scheduler
-
-        self.config = config
-        self.scheduler = Scheduler(config)
-        self.executor = make_executor(config)
-        self.step_index = 0
-
-    def add_request(self, request: EngineCoreRequest) -> EngineCoreOutput | None:
-        """Queue a request; an error output if it is invalid."""
-        try:
-            self.scheduler.add_request(request)
-        except ValueError as exc:
-            return error_output(request.request_id, str(exc))
-        return None
-
-    def abort(self, request_ids: list[str]) -> None:
-        self.scheduler.abort_requests(request_ids)
-
-    def has_work(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
-
-    def step(self) -> list[EngineCoreOutput]:
-        scheduled = self.scheduler.schedule()
-        if not scheduled.total_num_tokens:
-            return []
-        result = self.executor.execute(scheduled)
-        self.step_index += 1
-        return self.scheduler.update_from_output(scheduled, result)
-
-    def fail_all(self, message: str) -> list[EngineCoreOutput]:
-        """After a step raised: end every request with an error, keep serving."""
-        ids = list(self.scheduler.requests)
-        self.scheduler.abort_requests(ids)
-        return [error_output(rid, message, rejected=False) for rid in ids]
 
 
 class EngineProcess:

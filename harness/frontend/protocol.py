@@ -1,22 +1,21 @@
-"""The OpenAI-compatible wire format: request parsing, response shapes, stop strings.
+"""OpenAI request parsing: JSON bodies of /v1/completions and /v1/chat/completions.
 
-Pure functions and small classes with no aiohttp in them, so the HTTP layer
-(``harness.api_server``) stays a thin shell and this part is easy to test.
-
-Parsing is strict about the fields it understands (wrong types and out-of-range
-values are a 400 naming the field) and ignores fields it does not know, as
-OpenAI clients send extras such as ``user``. Fields that would change the
-output in a way this server cannot honour (``logprobs``, ``echo``, ``n > 1``...)
-are refused rather than silently dropped.
+Pure functions with no aiohttp in them. Parsing is strict about the types of
+the fields it understands (a wrong type is a 400 naming the field) and ignores
+fields it does not know, as OpenAI clients send extras such as ``user``.
+Value ranges are the sampling contract's (``harness.messages.
+validate_sampling_params``), checked once here so every codec carries the same
+accepted values. Fields that would change the output in a way this server
+cannot honour (``logprobs``, ``echo``, ``n > 1``...) are refused rather than
+silently dropped.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from .messages import SamplingParams
+from harness.messages import SamplingParams, SamplingParamsError, validate_sampling_params
 
 # --- errors -------------------------------------------------------------------
 
@@ -40,12 +39,16 @@ class ProtocolError(Exception):
         self.param = param
 
 
-def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
-    """``{"error": {...}}`` as OpenAI (and vLLM) send it; ``code`` is the HTTP status."""
+def error_body(message: str, status: int, param: str | None = None, kind: str | None = None) -> dict[str, Any]:
+    """``{"error": {...}}`` as OpenAI (and vLLM) send it; ``code`` is the HTTP status.
+
+    ``type`` is ``kind`` when the failure has a machine-readable kind (e.g. a
+    codec's ``unsupported_payload``), else the status's OpenAI type.
+    """
     return {
         "error": {
             "message": message,
-            "type": ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "internal_server_error"),
+            "type": kind or ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "internal_server_error"),
             "param": param,
             "code": status,
         }
@@ -64,7 +67,7 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _opt_int(body: dict, name: str, lo: int | None = None, hi: int | None = None) -> int | None:
+def _opt_int(body: dict, name: str, lo: int | None = None) -> int | None:
     v = body.get(name)
     if v is None:
         return None
@@ -72,8 +75,6 @@ def _opt_int(body: dict, name: str, lo: int | None = None, hi: int | None = None
         raise ProtocolError(f"'{name}' must be an integer, got {type(v).__name__}", param=name)
     if lo is not None and v < lo:
         raise ProtocolError(f"'{name}' must be >= {lo}, got {v}", param=name)
-    if hi is not None and v > hi:
-        raise ProtocolError(f"'{name}' must be <= {hi}, got {v}", param=name)
     return v
 
 
@@ -97,14 +98,6 @@ def _opt_bool(body: dict, name: str) -> bool | None:
     return v
 
 
-def _in_range(name: str, v: float | None, lo: float, hi: float, lo_open: bool = False) -> None:
-    if v is None:
-        return
-    if (v <= lo if lo_open else v < lo) or v > hi:
-        left = "(" if lo_open else "["
-        raise ProtocolError(f"'{name}' must be in {left}{lo:g}, {hi:g}], got {v:g}", param=name)
-
-
 # --- requests -----------------------------------------------------------------------
 
 
@@ -116,49 +109,11 @@ class StreamOptions:
 
 
 @dataclass(frozen=True)
-class SamplingFields:
-    """The sampling fields of a request as sent (max_tokens may be absent)."""
-
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    logit_bias: dict[int, float] | None = None
-
-    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
-        return SamplingParams(
-            n=1,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            repetition_penalty=self.repetition_penalty,
-            seed=self.seed,
-            stop=list(self.stop),
-            stop_token_ids=list(self.stop_token_ids),
-            ignore_eos=self.ignore_eos,
-            max_tokens=max_tokens,
-            min_tokens=self.min_tokens,
-            logit_bias=self.logit_bias,
-        )
-
-
-@dataclass(frozen=True)
 class CompletionRequest:
     model: str | None
     prompt: str | list[int]
-    sampling: SamplingFields
+    # max_tokens None: the caller fills it in from the context left.
+    sampling: SamplingParams
     stream: bool
     stream_options: StreamOptions
 
@@ -171,7 +126,7 @@ class ChatRequest:
     messages: list[dict[str, Any]]
     # The image URLs in the order their markers appear in the rendered prompt.
     image_urls: list[str]
-    sampling: SamplingFields
+    sampling: SamplingParams
     stream: bool
     stream_options: StreamOptions
 
@@ -197,8 +152,6 @@ def _parse_stop(body: dict) -> list[str]:
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise ProtocolError("'stop' must be a string or a list of strings", param="stop")
-    if any(s == "" for s in stop):
-        raise ProtocolError("'stop' strings must not be empty", param="stop")
     return stop
 
 
@@ -206,8 +159,8 @@ def _parse_int_list(body: dict, name: str) -> list[int]:
     v = body.get(name)
     if v is None:
         return []
-    if not isinstance(v, list) or not all(_is_int(x) and x >= 0 for x in v):
-        raise ProtocolError(f"'{name}' must be a list of non-negative integers", param=name)
+    if not isinstance(v, list) or not all(_is_int(x) for x in v):
+        raise ProtocolError(f"'{name}' must be a list of integers", param=name)
     return v
 
 
@@ -223,8 +176,8 @@ def _parse_logit_bias(body: dict) -> dict[int, float] | None:
             tid = int(key)
         except (TypeError, ValueError):
             raise ProtocolError(f"'logit_bias' key {key!r} is not a token id", param="logit_bias") from None
-        if not _is_number(bias) or not -100 <= bias <= 100:
-            raise ProtocolError("'logit_bias' values must be numbers in [-100, 100]", param="logit_bias")
+        if not _is_number(bias):
+            raise ProtocolError("'logit_bias' values must be numbers", param="logit_bias")
         out[tid] = float(bias)
     return out
 
@@ -242,43 +195,38 @@ def _refuse_unsupported(body: dict) -> None:
             raise ProtocolError(f"'{name}' is not supported by this server", param=name)
 
 
-def _parse_sampling(body: dict, chat: bool) -> SamplingFields:
+def _parse_sampling(body: dict, chat: bool) -> SamplingParams:
+    """The sampling fields as SamplingParams (max_tokens None when absent), within the contract."""
     _refuse_unsupported(body)
     max_tokens = _opt_int(body, "max_tokens", lo=1)
     if chat:
         # OpenAI's newer name wins when both are given.
         mct = _opt_int(body, "max_completion_tokens", lo=1)
         max_tokens = mct if mct is not None else max_tokens
-    temperature = _opt_float(body, "temperature")
-    _in_range("temperature", temperature, 0.0, float("inf"))
-    top_p = _opt_float(body, "top_p")
-    _in_range("top_p", top_p, 0.0, 1.0, lo_open=True)
-    top_k = _opt_int(body, "top_k", lo=-1)
-    min_p = _opt_float(body, "min_p")
-    _in_range("min_p", min_p, 0.0, 1.0)
-    presence = _opt_float(body, "presence_penalty")
-    _in_range("presence_penalty", presence, -2.0, 2.0)
-    frequency = _opt_float(body, "frequency_penalty")
-    _in_range("frequency_penalty", frequency, -2.0, 2.0)
-    repetition = _opt_float(body, "repetition_penalty")
-    _in_range("repetition_penalty", repetition, 0.0, float("inf"), lo_open=True)
-    return SamplingFields(
+    top_k = _opt_int(body, "top_k")
+    params = SamplingParams(
         max_tokens=max_tokens,
-        temperature=1.0 if temperature is None else temperature,
-        top_p=1.0 if top_p is None else top_p,
         # OpenAI/vLLM use -1 (or 0) for "no top-k"; SamplingParams uses 0.
         top_k=0 if top_k in (None, -1) else top_k,
-        min_p=0.0 if min_p is None else min_p,
         seed=_opt_int(body, "seed"),
         stop=_parse_stop(body),
         stop_token_ids=_parse_int_list(body, "stop_token_ids"),
-        presence_penalty=presence or 0.0,
-        frequency_penalty=frequency or 0.0,
-        repetition_penalty=1.0 if repetition is None else repetition,
         ignore_eos=bool(_opt_bool(body, "ignore_eos")),
-        min_tokens=_opt_int(body, "min_tokens", lo=0) or 0,
+        min_tokens=_opt_int(body, "min_tokens") or 0,
         logit_bias=_parse_logit_bias(body),
     )
+    for name in _FLOAT_FIELDS:  # absent: SamplingParams' default
+        value = _opt_float(body, name)
+        if value is not None:
+            setattr(params, name, value)
+    try:
+        validate_sampling_params(params)
+    except SamplingParamsError as exc:
+        raise ProtocolError(str(exc), param=exc.param) from None
+    return params
+
+
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
 def _parse_stream(body: dict) -> tuple[bool, StreamOptions]:
@@ -374,144 +322,3 @@ def parse_chat_request(body: Any) -> ChatRequest:
         messages.append({"role": role, "content": content})
     stream, options = _parse_stream(body)
     return ChatRequest(_parse_model(body), messages, image_urls, _parse_sampling(body, chat=True), stream, options)
-
-
-# --- stop strings ----------------------------------------------------------------------
-
-
-class StopStringFilter:
-    """Applies stop strings to streamed text, holding back what could still start one.
-
-    ``push`` returns the text that is safe to send now. A tail of the text that
-    is the beginning of a stop string is held back until it is clear whether
-    the stop string follows; ``final=True`` releases it. When a stop string appears the
-    text is cut before it and ``stopped`` names it.
-    """
-
-    def __init__(self, stops: list[str]) -> None:
-        self._stops = list(stops)
-        self._hold = max((len(s) for s in self._stops), default=1) - 1
-        self._text = ""
-        self._sent = 0
-        self.stopped: str | None = None
-
-    @property
-    def text(self) -> str:
-        """Everything sent so far (the final output once finished)."""
-        return self._text[: self._sent]
-
-    def _partial_match(self) -> int:
-        """Length of the longest tail of the text that begins some stop string."""
-        tail = self._text[-self._hold:] if self._hold else ""
-        best = 0
-        for stop in self._stops:
-            for k in range(min(len(stop) - 1, len(tail)), best, -1):
-                if tail.endswith(stop[:k]):
-                    best = k
-                    break
-        return best
-
-    def push(self, new_text: str, final: bool = False) -> str:
-        if self.stopped is not None:
-            return ""
-        # A stop string ending in the new text starts at most _hold chars earlier.
-        search_from = max(0, len(self._text) - self._hold)
-        self._text += new_text
-        hit, hit_at = None, len(self._text)
-        for stop in self._stops:
-            at = self._text.find(stop, search_from)
-            if at != -1 and at < hit_at:
-                hit, hit_at = stop, at
-        if hit is not None:
-            self.stopped = hit
-            self._text = self._text[:hit_at]
-            end = hit_at
-        elif final or not self._stops:
-            end = len(self._text)
-        else:
-            end = max(self._sent, len(self._text) - self._partial_match())
-        out = self._text[self._sent : end]
-        self._sent = end
-        return out
-
-
-# --- responses ---------------------------------------------------------------------------
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
-def now() -> int:
-    return int(time.time())
-
-
-def completion_chunk(
-    rid: str, model: str, created: int, text: str, finish_reason: str | None = None,
-    stop_reason: int | str | None = None, usage_: dict | None = None,
-) -> dict[str, Any]:
-    chunk: dict[str, Any] = {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
-        ],
-    }
-    if usage_ is not None:
-        chunk["usage"] = usage_
-    return chunk
-
-
-def chat_chunk(
-    rid: str, model: str, created: int, text: str, first: bool, finish_reason: str | None = None,
-    stop_reason: int | str | None = None, usage_: dict | None = None,
-) -> dict[str, Any]:
-    delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
-    chunk: dict[str, Any] = {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [
-            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
-        ],
-    }
-    if usage_ is not None:
-        chunk["usage"] = usage_
-    return chunk
-
-
-def usage_chunk(rid: str, model: str, created: int, chat: bool, usage_: dict) -> dict[str, Any]:
-    """The last chunk with ``include_usage``: empty choices, the totals."""
-    return {
-        "id": rid,
-        "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [],
-        "usage": usage_,
-    }
-
-
-def full_response(
-    rid: str, model: str, created: int, chat: bool, text: str, finish_reason: str | None,
-    stop_reason: int | str | None, usage_: dict,
-) -> dict[str, Any]:
-    """A non-streaming completion or chat completion; they differ only in how text is held."""
-    held = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
-    return {
-        "id": rid,
-        "object": "chat.completion" if chat else "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {"index": 0, **held, "logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
-        ],
-        "usage": usage_,
-    }

@@ -29,89 +29,10 @@ import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
-from harness.config import EngineConfig
-from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, SamplingParams
-from harness.vision import check_mm_input
-
-
-# A generous cap far below float32's overflow: a temperature that becomes inf
-# in the sampler turns a suppressed token's -inf / inf into NaN, and
-# torch.multinomial would then fail the whole step, not just this request.
-MAX_TEMPERATURE = 1000.0
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-
-
-def _validate_sampling(sp: SamplingParams) -> None:
-    """Reject sampling values the sampler cannot use (NaN fails every range check below)."""
-    if not 0.0 <= sp.temperature <= MAX_TEMPERATURE:
-        raise ValueError(f"temperature must be a finite number in [0, {MAX_TEMPERATURE:g}], "
-                         f"got {sp.temperature}")
-    if not 0.0 < sp.top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {sp.top_p}")
-    if not -1 <= sp.top_k <= _INT64_MAX:
-        raise ValueError(f"top_k must be -1 or 0 (disabled) or a positive int64, got {sp.top_k}")
-    if not 0.0 <= sp.min_p <= 1.0:
-        raise ValueError(f"min_p must be in [0, 1], got {sp.min_p}")
-    if sp.seed is not None and not _INT64_MIN <= sp.seed <= _INT64_MAX:
-        raise ValueError(f"seed must fit in a signed 64-bit integer, got {sp.seed}")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if not -2.0 <= getattr(sp, name) <= 2.0:
-            raise ValueError(f"{name} must be in [-2, 2], got {getattr(sp, name)}")
-    if not 0.0 < sp.repetition_penalty <= MAX_TEMPERATURE:
-        raise ValueError(f"repetition_penalty must be in (0, {MAX_TEMPERATURE:g}], got {sp.repetition_penalty}")
-    if sp.logit_bias and not all(-100.0 <= v <= 100.0 for v in sp.logit_bias.values()):
-        raise ValueError("logit_bias values must be in [-100, 100]")
-
-
-@dataclass
-class NewRequest:
-    """A request the executor sees for the first time in this step."""
-
-    request_id: str
-    request: EngineCoreRequest
-    slot: int
-    max_tokens: int  # resolved (None in the request means up to max_model_len)
-
-
-@dataclass
-class ScheduledChunk:
-    """One request's tokens in this step: ``token_ids`` at positions [start_pos, start_pos+len)."""
-
-    request_id: str
-    slot: int
-    token_ids: list[int]
-    start_pos: int
-    # True when the chunk reaches the end of the known tokens, so the step
-    # produces this request's next token.
-    sample: bool
-    # Token ids the sampler must not pick (EOS / stop ids before min_tokens).
-    suppress_token_ids: list[int] | None = None
-
-
-@dataclass
-class SchedulerOutput:
-    step_index: int
-    new_requests: list[NewRequest] = field(default_factory=list)
-    decodes: list[ScheduledChunk] = field(default_factory=list)  # one token each
-    prefills: list[ScheduledChunk] = field(default_factory=list)
-    # Requests finished or aborted since the last executed step: free their state.
-    # The executor must handle these before new_requests (a slot may be reused).
-    finished_req_ids: list[str] = field(default_factory=list)
-    total_num_tokens: int = 0
-
-    @property
-    def chunks(self) -> list[ScheduledChunk]:
-        return self.decodes + self.prefills
-
-
-@dataclass
-class ModelRunnerOutput:
-    """What one executed step produced."""
-
-    sampled_token_ids: dict[str, int] = field(default_factory=dict)
-    # Requests the executor could not serve (e.g. an undecodable image): request_id -> why.
-    errors: dict[str, str] = field(default_factory=dict)
-    execute_time_s: float = 0.0
+from harness.engine.config import EngineConfig
+from harness.engine.step import ModelRunnerOutput, NewRequest, ScheduledChunk, SchedulerOutput
+from harness.engine.vision import check_mm_input
+from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, validate_sampling_params
 
 
 @dataclass
@@ -198,8 +119,6 @@ class Scheduler:
         n = len(req.prompt_token_ids)
         if n == 0:
             raise ValueError("the prompt is empty: at least one prompt token is required")
-        if sp.n != 1 or (sp.best_of is not None and sp.best_of != 1):
-            raise ValueError(f"only n=1 (and best_of 1) is supported, got n={sp.n} best_of={sp.best_of}")
         if n >= cfg.max_model_len:
             raise ValueError(f"prompt of {n} tokens leaves no room to generate within max_model_len "
                              f"{cfg.max_model_len}")
@@ -218,7 +137,7 @@ class Scheduler:
             raise ValueError(f"prompt token id {bad} outside the vocabulary [0, {cfg.vocab_size})")
         if sp.min_tokens < 0 or sp.min_tokens > max_tokens:
             raise ValueError(f"min_tokens must be in [0, max_tokens={max_tokens}], got {sp.min_tokens}")
-        _validate_sampling(sp)
+        validate_sampling_params(sp)
         self._validate_mm(req, n)
         return max_tokens
 

@@ -7,7 +7,7 @@ the batch. Unseeded requests share one engine generator (seeded from
 ``EngineConfig.seed``) and are sampled in one batched call.
 
 Only ids below ``vocab_size`` (the tokenizer's) are ever picked, even when the
-model's head is wider (see ``harness.model``).
+model's head is wider (see ``harness.engine.model``).
 
 Before any picking (greedy rows included: they change the argmax), as vLLM
 does: ``logit_bias`` adds its bias to the listed token ids (ids outside the

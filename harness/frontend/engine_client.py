@@ -1,4 +1,8 @@
-"""The frontend's side of the ZeroMQ link: ``ZmqEngineClient``.
+"""The frontend's side of the ZeroMQ link: the ``EngineClient`` interface and ``ZmqEngineClient``.
+
+The frontend needs only the ``EngineClient`` surface; tests of the HTTP layer
+alone use an in-process fake with the same surface. ``ZmqEngineClient`` talks
+to the engine process over ZeroMQ through the selected codec.
 
 Requests are encoded on the event loop and sent with ``copy=False`` (pyzmq
 still copies frames under its copy threshold, where that is cheaper). One
@@ -14,7 +18,7 @@ import asyncio
 import json
 import logging
 import time
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, Protocol
 
 import msgspec
 import zmq
@@ -22,12 +26,65 @@ import zmq.asyncio
 
 from wirecodecs import CodecError, EncodeError, get_codec
 
-from . import transport
-from .engine_api import EngineDeadError, EngineRequestError, RequestRejectedError
-from .messages import CodecStats, EngineCoreAbort, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
-from .transport import CodecCounters, EngineAddresses
+from harness import transport
+from harness.messages import (
+    CodecStats,
+    EngineCoreAbort,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    FinishReason,
+)
+from harness.transport import CodecCounters, EngineAddresses
 
 log = logging.getLogger("wirebench.frontend")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine process died or stopped answering; in-flight requests fail with this."""
+
+
+class RequestRejectedError(ValueError):
+    """The request could not be sent or was refused (codec cannot carry it, engine validation).
+
+    ``code`` is a machine-readable kind when one is known (a codec error's
+    ``code``, e.g. ``unsupported_payload``).
+    """
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class EngineRequestError(RuntimeError):
+    """The engine failed while serving the request (a server-side error, not the client's)."""
+
+
+class EngineClient(Protocol):
+    codec_name: str
+
+    def generate(self, request: EngineCoreRequest) -> AsyncIterator[EngineCoreOutput]:
+        """Send the request; yield its outputs as they arrive, the last with finished=True.
+
+        Raises RequestRejectedError (nothing was queued, or the engine sent back an
+        error output) or EngineDeadError. Closing the iterator early (client
+        disconnect) aborts the request in the engine.
+        """
+        ...
+
+    async def abort(self, request_ids: list[str]) -> None: ...
+
+    @property
+    def is_healthy(self) -> bool: ...
+
+    @property
+    def dead_reason(self) -> str | None: ...
+
+    # Cumulative codec counters: this process's (request encode, output decode)
+    # and the engine's latest report (request decode, output encode).
+    def frontend_codec_stats(self) -> CodecStats: ...
+
+    def engine_codec_stats(self) -> CodecStats: ...
 
 
 class ZmqEngineClient:
@@ -140,7 +197,7 @@ class ZmqEngineClient:
         try:
             frames = self._encoder.encode(request)
         except EncodeError as exc:
-            raise RequestRejectedError(str(exc)) from exc
+            raise RequestRejectedError(str(exc), code=exc.code) from exc
         self._counters.add_encode(started, frames)
         q: asyncio.Queue[EngineCoreOutput | Exception] = asyncio.Queue()
         self._queues[rid] = q

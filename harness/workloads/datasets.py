@@ -46,11 +46,11 @@ from typing import Any
 
 import numpy as np
 
-from harness.images import FORMATS, synthetic_image, to_data_url
+from harness.workloads.images import FORMATS, synthetic_image, to_data_url
 from harness.tokenizer import TextTokenizer
-from harness.workload import SampleRequest
+from harness.workloads.sample import SampleRequest
 
-EMBEDDED_SONNETS = Path(__file__).resolve().parent.parent / "datasets" / "sonnets.txt"
+EMBEDDED_SONNETS = Path(__file__).resolve().parents[2] / "datasets" / "sonnets.txt"
 SONNET_BASE_PROMPT = "Pick as many lines as you can from these poem lines:\n"
 DATASET_NAMES = ("sonnet", "random")
 

@@ -1,0 +1,63 @@
+"""The data one engine step passes between scheduler and executor.
+
+The scheduler fills a ``SchedulerOutput`` (what to run this step), the
+executor returns a ``ModelRunnerOutput`` (what it sampled), and the scheduler
+turns that into the step's ``EngineCoreOutput`` messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness.messages import EngineCoreRequest
+
+
+@dataclass
+class NewRequest:
+    """A request the executor sees for the first time in this step."""
+
+    request_id: str
+    request: EngineCoreRequest
+    slot: int
+    max_tokens: int  # resolved (None in the request means up to max_model_len)
+
+
+@dataclass
+class ScheduledChunk:
+    """One request's tokens in this step: ``token_ids`` at positions [start_pos, start_pos+len)."""
+
+    request_id: str
+    slot: int
+    token_ids: list[int]
+    start_pos: int
+    # True when the chunk reaches the end of the known tokens, so the step
+    # produces this request's next token.
+    sample: bool
+    # Token ids the sampler must not pick (EOS / stop ids before min_tokens).
+    suppress_token_ids: list[int] | None = None
+
+
+@dataclass
+class SchedulerOutput:
+    step_index: int
+    new_requests: list[NewRequest] = field(default_factory=list)
+    decodes: list[ScheduledChunk] = field(default_factory=list)  # one token each
+    prefills: list[ScheduledChunk] = field(default_factory=list)
+    # Requests finished or aborted since the last executed step: free their state.
+    # The executor must handle these before new_requests (a slot may be reused).
+    finished_req_ids: list[str] = field(default_factory=list)
+    total_num_tokens: int = 0
+
+    @property
+    def chunks(self) -> list[ScheduledChunk]:
+        return self.decodes + self.prefills
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What one executed step produced."""
+
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    # Requests the executor could not serve (e.g. an undecodable image): request_id -> why.
+    errors: dict[str, str] = field(default_factory=dict)
+    execute_time_s: float = 0.0

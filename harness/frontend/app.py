@@ -1,0 +1,262 @@
+"""The OpenAI-compatible HTTP frontend: routes, error mapping and the app factory.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming SSE
+or not), ``GET /v1/models``, ``GET /health``, ``GET /metrics``.
+
+A request goes: parse and prepare (``inputs``: tokenize, decode images, build
+the ``EngineCoreRequest``) → the engine client (codec + transport) → relay the
+outputs (``outputs``: detokenize, stop strings, chunks) → HTTP.
+
+Error policy (all bodies are ``{"error": {message, type, param, code}}``):
+  * 400 bad JSON, bad fields, prompt + max_tokens over the context, bad images,
+    and a request the codec cannot carry (``RequestRejectedError``; its
+    machine-readable kind, e.g. ``unsupported_payload``, is the error's type);
+  * 404 unknown model (as OpenAI does) and unknown routes; 413 body too large;
+  * engine failures as ``ENGINE_ERRORS`` says (500 failed serving, 503 engine
+    dead). Before the response started they are the response's status; once an
+    SSE stream has started an error becomes one ``data: {"error": {...}}`` event
+    and the stream ends *without* ``data: [DONE]``, so a client that waits for
+    [DONE] cannot mistake it for a success.
+
+The first engine output is awaited before the HTTP response starts, so codec
+rejections and a dead engine still get a proper status code.
+
+Client disconnects: the engine's generator is always closed, which (by the
+EngineClient contract) aborts any request the engine did not finish. Run the
+app with ``handler_cancellation=True`` (AppRunner / run_app) so a client that
+leaves before its first token is noticed at once; without it the disconnect
+is noticed at the next write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from harness import prom
+from harness.frontend import outputs
+from harness.frontend.engine_client import EngineClient, EngineDeadError, EngineRequestError, RequestRejectedError
+from harness.frontend.inputs import Prepared, prepare_chat, prepare_completion
+from harness.frontend.metrics import FrontendMetrics
+from harness.frontend.protocol import ProtocolError, error_body
+from harness.frontend.settings import FrontendSettings
+from harness.messages import EngineCoreOutput
+from harness.tokenizer import TextTokenizer
+
+log = logging.getLogger("wirebench.frontend")
+
+# What an engine-side failure becomes: HTTP status, the request's outcome in
+# /metrics, and a prefix for its message. The first matching class wins.
+ENGINE_ERRORS: tuple[tuple[type[Exception], int, str, str], ...] = (
+    (RequestRejectedError, 400, "rejected", ""),
+    (EngineDeadError, 503, "failed", "the engine is not available: "),
+    (EngineRequestError, 500, "failed", ""),
+)
+
+
+def engine_error(exc: Exception) -> tuple[dict[str, Any], int, str] | None:
+    """(error body, status, outcome) for an engine client error; None for anything else."""
+    for cls, status, outcome, prefix in ENGINE_ERRORS:
+        if isinstance(exc, cls):
+            return error_body(prefix + str(exc), status, kind=getattr(exc, "code", None)), status, outcome
+    return None
+
+
+ENGINE = web.AppKey("engine", EngineClient)
+TOKENIZER = web.AppKey("tokenizer", TextTokenizer)
+SETTINGS = web.AppKey("settings", FrontendSettings)
+METRICS = web.AppKey("metrics", FrontendMetrics)
+STARTED = web.AppKey("started", int)
+
+_json = msgspec.json.Encoder()
+_DONE = b"data: [DONE]\n\n"
+
+
+def json_response(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=_json.encode(body), status=status, content_type="application/json")
+
+
+def error_response(message: str, status: int = 400, param: str | None = None) -> web.Response:
+    return json_response(error_body(message, status, param), status)
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + _json.encode(obj) + b"\n\n"
+
+
+# --- serving one request -----------------------------------------------------------
+
+
+async def _run(request: web.Request, prep: Prepared) -> web.StreamResponse:
+    app = request.app
+    engine, metrics = app[ENGINE], app[METRICS]
+    relay = outputs.Relay(app[TOKENIZER], prep)
+    outcome = "failed"
+    metrics.running += 1
+    gen: AsyncIterator[EngineCoreOutput] = engine.generate(prep.request)
+    try:
+        try:
+            first = await anext(gen, None)
+            if first is None:
+                raise outputs.IncompleteOutputError("the engine ended the request without any output")
+            metrics.prompt_tokens += relay.prompt_tokens
+            if not prep.stream:
+                body = await outputs.collect(prep, relay, first, gen)
+                outcome = "completed"
+                return json_response(body)
+        except Exception as exc:
+            mapped = engine_error(exc)
+            if mapped is None:
+                raise
+            body, status, outcome = mapped
+            return json_response(body, status)
+        sse = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        outcome = await _stream(request, sse, prep, relay, first, gen)
+        return sse
+    except asyncio.CancelledError:
+        outcome = "aborted"  # the client went away (handler_cancellation)
+        raise
+    finally:
+        metrics.running -= 1
+        metrics.requests[outcome] += 1
+        metrics.generation_tokens += relay.completion_tokens
+        await _close(gen, prep.request.request_id)
+
+
+async def _stream(request: web.Request, resp: web.StreamResponse, prep: Prepared, relay: outputs.Relay,
+                  first: EngineCoreOutput, gen: AsyncIterator[EngineCoreOutput]) -> str:
+    """Send one SSE chunk per engine output; return the request's outcome."""
+    try:
+        await resp.prepare(request)
+        try:
+            async for chunk in outputs.stream(prep, relay, first, gen):
+                await resp.write(_sse(chunk))
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            mapped = engine_error(exc)
+            if mapped is None:
+                raise
+            body, _, outcome = mapped
+            await resp.write(_sse(body))
+            return outcome
+        await resp.write(_DONE)
+        await resp.write_eof()
+        return "completed"
+    except ConnectionResetError:
+        return "aborted"  # the client went away (noticed on write)
+    except Exception:  # a bug here must still end the stream with an error, not hang it
+        log.exception("streaming %s failed", prep.request.request_id)
+        try:
+            await resp.write(_sse(error_body("internal server error while streaming", 500)))
+        except Exception:  # noqa: BLE001 - the client may be gone too
+            pass
+        return "failed"
+
+
+async def _close(gen: AsyncIterator[EngineCoreOutput], rid: str) -> None:
+    """Close the engine's generator; by the EngineClient contract that aborts what
+    the engine did not finish (stop string, disconnect, error)."""
+    try:
+        await gen.aclose()  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - closing must not mask the request's outcome
+        log.exception("closing the engine stream of %s failed", rid)
+
+
+# --- handlers ----------------------------------------------------------------------------
+
+
+async def _read_json(request: web.Request) -> Any:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[SETTINGS].max_request_bytes
+        raise ProtocolError(f"the request body is larger than the limit of {limit} bytes", status=413) from None
+    try:
+        return msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"the request body is not valid JSON: {exc}") from None
+
+
+Prepare = Callable[[Any, TextTokenizer, FrontendSettings], Awaitable[Prepared]]
+
+
+def _generation_handler(prepare: Prepare) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        app = request.app
+        try:
+            prep = await prepare(await _read_json(request), app[TOKENIZER], app[SETTINGS])
+        except ProtocolError as exc:
+            app[METRICS].requests["rejected"] += 1
+            return error_response(exc.message, exc.status, exc.param)
+        return await _run(request, prep)
+
+    return handler
+
+
+async def models(request: web.Request) -> web.Response:
+    settings = request.app[SETTINGS]
+    return json_response({
+        "object": "list",
+        "data": [{
+            "id": settings.served_model_name,
+            "object": "model",
+            "created": request.app[STARTED],
+            "owned_by": "wirebench",
+            "max_model_len": settings.max_model_len,
+        }],
+    })
+
+
+async def health(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    if engine.is_healthy:
+        return json_response({"status": "ok"})
+    return json_response({"status": "unhealthy", "reason": engine.dead_reason}, 503)
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    app = request.app
+    text = prom.render(app[METRICS].samples(app[ENGINE]))
+    return web.Response(text=text, content_type="text/plain", charset="utf-8",
+                        headers={"X-Prometheus-Format": "0.0.4"})
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                      ) -> web.StreamResponse:
+    """Unknown routes, wrong methods and unexpected failures as OpenAI-style JSON."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = exc.reason if exc.status != 404 else f"no route {request.method} {request.path}"
+        return error_response(message, exc.status)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unhandled error serving %s %s", request.method, request.path)
+        return error_response("internal server error", 500)
+
+
+def build_app(engine: EngineClient, tokenizer: TextTokenizer, settings: FrontendSettings) -> web.Application:
+    """The frontend app. The caller owns the engine client's lifecycle (start/shutdown)."""
+    app = web.Application(client_max_size=settings.max_request_bytes, middlewares=[json_errors])
+    app[ENGINE] = engine
+    app[TOKENIZER] = tokenizer
+    app[SETTINGS] = settings
+    app[METRICS] = FrontendMetrics()
+    app[STARTED] = int(time.time())
+    app.router.add_post("/v1/completions", _generation_handler(prepare_completion))
+    app.router.add_post("/v1/chat/completions", _generation_handler(prepare_chat))
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics_handler)
+    return app

@@ -1,0 +1,190 @@
+"""A parsed OpenAI request becomes an ``EngineCoreRequest``: tokenize, decode images, fit the context.
+
+Functions of (body, tokenizer, settings), no aiohttp: ``prepare_completion``
+and ``prepare_chat`` return a ``Prepared`` request or raise ``ProtocolError``
+(which the app turns into a 400/404 with an OpenAI-style body).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from harness.frontend import protocol
+from harness.frontend.images import ProcessedImage, process_image_url
+from harness.frontend.protocol import ProtocolError, StreamOptions
+from harness.frontend.settings import FrontendSettings
+from harness.messages import EngineCoreRequest, PlaceholderRange, SamplingParams
+from harness.tokenizer import DEFAULT_IMAGE_MARKER, TextTokenizer
+
+# Placeholder token id when the tokenizer has no image token (user tokenizers):
+# the engine only needs *some* id at the placeholder positions, it replaces
+# their embeddings with the image's.
+FALLBACK_IMAGE_TOKEN_ID = 0
+
+
+@dataclass
+class Prepared:
+    """A validated request, ready for the engine, and how to answer it."""
+
+    request: EngineCoreRequest
+    chat: bool
+    stream: bool
+    options: StreamOptions
+    model: str
+
+    @property
+    def stops(self) -> list[str]:
+        return self.request.sampling_params.stop
+
+
+def _check_model(settings: FrontendSettings, model: str | None) -> str:
+    served = settings.served_model_name
+    if model is not None and model != served:
+        raise ProtocolError(f"The model `{model}` does not exist (this server serves `{served}`).",
+                            status=404, param="model")
+    return served
+
+
+def _resolve_max_tokens(settings: FrontendSettings, prompt_len: int, requested: int | None, chat: bool) -> int:
+    room = settings.max_model_len - prompt_len
+    if requested is None:
+        if room < 1:
+            raise ProtocolError(
+                f"The prompt is {prompt_len} tokens, which leaves no room to generate within this "
+                f"model's maximum context length of {settings.max_model_len} tokens.", param="prompt")
+        # As OpenAI and vLLM: completions default to 16 tokens, chat to the rest of the context.
+        return room if chat else min(settings.default_max_tokens, room)
+    if requested > room:
+        raise ProtocolError(
+            f"This model's maximum context length is {settings.max_model_len} tokens. However, you "
+            f"requested {prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the "
+            f"completion). Please reduce the prompt or max_tokens.", param="max_tokens")
+    return requested
+
+
+def _image_token_id(tokenizer: TextTokenizer, settings: FrontendSettings) -> int:
+    if settings.image_token_id is not None:
+        return settings.image_token_id
+    tid = getattr(tokenizer, "image_token_id", None)
+    return FALLBACK_IMAGE_TOKEN_ID if tid is None else tid
+
+
+def _tokenize_with_markers(tokenizer: TextTokenizer, text: str, n_images: int) -> tuple[list[int], list[int]]:
+    """Token ids of ``text`` and the index of each image marker in them.
+
+    With an image token in the vocabulary the marker tokenizes to it and is
+    found by id. Without one (user tokenizers) the text is split at the
+    markers and each piece tokenized on its own; the marker positions get a
+    placeholder id later.
+    """
+    marker_id = tokenizer.image_token_id
+    marker = getattr(tokenizer, "image_marker", DEFAULT_IMAGE_MARKER)
+    if marker_id is not None:
+        ids = list(tokenizer.encode(text))
+        positions = [i for i, t in enumerate(ids) if t == marker_id]
+    else:
+        pieces = text.split(marker)
+        ids, positions = [], []
+        for i, piece in enumerate(pieces):
+            if i:
+                positions.append(len(ids))
+                ids.append(FALLBACK_IMAGE_TOKEN_ID)
+            if piece:
+                ids.extend(tokenizer.encode(piece))
+    if len(positions) != n_images:
+        raise ProtocolError(
+            f"the prompt has {len(positions)} image markers for {n_images} images; "
+            f"the text must not contain {marker!r} itself", param="messages")
+    return ids, positions
+
+
+def _expand_images(ids: list[int], positions: list[int], image_id: int,
+                   length: int) -> tuple[list[int], list[PlaceholderRange]]:
+    """Replace each marker with ``length`` placeholder ids; their ranges in the new prompt."""
+    out: list[int] = []
+    ranges: list[PlaceholderRange] = []
+    prev = 0
+    for pos in positions:
+        out.extend(ids[prev:pos])
+        ranges.append(PlaceholderRange(offset=len(out), length=length))
+        out.extend([image_id] * length)
+        prev = pos + 1
+    out.extend(ids[prev:])
+    return out, ranges
+
+
+def _engine_request(id_prefix: str, text: str | None, ids: list[int], sampling: SamplingParams, max_tokens: int,
+                    tokenizer: TextTokenizer, settings: FrontendSettings, **mm: Any) -> EngineCoreRequest:
+    """The EngineCoreRequest both endpoints send; ``mm`` holds the chat endpoint's image fields."""
+    sampling.max_tokens = max_tokens
+    eos = settings.eos_token_id if settings.eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
+    return EngineCoreRequest(
+        request_id=f"{id_prefix}-{uuid.uuid4().hex}",
+        prompt=text,
+        prompt_token_ids=ids,
+        sampling_params=sampling,
+        eos_token_id=eos,
+        arrival_time=time.time(),
+        **mm,
+    )
+
+
+async def prepare_completion(body: Any, tokenizer: TextTokenizer, settings: FrontendSettings) -> Prepared:
+    req = protocol.parse_completion_request(body)
+    model = _check_model(settings, req.model)
+    if isinstance(req.prompt, str):
+        text: str | None = req.prompt
+        ids = list(tokenizer.encode(req.prompt))
+        if not ids:
+            raise ProtocolError("the prompt tokenizes to nothing", param="prompt")
+    else:
+        text, ids = None, list(req.prompt)
+        vocab = tokenizer.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ProtocolError(f"token id {bad} is outside the vocabulary [0, {vocab})", param="prompt")
+    max_tokens = _resolve_max_tokens(settings, len(ids), req.sampling.max_tokens, chat=False)
+    request = _engine_request("cmpl", text, ids, req.sampling, max_tokens, tokenizer, settings)
+    return Prepared(request, False, req.stream, req.stream_options, model)
+
+
+async def prepare_chat(body: Any, tokenizer: TextTokenizer, settings: FrontendSettings) -> Prepared:
+    req = protocol.parse_chat_request(body)
+    model = _check_model(settings, req.model)
+    n_images = len(req.image_urls)
+    if n_images > settings.max_images_per_request:
+        raise ProtocolError(f"at most {settings.max_images_per_request} images per request, got {n_images}",
+                            param="messages")
+    text = tokenizer.apply_chat_template(req.messages)
+    ids, positions = _tokenize_with_markers(tokenizer, text, n_images)
+    ids, ranges = _expand_images(ids, positions, _image_token_id(tokenizer, settings), settings.image_tokens)
+    # Check the context before the costly image decoding.
+    max_tokens = _resolve_max_tokens(settings, len(ids), req.sampling.max_tokens, chat=True)
+    mm_inputs = mm_hashes = None
+    if n_images:
+        images = await _process_images(req.image_urls, settings)
+        mm_inputs = [img.mm_input for img in images]
+        mm_hashes = [img.mm_hash for img in images]
+    request = _engine_request("chatcmpl", text, ids, req.sampling, max_tokens, tokenizer, settings,
+                              mm_inputs=mm_inputs, mm_hashes=mm_hashes, mm_placeholders=ranges or None)
+    return Prepared(request, True, req.stream, req.stream_options, model)
+
+
+async def _process_images(urls: list[str], settings: FrontendSettings) -> list[ProcessedImage]:
+    """Decode (and convert) the images off the event loop, in order."""
+
+    def work() -> list[ProcessedImage]:
+        out = []
+        for i, url in enumerate(urls):
+            try:
+                out.append(process_image_url(url, max_bytes=settings.max_image_bytes, payload=settings.mm_payload,
+                                             size=settings.mm_tensor_size, dtype=settings.mm_tensor_dtype))
+            except ValueError as exc:
+                raise ProtocolError(f"image {i}: {exc}", param="messages") from exc
+        return out
+
+    return await asyncio.to_thread(work)

@@ -1,0 +1,32 @@
+"""The frontend's own counters for /metrics; the codec's come from the engine client."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness import prom
+from harness.frontend.engine_client import EngineClient
+
+OUTCOMES = ("completed", "failed", "aborted", "rejected")
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+@dataclass
+class FrontendMetrics:
+    requests: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    running: int = 0
+
+    def samples(self, engine: EngineClient) -> Samples:
+        out: Samples = {
+            prom.REQUESTS: [({"outcome": k}, v) for k, v in self.requests.items()],
+            prom.PROMPT_TOKENS: [({}, self.prompt_tokens)],
+            prom.GENERATION_TOKENS: [({}, self.generation_tokens)],
+            prom.REQUESTS_RUNNING: [({}, self.running)],
+            prom.ENGINE_HEALTHY: [({}, 1.0 if engine.is_healthy else 0.0)],
+            prom.CODEC_INFO: [({"codec": engine.codec_name}, 1.0)],
+        }
+        out.update(prom.codec_samples(engine.frontend_codec_stats(), engine.engine_codec_stats()))
+        return out

@@ -1,0 +1,246 @@
+"""The engine's outputs become OpenAI responses: detokenize, apply stop strings, build chunks.
+
+``Relay`` turns each ``EngineCoreOutput`` into the text it adds (incremental
+detokenization, then stop strings, which are a frontend matter: the engine
+only knows token ids). ``stream`` yields one SSE chunk per engine output and
+``collect`` builds the whole non-streaming response; both raise the engine
+client's errors and leave turning them into HTTP statuses or SSE error
+events to the app (``harness.frontend.app``), which holds the one table.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from harness.frontend.engine_client import EngineRequestError, RequestRejectedError
+from harness.frontend.inputs import Prepared
+from harness.messages import EngineCoreOutput, FinishReason
+from harness.tokenizer import TextTokenizer
+
+
+class IncompleteOutputError(EngineRequestError):
+    """The engine's outputs ended before the request finished (a server-side error)."""
+
+
+# --- stop strings ------------------------------------------------------------------
+
+
+class StopStringFilter:
+    """Applies stop strings to streamed text, holding back what could still start one.
+
+    ``push`` returns the text that is safe to send now. A tail of the text that
+    is the beginning of a stop string is held back until it is clear whether
+    the stop string follows; ``final=True`` releases it. When a stop string appears the
+    text is cut before it and ``stopped`` names it.
+    """
+
+    def __init__(self, stops: list[str]) -> None:
+        self._stops = list(stops)
+        self._hold = max((len(s) for s in self._stops), default=1) - 1
+        self._text = ""
+        self._sent = 0
+        self.stopped: str | None = None
+
+    @property
+    def text(self) -> str:
+        """Everything sent so far (the final output once finished)."""
+        return self._text[: self._sent]
+
+    def _partial_match(self) -> int:
+        """Length of the longest tail of the text that begins some stop string."""
+        tail = self._text[-self._hold:] if self._hold else ""
+        best = 0
+        for stop in self._stops:
+            for k in range(min(len(stop) - 1, len(tail)), best, -1):
+                if tail.endswith(stop[:k]):
+                    best = k
+                    break
+        return best
+
+    def push(self, new_text: str, final: bool = False) -> str:
+        if self.stopped is not None:
+            return ""
+        # A stop string ending in the new text starts at most _hold chars earlier.
+        search_from = max(0, len(self._text) - self._hold)
+        self._text += new_text
+        hit, hit_at = None, len(self._text)
+        for stop in self._stops:
+            at = self._text.find(stop, search_from)
+            if at != -1 and at < hit_at:
+                hit, hit_at = stop, at
+        if hit is not None:
+            self.stopped = hit
+            self._text = self._text[:hit_at]
+            end = hit_at
+        elif final or not self._stops:
+            end = len(self._text)
+        else:
+            end = max(self._sent, len(self._text) - self._partial_match())
+        out = self._text[self._sent : end]
+        self._sent = end
+        return out
+
+
+# --- responses ---------------------------------------------------------------------------
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def completion_chunk(
+    rid: str, model: str, created: int, text: str, finish_reason: str | None = None,
+    stop_reason: int | str | None = None, usage_: dict | None = None,
+) -> dict[str, Any]:
+    chunk: dict[str, Any] = {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
+        ],
+    }
+    if usage_ is not None:
+        chunk["usage"] = usage_
+    return chunk
+
+
+def chat_chunk(
+    rid: str, model: str, created: int, text: str, first: bool, finish_reason: str | None = None,
+    stop_reason: int | str | None = None, usage_: dict | None = None,
+) -> dict[str, Any]:
+    delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
+    chunk: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [
+            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
+        ],
+    }
+    if usage_ is not None:
+        chunk["usage"] = usage_
+    return chunk
+
+
+def usage_chunk(rid: str, model: str, created: int, chat: bool, usage_: dict) -> dict[str, Any]:
+    """The last chunk with ``include_usage``: empty choices, the totals."""
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage_,
+    }
+
+
+def full_response(
+    rid: str, model: str, created: int, chat: bool, text: str, finish_reason: str | None,
+    stop_reason: int | str | None, usage_: dict,
+) -> dict[str, Any]:
+    """A non-streaming completion or chat completion; they differ only in how text is held."""
+    held = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+    return {
+        "id": rid,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {"index": 0, **held, "logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
+        ],
+        "usage": usage_,
+    }
+
+
+# --- the relay -------------------------------------------------------------------
+
+
+class Relay:
+    """Engine outputs in, text pieces out: detokenize, apply stop strings, count tokens."""
+
+    def __init__(self, tokenizer: TextTokenizer, prep: Prepared) -> None:
+        self.detok = tokenizer.incremental()
+        self.filter = StopStringFilter(prep.stops)
+        self.prompt_tokens = len(prep.request.prompt_token_ids)
+        self.completion_tokens = 0
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+
+    def add(self, out: EngineCoreOutput) -> str:
+        """The text this output adds; sets finish_reason when the request is done."""
+        # The engine client normally raises these itself; be safe if it does not.
+        if out.finish_reason == FinishReason.REJECTED:
+            raise RequestRejectedError(out.error or "the engine refused the request")
+        if out.finish_reason == FinishReason.ERROR:
+            raise EngineRequestError(out.error or "the engine failed serving the request")
+        self.completion_tokens += len(out.new_token_ids)
+        text = self.detok.add(out.new_token_ids)
+        if out.finished:
+            text += self.detok.flush()
+        piece = self.filter.push(text, final=out.finished)
+        if self.filter.stopped is not None:
+            self.finish_reason, self.stop_reason = "stop", self.filter.stopped
+        elif out.finished:
+            reason = out.finish_reason.value if out.finish_reason is not None else "stop"
+            self.finish_reason, self.stop_reason = reason, out.stop_reason
+        return piece
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def usage(self) -> dict[str, int]:
+        return usage(self.prompt_tokens, self.completion_tokens)
+
+
+async def stream(prep: Prepared, relay: Relay, first: EngineCoreOutput,
+                 outputs: AsyncIterator[EngineCoreOutput]) -> AsyncIterator[dict[str, Any]]:
+    """One chunk per engine output, then the usage chunk if asked; raises on an engine error."""
+    created = now()
+    rid = prep.request.request_id
+    out: EngineCoreOutput | None = first
+    is_first = True
+    while out is not None:
+        text = relay.add(out)
+        usage_ = relay.usage() if prep.options.continuous_usage_stats else None
+        if prep.chat:
+            yield chat_chunk(rid, prep.model, created, text, is_first, relay.finish_reason, relay.stop_reason,
+                             usage_)
+        else:
+            yield completion_chunk(rid, prep.model, created, text, relay.finish_reason, relay.stop_reason, usage_)
+        is_first = False
+        if relay.done:
+            break
+        out = await anext(outputs, None)
+    if not relay.done:
+        raise IncompleteOutputError("the engine ended the request without finishing it")
+    if prep.options.include_usage:
+        yield usage_chunk(rid, prep.model, created, prep.chat, relay.usage())
+
+
+async def collect(prep: Prepared, relay: Relay, first: EngineCoreOutput,
+                  outputs: AsyncIterator[EngineCoreOutput]) -> dict[str, Any]:
+    """The whole non-streaming response body; raises on an engine error."""
+    out: EngineCoreOutput | None = first
+    while out is not None:
+        relay.add(out)
+        if relay.done:
+            break
+        out = await anext(outputs, None)
+    if not relay.done:
+        raise IncompleteOutputError("the engine ended the request without finishing it")
+    return full_response(prep.request.request_id, prep.model, now(), prep.chat, relay.filter.text,
+                         relay.finish_reason, relay.stop_reason, relay.usage())

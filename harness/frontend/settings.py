@@ -1,0 +1,51 @@
+"""What the frontend process serves: model name, context, limits, how images travel."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from harness.engine.config import EngineConfig
+from harness.frontend.images import DEFAULT_MAX_IMAGE_BYTES, MM_PAYLOADS, TENSOR_DTYPES, MmPayload
+
+
+def default_model_name(preset: str) -> str:
+    """The model id `bench serve` uses when --served-model-name is not given."""
+    return f"wirebench-{preset}"
+
+
+@dataclass(frozen=True)
+class FrontendSettings:
+    served_model_name: str = default_model_name(EngineConfig.model_preset)
+    max_model_len: int = EngineConfig.max_model_len
+    # Placeholder positions (embeddings) each image occupies in the prompt.
+    image_tokens: int = EngineConfig.image_tokens
+    # How images travel to the engine: the PIL image, or processed pixel tensors.
+    mm_payload: MmPayload = "pil"
+    mm_tensor_size: int = 336
+    mm_tensor_dtype: str = "float16"
+    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES  # decoded bytes of one image file
+    max_images_per_request: int = 8
+    max_request_bytes: int = 64 * 1024 * 1024  # whole HTTP body (base64 images inflate by 4/3)
+    # max_tokens when the request has none: this cap, or less to fit the context.
+    default_max_tokens: int = 16
+    # None: take them from the tokenizer (image: a fallback id if it has none).
+    eos_token_id: int | None = None
+    image_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mm_payload not in MM_PAYLOADS:
+            raise ValueError(f"mm_payload must be one of {MM_PAYLOADS}, got {self.mm_payload!r}")
+        if self.mm_tensor_dtype not in TENSOR_DTYPES:
+            raise ValueError(f"mm_tensor_dtype must be one of {TENSOR_DTYPES}, got {self.mm_tensor_dtype!r}")
+        for name in ("max_model_len", "image_tokens", "mm_tensor_size", "max_image_bytes",
+                     "max_images_per_request", "max_request_bytes", "default_max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"FrontendSettings.{name} must be >= 1, got {getattr(self, name)}")
+
+    @classmethod
+    def from_engine_config(cls, config: EngineConfig, **overrides: Any) -> FrontendSettings:
+        """Settings that agree with the engine on model name, context length, image size and EOS."""
+        base = cls(served_model_name=default_model_name(config.model_preset), max_model_len=config.max_model_len,
+                   image_tokens=config.image_tokens, eos_token_id=config.eos_token_id)
+        return replace(base, **overrides)

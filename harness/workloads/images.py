@@ -1,0 +1,61 @@
+"""Synthetic workload images and their data URLs, built before the clock starts.
+
+The frontend's side (decoding what arrives) is ``harness.frontend.images``.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+from PIL import Image
+
+# Formats we write, with the PIL format name and MIME type.
+FORMATS: dict[str, tuple[str, str]] = {
+    "png": ("PNG", "image/png"),
+    "jpeg": ("JPEG", "image/jpeg"),
+    "jpg": ("JPEG", "image/jpeg"),
+}
+JPEG_QUALITY = 90
+
+
+def synthetic_image(width: int, height: int, seed: int) -> Image.Image:
+    """An RGB image: seeded colour gradients with a few blobs and pixel noise.
+
+    Gradients and blobs give JPEG something photo-like to compress; the noise
+    keeps PNG sizes realistic (a pure gradient would compress to almost
+    nothing). Different seeds give different pixels and therefore different
+    encoded sizes, so no two requests carry identical payloads.
+    """
+    if width <= 0 or height <= 0:
+        raise ValueError(f"image size must be positive, got {width}x{height}")
+    rng = np.random.default_rng(seed)
+    y = np.linspace(0.0, 1.0, height, dtype=np.float32)[:, None]
+    x = np.linspace(0.0, 1.0, width, dtype=np.float32)[None, :]
+    channels = []
+    for _ in range(3):
+        fx, fy, phase = rng.uniform(0.5, 3.0), rng.uniform(0.5, 3.0), rng.uniform(0, 2 * np.pi)
+        channels.append(0.5 + 0.5 * np.sin(2 * np.pi * (fx * x + fy * y) + phase))
+    img = np.stack(channels, axis=-1)  # (h, w, 3) in [0, 1]
+    for _ in range(int(rng.integers(2, 6))):
+        cx, cy = rng.uniform(0, 1, size=2)
+        radius = rng.uniform(0.05, 0.3)
+        blob = np.exp(-((x - cx) ** 2 + (y - cy) ** 2) / (2 * radius**2))[..., None]
+        img = img * (1 - blob) + blob * rng.uniform(0, 1, size=3).astype(np.float32)
+    pixels = img * 255.0 + rng.normal(0.0, 5.0, size=img.shape).astype(np.float32)
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), mode="RGB")
+
+
+def to_data_url(img: Image.Image, fmt: str = "png") -> str:
+    """Encode ``img`` as ``data:image/<fmt>;base64,...`` (fmt: png or jpeg)."""
+    key = fmt.lower()
+    if key not in FORMATS:
+        raise ValueError(f"unsupported image format {fmt!r}; choose png or jpeg")
+    pil_format, mime = FORMATS[key]
+    buf = io.BytesIO()
+    if pil_format == "JPEG":
+        img.convert("RGB").save(buf, format="JPEG", quality=JPEG_QUALITY)
+    else:
+        img.save(buf, format="PNG")
+    return f"data:{mime};base64,{base64.b64encode(buf.getvalue()).decode('ascii')}"
