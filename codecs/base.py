@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol, Sequence, TypeVar, runtime_checkable
+from collections.abc import Sequence
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import zmq
 
@@ -102,9 +103,7 @@ def as_buffer(frame: Frame) -> bytes | bytearray | memoryview:
 
 def check_type(msg: Any, msg_type: type[T], codec: str) -> T:
     if type(msg) is not msg_type:
-        raise DecodeError(
-            f"codec {codec!r}: expected {msg_type.__name__}, got {type(msg).__name__}"
-        )
+        raise DecodeError(f"codec {codec!r}: expected {msg_type.__name__}, got {type(msg).__name__}")
     return msg
 
 

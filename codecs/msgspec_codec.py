@@ -12,7 +12,8 @@ Encoders and one typed decoder per message type are built once per instance.
 from __future__ import annotations
 
 import binascii
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import msgspec
 import numpy as np
@@ -137,8 +138,12 @@ class MsgspecB64Codec(_MsgspecBase):
         if isinstance(obj, Image.Image):
             (mode, w, h, pal_mode, pal), pixels = image_to_raw(obj)
             return {
-                _B64_TAG: "image", "mode": mode, "size": [w, h],
-                "palette_mode": pal_mode, "palette": pal, "data": _b64(pixels),
+                _B64_TAG: "image",
+                "mode": mode,
+                "size": [w, h],
+                "palette_mode": pal_mode,
+                "palette": pal,
+                "data": _b64(pixels),
             }
         raise EncodeError(f"codec {self.name!r} cannot encode {type(obj).__qualname__}")
 
@@ -223,6 +228,7 @@ class MsgspecOobCodec(_MsgspecBase):
         return len(self._out) - 1
 
     def _enc_hook(self, obj: Any) -> Any:
+        header: tuple[Any, ...]
         if isinstance(obj, torch.Tensor):
             dtype, shape, buf = tensor_to_raw(obj)
             code, header = _EXT_TENSOR, (dtype, shape, self._place(buf))
@@ -248,8 +254,7 @@ class MsgspecOobCodec(_MsgspecBase):
             self._in = []
         if len(self._used) != len(frames) - 1:
             raise DecodeError(
-                f"codec {self.name!r}: {len(frames) - 1} out-of-band frames sent, "
-                f"{len(self._used)} referenced"
+                f"codec {self.name!r}: {len(frames) - 1} out-of-band frames sent, {len(self._used)} referenced"
             )
         return msg
 

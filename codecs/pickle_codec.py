@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import io
 import pickle
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import torch
 from PIL import Image
@@ -129,8 +130,7 @@ class PickleOobCodec:
         left = sum(1 for _ in buffers)
         if left:
             raise DecodeError(
-                f"codec {self.name!r}: {len(frames) - 1} out-of-band frames sent, "
-                f"{len(frames) - 1 - left} referenced"
+                f"codec {self.name!r}: {len(frames) - 1} out-of-band frames sent, {len(frames) - 1 - left} referenced"
             )
         return check_type(msg, msg_type, self.name)
 

@@ -35,27 +35,49 @@ warnings.filterwarnings("ignore", message="The given buffer is not writable", ca
 TORCH_DTYPES: dict[str, torch.dtype] = {
     str(d).removeprefix("torch."): d
     for d in (
-        torch.float64, torch.float32, torch.float16, torch.bfloat16,
-        torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
-        torch.bool, torch.complex64, torch.complex128,
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+        torch.complex128,
     )
 }
 
 # Bits per pixel of the PIL modes we carry (rows are padded to whole bytes).
 IMAGE_MODE_BITS: dict[str, int] = {
-    "1": 1, "L": 8, "P": 8, "LA": 16, "PA": 16, "La": 16,
-    "RGB": 24, "YCbCr": 24, "LAB": 24, "HSV": 24,
-    "RGBA": 32, "RGBa": 32, "RGBX": 32, "CMYK": 32,
-    "I": 32, "F": 32, "I;16": 16, "I;16L": 16, "I;16B": 16,
+    "1": 1,
+    "L": 8,
+    "P": 8,
+    "LA": 16,
+    "PA": 16,
+    "La": 16,
+    "RGB": 24,
+    "YCbCr": 24,
+    "LAB": 24,
+    "HSV": 24,
+    "RGBA": 32,
+    "RGBa": 32,
+    "RGBX": 32,
+    "CMYK": 32,
+    "I": 32,
+    "F": 32,
+    "I;16": 16,
+    "I;16L": 16,
+    "I;16B": 16,
 }
 
 _EMPTY = memoryview(b"")
 
 
 def _shape(shape: Any) -> tuple[int, ...]:
-    if not isinstance(shape, (list, tuple)) or not all(
-        type(d) is int and d >= 0 for d in shape
-    ):
+    if not isinstance(shape, (list, tuple)) or not all(type(d) is int and d >= 0 for d in shape):
         raise ValueError(f"invalid shape {shape!r}")
     return tuple(shape)
 
@@ -68,6 +90,7 @@ def _check_size(buf: Any, expected: int, what: str) -> memoryview:
 
 
 # --- torch tensors -----------------------------------------------------------
+
 
 def tensor_to_raw(t: torch.Tensor) -> tuple[str, list[int], memoryview]:
     """(dtype name, shape, uint8 buffer); zero-copy for contiguous CPU tensors."""
@@ -85,7 +108,7 @@ def tensor_to_raw(t: torch.Tensor) -> tuple[str, list[int], memoryview]:
     # reshape(-1) of a contiguous tensor is a view; view(uint8) reinterprets
     # the bytes, which is how bfloat16 gets through numpy.
     flat = t.contiguous().reshape(-1).view(torch.uint8)
-    return dtype, shape, memoryview(flat.numpy())
+    return dtype, shape, memoryview(flat.numpy())  # type: ignore[arg-type]  # ndarray is a buffer
 
 
 def tensor_from_raw(dtype: Any, shape: Any, buf: Any) -> torch.Tensor:
@@ -102,13 +125,14 @@ def tensor_from_raw(dtype: Any, shape: Any, buf: Any) -> torch.Tensor:
 
 # --- numpy arrays ------------------------------------------------------------
 
+
 def array_to_raw(a: np.ndarray) -> tuple[str, list[int], memoryview]:
     """(dtype.str with byte order, shape, uint8 buffer); zero-copy when C-contiguous."""
     if a.dtype.hasobject or a.dtype.fields is not None:
         raise TypeError(f"numpy dtype {a.dtype} is not supported on the wire")
     shape = list(a.shape)  # before ascontiguousarray, which turns 0-d into shape (1,)
     flat = np.ascontiguousarray(a).reshape(-1)
-    return a.dtype.str, shape, memoryview(flat.view(np.uint8))
+    return a.dtype.str, shape, memoryview(flat.view(np.uint8))  # type: ignore[arg-type]  # ndarray is a buffer
 
 
 def array_from_raw(dtype: Any, shape: Any, buf: Any) -> np.ndarray:
@@ -151,7 +175,7 @@ def image_from_raw(header: Any, buf: Any) -> Image.Image:
     if width == 0 or height == 0:
         img = Image.new(mode, (width, height))
     else:
-        img = Image.frombuffer(mode, (width, height), view, "raw", mode, 0, 1)
+        img = Image.frombuffer(mode, (width, height), view, "raw", mode, 0, 1)  # type: ignore[arg-type]
     if palette is not None:
         if palette_mode not in ("RGB", "RGBA") or not isinstance(palette, (bytes, bytearray, memoryview)):
             raise ValueError(f"invalid image palette mode {palette_mode!r}")

@@ -51,9 +51,7 @@ def available_codecs() -> list[str]:
 def codec_class(name: str) -> type[Codec]:
     target = _registered().get(name)
     if target is None:
-        raise UnknownCodecError(
-            f"unknown codec {name!r}; available: {', '.join(available_codecs())}"
-        )
+        raise UnknownCodecError(f"unknown codec {name!r}; available: {', '.join(available_codecs())}")
     module_name, _, attr = target.partition(":")
     try:
         cls = getattr(importlib.import_module(module_name), attr)

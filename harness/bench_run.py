@@ -22,22 +22,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wirecodecs import UNSUPPORTED_PAYLOAD, available_codecs
-
-from harness.frontend.settings import default_model_name
-from harness.serve_process import ServerProcess
 from harness import table as text_table
+from harness.frontend.settings import default_model_name
 from harness.serve import add_model_arguments
+from harness.serve_process import ServerProcess
+from wirecodecs import UNSUPPORTED_PAYLOAD, available_codecs
 
 SERVER_READY_TIMEOUT_S = 300.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from harness.workloads.datasets import add_dataset_arguments
     from harness.loadgen.cli import add_load_arguments
+    from harness.workloads.datasets import add_dataset_arguments
 
-    p.add_argument("--codec", default="pickle",
-                   help="codec name, a comma-separated list, or 'all' (default pickle)")
+    p.add_argument("--codec", default="pickle", help="codec name, a comma-separated list, or 'all' (default pickle)")
     p.add_argument("--repeat", type=int, default=1, help="interleaved rounds over the codecs (default 1)")
     p.add_argument("--server-log", default=None, help="append each server's output to this file")
     add_dataset_arguments(p)  # defines --seed: the workload, arrivals and model weights share it
@@ -55,7 +53,9 @@ def parse_codecs(spec: str) -> list[str]:
     names = [n.strip() for n in spec.split(",") if n.strip()]
     unknown = [n for n in names if n not in known]
     if unknown or not names:
-        raise ValueError(f"unknown codec(s) {', '.join(unknown) or '(none given)'}; available: {', '.join(known)}, or all")
+        raise ValueError(
+            f"unknown codec(s) {', '.join(unknown) or '(none given)'}; available: {', '.join(known)}, or all"
+        )
     return list(dict.fromkeys(names))
 
 
@@ -142,12 +142,21 @@ def _error_message(text: str) -> str:
 # --- the side-by-side table ---------------------------------------------------
 
 COLUMNS = [
-    ("TTFT mean", "mean_ttft_ms"), ("TTFT p50", "median_ttft_ms"), ("TTFT p99", "p99_ttft_ms"),
-    ("TPOT mean", "mean_tpot_ms"), ("TPOT p50", "median_tpot_ms"), ("TPOT p99", "p99_tpot_ms"),
-    ("ITL mean", "mean_itl_ms"), ("ITL p50", "median_itl_ms"), ("ITL p99", "p99_itl_ms"),
-    ("req/s", "request_throughput"), ("out tok/s", "output_throughput"),
-    ("req enc µs", "request_encode_us"), ("req dec µs", "request_decode_us"),
-    ("out enc µs", "output_encode_us"), ("out dec µs", "output_decode_us"),
+    ("TTFT mean", "mean_ttft_ms"),
+    ("TTFT p50", "median_ttft_ms"),
+    ("TTFT p99", "p99_ttft_ms"),
+    ("TPOT mean", "mean_tpot_ms"),
+    ("TPOT p50", "median_tpot_ms"),
+    ("TPOT p99", "p99_tpot_ms"),
+    ("ITL mean", "mean_itl_ms"),
+    ("ITL p50", "median_itl_ms"),
+    ("ITL p99", "p99_itl_ms"),
+    ("req/s", "request_throughput"),
+    ("out tok/s", "output_throughput"),
+    ("req enc µs", "request_encode_us"),
+    ("req dec µs", "request_decode_us"),
+    ("out enc µs", "output_encode_us"),
+    ("out dec µs", "output_decode_us"),
 ]
 
 
@@ -163,8 +172,10 @@ def summary_figures(result: Any) -> dict[str, float]:
     codec = result.codec_figures
     if codec is not None:
         figures.update(
-            request_encode_us=codec.request.encode_us, request_decode_us=codec.request.decode_us,
-            output_encode_us=codec.output.encode_us, output_decode_us=codec.output.decode_us,
+            request_encode_us=codec.request.encode_us,
+            request_decode_us=codec.request.decode_us,
+            output_encode_us=codec.output.encode_us,
+            output_decode_us=codec.output.decode_us,
         )
     return figures
 
@@ -175,8 +186,12 @@ def aggregate(outcomes: list[RunOutcome], codecs: list[str]) -> dict[str, dict[s
     for codec in codecs:
         runs = [o for o in outcomes if o.codec == codec]
         measured = [summary_figures(o.result) for o in runs if o.result is not None]
-        row: dict[str, Any] = {"runs": len(runs), "measured": len(measured),
-                               "status": _status(runs), "message": next((o.message for o in runs if o.message), "")}
+        row: dict[str, Any] = {
+            "runs": len(runs),
+            "measured": len(measured),
+            "status": _status(runs),
+            "message": next((o.message for o in runs if o.message), ""),
+        }
         for _, key in COLUMNS:
             values = [m[key] for m in measured if key in m and m[key] == m[key]]
             if values:
@@ -221,8 +236,12 @@ def format_table(table: dict[str, dict[str, Any]], repeat: int) -> str:
 
 
 # Figures compared against the first codec, and which direction is better.
-COMPARED = [("TTFT mean", "mean_ttft_ms"), ("TPOT mean", "mean_tpot_ms"), ("ITL mean", "mean_itl_ms"),
-            ("out tok/s", "output_throughput")]
+COMPARED = [
+    ("TTFT mean", "mean_ttft_ms"),
+    ("TPOT mean", "mean_tpot_ms"),
+    ("ITL mean", "mean_itl_ms"),
+    ("out tok/s", "output_throughput"),
+]
 
 
 def changes_vs_baseline(table: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
@@ -262,8 +281,11 @@ def format_changes(table: dict[str, dict[str, Any]]) -> list[str]:
     verdicts = {None: "one round: no spread to judge", False: "within noise", True: "beyond noise"}
     lines = [f"change vs {baseline} (medians; 'within noise' = the rounds' ranges overlap):"]
     for codec, cells in changes.items():
-        parts = [f"{label} {cells[key]['change_pct']:+.1f}% ({verdicts[cells[key]['significant']]})"
-                 for label, key in COMPARED if key in cells]
+        parts = [
+            f"{label} {cells[key]['change_pct']:+.1f}% ({verdicts[cells[key]['significant']]})"
+            for label, key in COMPARED
+            if key in cells
+        ]
         lines.append(f"  {codec}: " + ", ".join(parts))
     return lines
 
@@ -314,10 +336,20 @@ def main(args: argparse.Namespace) -> int:
         path = Path(args.result_dir) / f"compare-{time.strftime('%Y%m%d-%H%M%S')}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         summary = {
-            "schema_version": 1, "codecs": codecs, "repeat": args.repeat,
+            "schema_version": 1,
+            "codecs": codecs,
+            "repeat": args.repeat,
             # Relative to this file, so a folder of results can move (e.g. into baselines/).
-            "runs": [{"codec": o.codec, "round": o.round, "status": o.status, "message": o.message,
-                      "result_file": os.path.relpath(o.path, path.parent) if o.path else None} for o in outcomes],
+            "runs": [
+                {
+                    "codec": o.codec,
+                    "round": o.round,
+                    "status": o.status,
+                    "message": o.message,
+                    "result_file": os.path.relpath(o.path, path.parent) if o.path else None,
+                }
+                for o in outcomes
+            ],
             "table": table,
             "changes_vs_first": changes_vs_baseline(table),
         }

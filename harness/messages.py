@@ -90,32 +90,53 @@ def validate_sampling_params(sp: SamplingParams) -> None:
     needs no case of its own. ``max_tokens`` is checked for >= 1 only: what
     fits the context is the caller's business (it knows the prompt).
     """
-    _check(sp.n == 1 and sp.best_of in (None, 1), "n",
-           f"only n=1 (and best_of 1) is supported, got n={sp.n} best_of={sp.best_of}")
-    _check(0.0 <= sp.temperature <= MAX_TEMPERATURE, "temperature",
-           f"temperature must be a finite number in [0, {MAX_TEMPERATURE:g}], got {sp.temperature}")
+    _check(
+        sp.n == 1 and sp.best_of in (None, 1),
+        "n",
+        f"only n=1 (and best_of 1) is supported, got n={sp.n} best_of={sp.best_of}",
+    )
+    _check(
+        0.0 <= sp.temperature <= MAX_TEMPERATURE,
+        "temperature",
+        f"temperature must be a finite number in [0, {MAX_TEMPERATURE:g}], got {sp.temperature}",
+    )
     _check(0.0 < sp.top_p <= 1.0, "top_p", f"top_p must be in (0, 1], got {sp.top_p}")
-    _check(-1 <= sp.top_k <= INT64_MAX, "top_k",
-           f"top_k must be -1 or 0 (disabled) or a positive int64, got {sp.top_k}")
+    _check(
+        -1 <= sp.top_k <= INT64_MAX, "top_k", f"top_k must be -1 or 0 (disabled) or a positive int64, got {sp.top_k}"
+    )
     _check(0.0 <= sp.min_p <= 1.0, "min_p", f"min_p must be in [0, 1], got {sp.min_p}")
-    _check(sp.seed is None or _in_int64(sp.seed), "seed",
-           f"seed must fit in a signed 64-bit integer, got {sp.seed}")
+    _check(sp.seed is None or _in_int64(sp.seed), "seed", f"seed must fit in a signed 64-bit integer, got {sp.seed}")
     for name in ("presence_penalty", "frequency_penalty"):
         value = getattr(sp, name)
-        _check(-MAX_PENALTY <= value <= MAX_PENALTY, name,
-               f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value}")
-    _check(0.0 < sp.repetition_penalty <= MAX_REPETITION_PENALTY, "repetition_penalty",
-           f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], got {sp.repetition_penalty}")
-    _check(sp.max_tokens is None or 1 <= sp.max_tokens <= INT64_MAX, "max_tokens",
-           f"max_tokens must be >= 1, got {sp.max_tokens}")
+        _check(
+            -MAX_PENALTY <= value <= MAX_PENALTY,
+            name,
+            f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value}",
+        )
+    _check(
+        0.0 < sp.repetition_penalty <= MAX_REPETITION_PENALTY,
+        "repetition_penalty",
+        f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], got {sp.repetition_penalty}",
+    )
+    _check(
+        sp.max_tokens is None or 1 <= sp.max_tokens <= INT64_MAX,
+        "max_tokens",
+        f"max_tokens must be >= 1, got {sp.max_tokens}",
+    )
     _check(0 <= sp.min_tokens <= INT64_MAX, "min_tokens", f"min_tokens must be >= 0, got {sp.min_tokens}")
-    _check(all(0 <= t <= INT64_MAX for t in sp.stop_token_ids), "stop_token_ids",
-           "stop_token_ids must be non-negative 64-bit integers")
+    _check(
+        all(0 <= t <= INT64_MAX for t in sp.stop_token_ids),
+        "stop_token_ids",
+        "stop_token_ids must be non-negative 64-bit integers",
+    )
     _check(all(s for s in sp.stop), "stop", "stop strings must not be empty")
     if sp.logit_bias:
         _check(all(_in_int64(t) for t in sp.logit_bias), "logit_bias", "logit_bias keys must be 64-bit token ids")
-        _check(all(math.isfinite(v) and -MAX_LOGIT_BIAS <= v <= MAX_LOGIT_BIAS for v in sp.logit_bias.values()),
-               "logit_bias", f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]")
+        _check(
+            all(math.isfinite(v) and -MAX_LOGIT_BIAS <= v <= MAX_LOGIT_BIAS for v in sp.logit_bias.values()),
+            "logit_bias",
+            f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
+        )
 
 
 class PlaceholderRange(msgspec.Struct, array_like=True, gc=False):

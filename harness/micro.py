@@ -40,9 +40,10 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -51,7 +52,6 @@ from PIL import Image
 
 import wirecodecs
 from harness.loadgen.sysinfo import collect_sysinfo
-from harness.table import format_line
 from harness.messages import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -59,6 +59,7 @@ from harness.messages import (
     PlaceholderRange,
     SamplingParams,
 )
+from harness.table import format_line
 
 # 2: metadata is loadgen.sysinfo's (library versions under "libraries").
 SCHEMA_VERSION = 2
@@ -143,13 +144,66 @@ OUTPUT_BATCH = 64
 IMAGE_TOKENS = 576
 IMAGE_TOKEN_ID = 31999
 
-_WORDS = (
-    "shall compare thee summer day thou art more lovely temperate rough winds "
-    "do shake darling buds may lease hath all too short date sometime hot eye "
-    "heaven shines often his gold complexion dimmed every fair from declines "
-    "chance nature changing course untrimmed eternal shall not fade nor lose "
-    "possession ow'st death brag wander'st shade when lines time grow'st"
-).split()
+_WORDS = [
+    "shall",
+    "compare",
+    "thee",
+    "summer",
+    "day",
+    "thou",
+    "art",
+    "more",
+    "lovely",
+    "temperate",
+    "rough",
+    "winds",
+    "do",
+    "shake",
+    "darling",
+    "buds",
+    "may",
+    "lease",
+    "hath",
+    "all",
+    "too",
+    "short",
+    "date",
+    "sometime",
+    "hot",
+    "eye",
+    "heaven",
+    "shines",
+    "often",
+    "his",
+    "gold",
+    "complexion",
+    "dimmed",
+    "every",
+    "fair",
+    "from",
+    "declines",
+    "chance",
+    "nature",
+    "changing",
+    "course",
+    "untrimmed",
+    "eternal",
+    "shall",
+    "not",
+    "fade",
+    "nor",
+    "lose",
+    "possession",
+    "ow'st",
+    "death",
+    "brag",
+    "wander'st",
+    "shade",
+    "when",
+    "lines",
+    "time",
+    "grow'st",
+]
 
 
 def _request_id(rng: random.Random) -> str:
@@ -227,8 +281,7 @@ def outputs_batch() -> EngineCoreOutputs:
     """One decode step: 64 requests with one new token each."""
     rng = random.Random(SEED)
     outputs = [
-        EngineCoreOutput(request_id=_request_id(rng), new_token_ids=[rng.randrange(VOCAB)])
-        for _ in range(OUTPUT_BATCH)
+        EngineCoreOutput(request_id=_request_id(rng), new_token_ids=[rng.randrange(VOCAB)]) for _ in range(OUTPUT_BATCH)
     ]
     return EngineCoreOutputs(
         outputs=outputs,
@@ -319,9 +372,7 @@ def check_round_trip(sent: Any, got: Any) -> None:
         raise AssertionError("round trip changed the message")
 
 
-def measure_cell(
-    codec_name: str, payload: str, msg: Any, min_iterations: int, min_time_s: float
-) -> Cell:
+def measure_cell(codec_name: str, payload: str, msg: Any, min_iterations: int, min_time_s: float) -> Cell:
     """Time one codec on one message; never raises for a codec's failure."""
     try:
         codec = wirecodecs.get_codec(codec_name)
@@ -338,8 +389,14 @@ def measure_cell(
         encode = time_calls(lambda: codec.encode(msg), min_iterations, min_time_s)
         decode = time_calls(lambda: codec.decode(wire, msg_type), min_iterations, min_time_s)
         return Cell(
-            codec_name, payload, "ok", None, encode, decode,
-            wire_bytes=sum(len(f) for f in wire), frames=len(wire),
+            codec_name,
+            payload,
+            "ok",
+            None,
+            encode,
+            decode,
+            wire_bytes=sum(len(f) for f in wire),
+            frames=len(wire),
         )
     except Exception as exc:  # one broken cell must not stop the run
         return Cell(codec_name, payload, "error", _short(f"{type(exc).__name__}: {exc}"))
@@ -363,8 +420,11 @@ def machine_line(meta: dict[str, Any]) -> str:
 
 
 def cell_record(
-    cell: Cell, payload_bytes: int | None, memcpy: Timing | None,
-    settings: dict[str, Any], meta: dict[str, Any],
+    cell: Cell,
+    payload_bytes: int | None,
+    memcpy: Timing | None,
+    settings: dict[str, Any],
+    meta: dict[str, Any],
 ) -> dict[str, Any]:
     """One JSON object per cell; times in µs, None where the cell did not run."""
     rec: dict[str, Any] = {
@@ -407,8 +467,16 @@ def _ratio_text(r: float) -> str:
 # Fixed widths (title, width), so rows can print as they are measured;
 # the codec and payload columns are left-aligned.
 COLUMNS = [
-    ("codec", 12), ("payload", 17), ("enc p50 µs", 11), ("enc p99 µs", 11), ("dec p50 µs", 11),
-    ("dec p99 µs", 11), ("bytes", 12), ("frames", 6), ("memcpy µs", 10), ("ratio", 8),
+    ("codec", 12),
+    ("payload", 17),
+    ("enc p50 µs", 11),
+    ("enc p99 µs", 11),
+    ("dec p50 µs", 11),
+    ("dec p99 µs", 11),
+    ("bytes", 12),
+    ("frames", 6),
+    ("memcpy µs", 10),
+    ("ratio", 8),
 ]
 _WIDTHS = [w for _, w in COLUMNS]
 
@@ -427,13 +495,20 @@ def format_row(cell: Cell, memcpy: Timing | None) -> str:
     if cell.status != "ok" or cell.encode is None or cell.decode is None:
         return _row([cell.codec, cell.payload, f"{cell.status}: {cell.reason}"])
     ratio = _ratio(cell, memcpy)
-    return _row([
-        cell.codec, cell.payload,
-        _us(cell.encode.p50_us), _us(cell.encode.p99_us),
-        _us(cell.decode.p50_us), _us(cell.decode.p99_us),
-        f"{cell.wire_bytes:,}", str(cell.frames), memcpy_text,
-        _ratio_text(ratio) if ratio is not None else "-",
-    ])
+    return _row(
+        [
+            cell.codec,
+            cell.payload,
+            _us(cell.encode.p50_us),
+            _us(cell.encode.p99_us),
+            _us(cell.decode.p50_us),
+            _us(cell.decode.p99_us),
+            f"{cell.wire_bytes:,}",
+            str(cell.frames),
+            memcpy_text,
+            _ratio_text(ratio) if ratio is not None else "-",
+        ]
+    )
 
 
 # --- command -----------------------------------------------------------------
@@ -448,23 +523,24 @@ def parse_names(value: str | None, known: Sequence[str], kind: str) -> list[str]
         raise ValueError(f"--{kind} needs at least one name; available: {', '.join(known)}")
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(
-            f"unknown {kind} {', '.join(map(repr, unknown))}; available: {', '.join(known)}"
-        )
+        raise ValueError(f"unknown {kind} {', '.join(map(repr, unknown))}; available: {', '.join(known)}")
     return list(dict.fromkeys(names))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codec", metavar="A,B", help="codecs to time (default: all registered)")
+    parser.add_argument("--payload", metavar="X,Y", help=f"payloads to time (default: all of {', '.join(PAYLOADS)})")
     parser.add_argument(
-        "--payload", metavar="X,Y", help=f"payloads to time (default: all of {', '.join(PAYLOADS)})"
-    )
-    parser.add_argument(
-        "--min-iterations", type=int, default=DEFAULT_MIN_ITERATIONS,
+        "--min-iterations",
+        type=int,
+        default=DEFAULT_MIN_ITERATIONS,
         help="timed calls per measurement, at least (default: %(default)s)",
     )
     parser.add_argument(
-        "--min-time", type=float, default=DEFAULT_MIN_TIME_S, metavar="SECONDS",
+        "--min-time",
+        type=float,
+        default=DEFAULT_MIN_TIME_S,
+        metavar="SECONDS",
         help="seconds per measurement, at least (default: %(default)s)",
     )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write a JSON list, one object per cell")
@@ -499,8 +575,10 @@ def _run(codecs: list[str], payloads: list[str], min_iterations: int, min_time_s
     meta = run_metadata()
     settings = {"min_iterations": min_iterations, "min_time_s": min_time_s}
     print(machine_line(meta))
-    print(f"min {min_iterations} iterations and {min_time_s:g} s per measurement; "
-          "ratio = (enc p50 + dec p50) / memcpy p50")
+    print(
+        f"min {min_iterations} iterations and {min_time_s:g} s per measurement; "
+        "ratio = (enc p50 + dec p50) / memcpy p50"
+    )
     for line in header_lines():
         print(line)
     records: list[dict] = []

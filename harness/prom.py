@@ -72,7 +72,10 @@ def codec_samples(frontend: CodecStats, engine: CodecStats) -> dict[str, list[tu
         ("output", "decode", frontend.decode_count, frontend.decode_ns, frontend.decode_bytes, frontend.decode_frames),
     ]
     out: dict[str, list[tuple[dict[str, str], float]]] = {
-        CODEC_MESSAGES: [], CODEC_SECONDS: [], CODEC_BYTES: [], CODEC_FRAMES: []
+        CODEC_MESSAGES: [],
+        CODEC_SECONDS: [],
+        CODEC_BYTES: [],
+        CODEC_FRAMES: [],
     }
     for direction, op, count, ns, nbytes, frames in cells:
         labels = {"direction": direction, "op": op}
@@ -114,7 +117,7 @@ class CodecCell:
     bytes: float
     frames: float
 
-    def minus(self, before: "CodecCell") -> "CodecCell":
+    def minus(self, before: CodecCell) -> CodecCell:
         return CodecCell(
             self.messages - before.messages,
             self.seconds - before.seconds,

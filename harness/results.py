@@ -47,7 +47,12 @@ CODEC_US_COLUMNS = tuple(f"{d}_{op}_us" for d in DIRECTIONS for op in ("encode",
 
 # runs_frame always has these columns (NaN where unknown).
 ALWAYS_COLUMNS = (
-    "num_prompts", "completed", "failed", "duration_s", "request_throughput", "output_throughput",
+    "num_prompts",
+    "completed",
+    "failed",
+    "duration_s",
+    "request_throughput",
+    "output_throughput",
     *(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "median", "p99")),
     *CODEC_US_COLUMNS,
 )
@@ -164,8 +169,14 @@ def _entries_from_compare(path: Path, doc: dict[str, Any]) -> list[RunEntry]:
         run_path = resolve_result_file(file, path) if file else None
         run_doc = load_run(run_path) if run_path else None
         entries.append(
-            RunEntry(str(run["codec"]), run.get("round"), str(run.get("status") or "ok"),
-                     str(run.get("message") or ""), run_path, run_doc)
+            RunEntry(
+                str(run["codec"]),
+                run.get("round"),
+                str(run.get("status") or "ok"),
+                str(run.get("message") or ""),
+                run_path,
+                run_doc,
+            )
         )
     return entries
 
@@ -356,25 +367,39 @@ def requests_frame(source: Source) -> pd.DataFrame:
             rows += _rows_without_records(entry)
             continue
         for rec in records:
-            rows.append({
-                "codec": entry.codec,
-                "round": entry.round,
-                "index": rec.index,
-                "ttft_ms": _ms(rec.ttft),
-                "tpot_ms": _ms(request_tpot(rec)),
-                "e2el_ms": _ms(rec.latency),
-                "output_tokens": rec.output_tokens,
-                "prompt_len": rec.prompt_len,
-                "prompt_tokens": _num(rec.prompt_tokens),
-                "chunks": len(rec.chunk_times),
-                "schedule_lag_ms": _ms(rec.schedule_lag),
-                "file": str(entry.path),
-            })
+            rows.append(
+                {
+                    "codec": entry.codec,
+                    "round": entry.round,
+                    "index": rec.index,
+                    "ttft_ms": _ms(rec.ttft),
+                    "tpot_ms": _ms(request_tpot(rec)),
+                    "e2el_ms": _ms(rec.latency),
+                    "output_tokens": rec.output_tokens,
+                    "prompt_len": rec.prompt_len,
+                    "prompt_tokens": _num(rec.prompt_tokens),
+                    "chunks": len(rec.chunk_times),
+                    "schedule_lag_ms": _ms(rec.schedule_lag),
+                    "file": str(entry.path),
+                }
+            )
     return _frame(rows, REQUEST_COLUMNS)
 
 
-REQUEST_COLUMNS = ("codec", "round", "index", "ttft_ms", "tpot_ms", "e2el_ms", "output_tokens",
-                   "prompt_len", "prompt_tokens", "chunks", "schedule_lag_ms", "file")
+REQUEST_COLUMNS = (
+    "codec",
+    "round",
+    "index",
+    "ttft_ms",
+    "tpot_ms",
+    "e2el_ms",
+    "output_tokens",
+    "prompt_len",
+    "prompt_tokens",
+    "chunks",
+    "schedule_lag_ms",
+    "file",
+)
 
 
 def _rows_without_records(entry: RunEntry) -> list[dict[str, Any]]:
@@ -386,13 +411,22 @@ def _rows_without_records(entry: RunEntry) -> list[dict[str, Any]]:
     for i, ttft in enumerate(ttfts):
         if ttft is None:  # a failed request
             continue
-        rows.append({
-            "codec": entry.codec, "round": entry.round, "index": i, "ttft_ms": _ms(_num(ttft)),
-            "tpot_ms": math.nan, "e2el_ms": math.nan,
-            "output_tokens": outputs[i] if i < len(outputs) else math.nan,
-            "prompt_len": inputs[i] if i < len(inputs) else math.nan,
-            "prompt_tokens": math.nan, "chunks": math.nan, "schedule_lag_ms": math.nan, "file": str(entry.path),
-        })
+        rows.append(
+            {
+                "codec": entry.codec,
+                "round": entry.round,
+                "index": i,
+                "ttft_ms": _ms(_num(ttft)),
+                "tpot_ms": math.nan,
+                "e2el_ms": math.nan,
+                "output_tokens": outputs[i] if i < len(outputs) else math.nan,
+                "prompt_len": inputs[i] if i < len(inputs) else math.nan,
+                "prompt_tokens": math.nan,
+                "chunks": math.nan,
+                "schedule_lag_ms": math.nan,
+                "file": str(entry.path),
+            }
+        )
     return rows
 
 
@@ -414,13 +448,17 @@ def itls_frame(source: Source, per: str = "token") -> pd.DataFrame:
         records = _records(entry)
         if records is None:
             for i, gaps in enumerate(entry.doc.get("itls") or []):
-                rows += [{"codec": entry.codec, "round": entry.round, "index": i,
-                          "itl_ms": _ms(_num(g)), "per": "chunk"} for g in gaps or []]
+                rows += [
+                    {"codec": entry.codec, "round": entry.round, "index": i, "itl_ms": _ms(_num(g)), "per": "chunk"}
+                    for g in gaps or []
+                ]
             continue
         for rec in records:
             gaps = token_itls(rec.chunk_times, rec.chunk_tokens) if per == "token" else chunk_itls(rec.chunk_times)
-            rows += [{"codec": entry.codec, "round": entry.round, "index": rec.index,
-                      "itl_ms": g * 1000.0, "per": per} for g in gaps]
+            rows += [
+                {"codec": entry.codec, "round": entry.round, "index": rec.index, "itl_ms": g * 1000.0, "per": per}
+                for g in gaps
+            ]
     return _frame(rows, ("codec", "round", "index", "itl_ms", "per"))
 
 

@@ -19,12 +19,11 @@ from typing import Any
 
 from aiohttp import web
 
-from wirecodecs import available_codecs, unpickles_peer_data
-
 from harness.engine.config import EngineConfig
 from harness.frontend.engine_client import ZmqEngineClient
 from harness.serve_process import ready_line
 from harness.transport import EngineAddresses, is_loopback
+from wirecodecs import available_codecs, unpickles_peer_data
 
 log = logging.getLogger("wirebench.serve")
 
@@ -44,8 +43,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     mode = t.add_mutually_exclusive_group()
     mode.add_argument("--engine-only", action="store_true", help="run only the engine, bound on tcp")
     mode.add_argument("--frontend-only", action="store_true", help="run only the frontend against a tcp engine")
-    t.add_argument("--allow-insecure-pickle", action="store_true",
-                   help="allow a pickle codec over non-loopback tcp (unpickling runs code the peer chooses)")
+    t.add_argument(
+        "--allow-insecure-pickle",
+        action="store_true",
+        help="allow a pickle codec over non-loopback tcp (unpickling runs code the peer chooses)",
+    )
     p.add_argument("--log-level", default="WARNING")
 
 
@@ -54,16 +56,24 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("served model and engine")
     g.add_argument("--served-model-name", default=None, help="model id in the API (default: wirebench-<preset>)")
     g.add_argument("--tokenizer", default=None, help="path of a tokenizer.json (default: the embedded BPE)")
-    g.add_argument("--mm-payload", choices=("pil", "tensor"), default="pil",
-                   help="images travel as PIL images or as processed pixel tensors")
+    g.add_argument(
+        "--mm-payload",
+        choices=("pil", "tensor"),
+        default="pil",
+        help="images travel as PIL images or as processed pixel tensors",
+    )
     g.add_argument("--mm-tensor-size", type=int, default=336, help="side of processed pixel tensors")
     g.add_argument("--mm-tensor-dtype", default="float16", help="dtype of processed pixel tensors")
     defaults = EngineConfig()
     g.add_argument("--model-preset", default=defaults.model_preset)
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=defaults.device)
     g.add_argument("--dtype", default=defaults.dtype, help="auto: float32 on CPU, bfloat16 on CUDA")
-    g.add_argument("--executor", choices=("torch", "sim"), default=defaults.executor,
-                   help="torch runs the model; sim models each step's time with no compute")
+    g.add_argument(
+        "--executor",
+        choices=("torch", "sim"),
+        default=defaults.executor,
+        help="torch runs the model; sim models each step's time with no compute",
+    )
     g.add_argument("--sim-step-fixed-ms", type=float, default=defaults.sim_step_fixed_ms)
     g.add_argument("--sim-step-per-token-ms", type=float, default=defaults.sim_step_per_token_ms)
     g.add_argument("--engine-threads", type=int, default=defaults.num_threads, help="torch CPU threads in the engine")
@@ -144,10 +154,14 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
             )
             process.start()
         client = ZmqEngineClient(
-            args.codec, addresses, is_process_alive=(process.is_alive if process else None),
+            args.codec,
+            addresses,
+            is_process_alive=(process.is_alive if process else None),
             owns_engine=not args.frontend_only,
         )
-        ready_task = asyncio.ensure_future(client.wait_ready(ENGINE_READY_TIMEOUT_S, accept_heartbeat=args.frontend_only))
+        ready_task = asyncio.ensure_future(
+            client.wait_ready(ENGINE_READY_TIMEOUT_S, accept_heartbeat=args.frontend_only)
+        )
         stop_task = asyncio.ensure_future(stop.wait())
         await asyncio.wait({ready_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
         if stop_task.done():
@@ -157,8 +171,8 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
         info = ready_task.result()
         client.start()
         settings = FrontendSettings.from_engine_config(
-            config, mm_payload=args.mm_payload, mm_tensor_size=args.mm_tensor_size,
-            mm_tensor_dtype=args.mm_tensor_dtype)
+            config, mm_payload=args.mm_payload, mm_tensor_size=args.mm_tensor_size, mm_tensor_dtype=args.mm_tensor_dtype
+        )
         if args.served_model_name:
             settings = replace(settings, served_model_name=args.served_model_name)
         app = build_app(client, tokenizer, settings)
@@ -166,7 +180,8 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
         await runner.setup()
         site = web.TCPSite(runner, args.host, args.port)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1] if site._server else args.port  # type: ignore[union-attr]
+        server = site._server
+        port = server.sockets[0].getsockname()[1] if isinstance(server, asyncio.Server) else args.port
         engine_desc = ", ".join(f"{k}={v}" for k, v in info.items() if k != "pid")
         print(ready_line(args.codec, f"http://{args.host}:{port}", engine_desc), flush=True)
         if ready is not None:

@@ -37,7 +37,8 @@ class ServerProcess:
         )
         self.lines: list[str] = []
         self.base_url: str | None = None
-        self._log: IO[str] | None = open(log_path, "a") if log_path else None
+        # Open for the server's lifetime, closed by stop().
+        self._log: IO[str] | None = open(log_path, "a") if log_path else None  # noqa: SIM115
         self._ready = threading.Event()
         threading.Thread(target=self._pump, daemon=True).start()
 

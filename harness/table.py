@@ -26,8 +26,9 @@ def format_line(cells: Sequence[str], widths: Sequence[int], left: int = 1) -> s
     return "  ".join(parts).rstrip()
 
 
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, left: int = 1,
-                 rule: bool = False) -> list[str]:
+def format_table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], *, left: int = 1, rule: bool = False
+) -> list[str]:
     """The header line (and a rule of dashes under it if asked) and one line per row."""
     widths = column_widths(headers, rows)
     head = format_line(headers, widths, left)

@@ -122,9 +122,7 @@ class TextTokenizer:
                 raise ValueError(f"messages[{i}] must be an object, got {type(msg).__name__}")
             role = msg.get("role")
             if role not in ROLE_MARKERS:
-                raise ValueError(
-                    f"messages[{i}].role must be one of {sorted(ROLE_MARKERS)}, got {role!r}"
-                )
+                raise ValueError(f"messages[{i}].role must be one of {sorted(ROLE_MARKERS)}, got {role!r}")
             text = self.render_content(msg.get("content"), where=f"messages[{i}].content")
             out.append(f"{ROLE_MARKERS[role]}\n{text}\n")
         out.append(GENERATION_PROMPT)
@@ -207,7 +205,7 @@ class IncrementalDetokenizer:
             return ""
         self._prefix_offset = self._read_offset
         self._read_offset = end
-        return new_text[len(prefix_text):]
+        return new_text[len(prefix_text) :]
 
     def flush(self) -> str:
         """Return whatever text is still held back; call once, after the last ``add``."""
@@ -217,7 +215,7 @@ class IncrementalDetokenizer:
         new_text = self._decode(self._prefix_offset)
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
-        return new_text[len(prefix_text):]
+        return new_text[len(prefix_text) :]
 
 
 def load_tokenizer(path: str | Path | None = None) -> TextTokenizer:
@@ -229,9 +227,7 @@ def load_tokenizer(path: str | Path | None = None) -> TextTokenizer:
     if path is None:
         file, name = EMBEDDED_TOKENIZER, EMBEDDED_NAME
         if not file.is_file():
-            raise FileNotFoundError(
-                f"the embedded tokenizer {file} is missing; run scripts/train_tokenizer.py"
-            )
+            raise FileNotFoundError(f"the embedded tokenizer {file} is missing; run scripts/train_tokenizer.py")
     else:
         file = Path(path).expanduser()
         if file.is_dir():

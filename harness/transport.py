@@ -17,15 +17,14 @@ import ipaddress
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 from urllib.parse import urlsplit
 
 import zmq
 
-from wirecodecs import Frame
-
 from harness.messages import CodecStats
+from wirecodecs import Frame
 
 # Envelope kinds (first byte of frame 0).
 ADD = 0x00
@@ -49,13 +48,13 @@ class EngineAddresses:
     ipc_dir: str | None = None
 
     @classmethod
-    def private_ipc(cls) -> "EngineAddresses":
+    def private_ipc(cls) -> EngineAddresses:
         # mkdtemp creates the directory with mode 0700: other users can't connect.
         path = tempfile.mkdtemp(prefix="wirebench-")
         return cls(f"ipc://{path}/input", f"ipc://{path}/output", path)
 
     @classmethod
-    def tcp(cls, host: str, port: int) -> "EngineAddresses":
+    def tcp(cls, host: str, port: int) -> EngineAddresses:
         """Input on ``port``, output on ``port + 1``."""
         host_part = f"[{host}]" if ":" in host else host
         return cls(f"tcp://{host_part}:{port}", f"tcp://{host_part}:{port + 1}")
@@ -113,8 +112,14 @@ class CodecCounters:
     def snapshot(self) -> CodecStats:
         s = self.stats
         return CodecStats(
-            s.decode_count, s.decode_ns, s.decode_bytes, s.decode_frames,
-            s.encode_count, s.encode_ns, s.encode_bytes, s.encode_frames,
+            s.decode_count,
+            s.decode_ns,
+            s.decode_bytes,
+            s.decode_frames,
+            s.encode_count,
+            s.encode_ns,
+            s.encode_bytes,
+            s.encode_frames,
         )
 
 
@@ -129,5 +134,3 @@ def open_envelope(frame: Frame) -> tuple[int, str | None]:
     if not raw:
         raise ValueError("empty envelope frame")
     return raw[0], (raw[1:].decode() if len(raw) > 1 else None)
-
-

@@ -112,8 +112,14 @@ def format_rows(rows: list[Row]) -> list[str]:
         return "-" if x is None else format(x, spec) + suffix
 
     table = [
-        [r.codec, r.figure, fmt(r.baseline, ".3f"), fmt(r.current, ".3f"), fmt(r.change_pct, "+.1f", "%"),
-         r.verdict + (" *" if r.noisy else "")]
+        [
+            r.codec,
+            r.figure,
+            fmt(r.baseline, ".3f"),
+            fmt(r.current, ".3f"),
+            fmt(r.change_pct, "+.1f", "%"),
+            r.verdict + (" *" if r.noisy else ""),
+        ]
         for r in rows
     ]
     return format_table(headers, table, left=2)
@@ -123,8 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("current", help="compare-*.json of the run under test")
     parser.add_argument("baseline", help="compare-*.json to compare against (e.g. results/baselines/...)")
-    parser.add_argument("--threshold-pct", type=float, default=5.0,
-                        help="a ratio worse than the baseline's by more than this is a regression (default 5)")
+    parser.add_argument(
+        "--threshold-pct",
+        type=float,
+        default=5.0,
+        help="a ratio worse than the baseline's by more than this is a regression (default 5)",
+    )
     args = parser.parse_args(argv)
     if not args.threshold_pct >= 0:
         parser.error(f"--threshold-pct must be >= 0, got {args.threshold_pct}")
@@ -141,13 +151,18 @@ def main(argv: list[str] | None = None) -> int:
     reference = current["codecs"][0]
     if reference not in cur_measured or reference not in _measured(baseline):
         side = args.current if reference not in cur_measured else args.baseline
-        print(f"check_regression: error: the reference codec {reference!r} (first codec of {args.current}) "
-              f"was not measured in {side}; ratios cannot be formed", file=sys.stderr)
+        print(
+            f"check_regression: error: the reference codec {reference!r} (first codec of {args.current}) "
+            f"was not measured in {side}; ratios cannot be formed",
+            file=sys.stderr,
+        )
         return 2
 
     base_ref = baseline["codecs"][0]
-    print(f"ratios = codec / {reference} (the reference codec) within each file; lower is better; "
-          f"threshold {args.threshold_pct:g}%")
+    print(
+        f"ratios = codec / {reference} (the reference codec) within each file; lower is better; "
+        f"threshold {args.threshold_pct:g}%"
+    )
     if base_ref != reference:
         print(f"note: the baseline's first codec is {base_ref!r}; its ratios are taken to {reference!r} too")
     rows = compare(current, baseline, reference, args.threshold_pct)
@@ -156,8 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print("\n".join(format_rows(rows)))
     if any(r.noisy for r in rows):
-        print(f"* a round-to-round spread in these figures exceeds {args.threshold_pct:g}%: "
-              "the verdict may be noise (more --repeat rounds narrow it)")
+        print(
+            f"* a round-to-round spread in these figures exceeds {args.threshold_pct:g}%: "
+            "the verdict may be noise (more --repeat rounds narrow it)"
+        )
     regressions = [r for r in rows if r.verdict == REGRESSION]
     missing = sorted({r.codec for r in rows if r.verdict.startswith("not measured")})
     if missing:

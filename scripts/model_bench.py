@@ -60,8 +60,10 @@ def main(argv: list[str] | None = None) -> None:
     with torch.inference_mode():
         pre = median_ms(lambda: model.prefill(model.embed(prompt), 0, 0), device, a.iters)
         dec = median_ms(lambda: model.decode(model.embed(tok), slots, positions), device, a.iters)
-    print(f"{a.preset} on {device} ({model.dtype}, {torch.get_num_threads()} threads): "
-          f"prefill {a.prefill_len} tokens {pre:.2f} ms; decode {a.batch} seqs at KV {a.kv_len} {dec:.2f} ms")
+    print(
+        f"{a.preset} on {device} ({model.dtype}, {torch.get_num_threads()} threads): "
+        f"prefill {a.prefill_len} tokens {pre:.2f} ms; decode {a.batch} seqs at KV {a.kv_len} {dec:.2f} ms"
+    )
 
 
 if __name__ == "__main__":

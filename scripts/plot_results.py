@@ -40,8 +40,15 @@ def default_out(first: Path) -> Path:
     return first / "plot.png" if first.is_dir() else first.with_suffix(".png")
 
 
-def _box(ax: plt.Axes, frame: pd.DataFrame, column: str, codecs: list[str], title: str,
-         log: bool, clip_pct: float | None = None) -> None:
+def _box(
+    ax: plt.Axes,
+    frame: pd.DataFrame,
+    column: str,
+    codecs: list[str],
+    title: str,
+    log: bool,
+    clip_pct: float | None = None,
+) -> None:
     """One box per codec; with clip_pct (linear scale only) the y axis stops a
     little above that percentile and the samples beyond it are counted on the
     plot, so a long tail does not flatten the boxes into lines."""
@@ -57,8 +64,12 @@ def _box(ax: plt.Axes, frame: pd.DataFrame, column: str, codecs: list[str], titl
         ax.text(0.5, 0.5, "no samples", ha="center", va="center", transform=ax.transAxes)
         return
     # Labels set apart: boxplot's keyword was renamed in matplotlib 3.9 (labels → tick_labels).
-    ax.boxplot(data, showmeans=True, flierprops={"markersize": 3, "alpha": 0.5},
-               meanprops={"marker": "^", "markerfacecolor": "white", "markeredgecolor": "black"})
+    ax.boxplot(
+        data,
+        showmeans=True,
+        flierprops={"markersize": 3, "alpha": 0.5},
+        meanprops={"marker": "^", "markerfacecolor": "white", "markeredgecolor": "black"},
+    )
     ax.set_xticks(range(1, len(labels) + 1), labels)
     if log:
         ax.set_yscale("log")
@@ -73,16 +84,30 @@ def _box(ax: plt.Axes, frame: pd.DataFrame, column: str, codecs: list[str], titl
     for i, d in enumerate(data, 1):
         above = d[d > top] if len(d) else d
         if len(above):
-            ax.annotate(f"+{len(above)} above, max {above.max():.3g} ms", (i, top), xytext=(0, -4),
-                        textcoords="offset points", ha="center", va="top", fontsize="small", color="dimgray")
+            ax.annotate(
+                f"+{len(above)} above, max {above.max():.3g} ms",
+                (i, top),
+                xytext=(0, -4),
+                textcoords="offset points",
+                ha="center",
+                va="top",
+                fontsize="small",
+                color="dimgray",
+            )
     ax.set_title(f"{title} (y axis cut above p{clip_pct:g}; --log shows all)")
 
 
 def _bars(ax: plt.Axes, runs: pd.DataFrame, codecs: list[str]) -> None:
     columns = [c for c in CODEC_US_COLUMNS if c in runs and runs[c].notna().any()]
     if not columns:
-        ax.text(0.5, 0.5, "no codec figures\n(server without wirebench /metrics)",
-                ha="center", va="center", transform=ax.transAxes)
+        ax.text(
+            0.5,
+            0.5,
+            "no codec figures\n(server without wirebench /metrics)",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+        )
         ax.set_title("Codec cost per message")
         return
     width = 0.8 / len(columns)
@@ -119,7 +144,8 @@ def plot(sources: list[str], out: Path, log: bool = False) -> Path:
     _bars(axes[1, 1], runs, codecs)
     rounds = runs.groupby("codec").size()
     fig.suptitle(
-        "wirebench: " + ", ".join(f"{c} ({rounds.get(c, 0)} run{'s' if rounds.get(c, 0) != 1 else ''})" for c in codecs)
+        "wirebench: "
+        + ", ".join(f"{c} ({rounds.get(c, 0)} run{'s' if rounds.get(c, 0) != 1 else ''})" for c in codecs)
         + "; rounds pooled; box = quartiles, ▲ = mean"
     )
     fig.tight_layout()
@@ -132,10 +158,14 @@ def plot(sources: list[str], out: Path, log: bool = False) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="+", help="compare-*.json, run files or folders of run files")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="PNG to write (default: next to the first input, same name with .png)")
-    parser.add_argument("--log", action="store_true",
-                        help="log scale for the latency panels, for long tails (zero values are not drawn)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="PNG to write (default: next to the first input, same name with .png)"
+    )
+    parser.add_argument(
+        "--log",
+        action="store_true",
+        help="log scale for the latency panels, for long tails (zero values are not drawn)",
+    )
     args = parser.parse_args(argv)
     out = args.out or default_out(Path(args.results[0]))
     try:

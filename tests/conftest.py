@@ -19,7 +19,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture
 def zmq_pair() -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
     """A connected (sender, receiver) PAIR over inproc, on a private context."""
-    ctx = zmq.Context()
+    ctx: zmq.Context = zmq.Context()
     address = f"inproc://wirebench-test-{uuid.uuid4().hex}"
     receiver = ctx.socket(zmq.PAIR)
     sender = ctx.socket(zmq.PAIR)

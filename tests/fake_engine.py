@@ -8,7 +8,8 @@ Never used outside tests: the product talks to the real engine through
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from harness.frontend.engine_client import EngineDeadError, RequestRejectedError
 from harness.messages import CodecStats, EngineCoreOutput, EngineCoreRequest, FinishReason
@@ -99,8 +100,9 @@ class FakeEngine:
                 self._outputs_sent += 1
                 self._count(self._engine, "encode", 50)
                 self._count(self._front, "decode", 50)
-                yield EngineCoreOutput(request.request_id, [token], finished=finished,
-                                       finish_reason=reason, stop_reason=stop_reason)
+                yield EngineCoreOutput(
+                    request.request_id, [token], finished=finished, finish_reason=reason, stop_reason=stop_reason
+                )
                 if finished:
                     self.finished.append(request.request_id)
                     return

@@ -122,7 +122,7 @@ class FakeOpenAIServer:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
 
-    def __enter__(self) -> "FakeOpenAIServer":
+    def __enter__(self) -> FakeOpenAIServer:
         self.start()
         return self
 
@@ -208,8 +208,11 @@ class FakeOpenAIServer:
                 choice["finish_reason"] = "length"
             chunk: dict[str, Any] = {"id": "fake", "object": "chunk", "choices": [choice]}
             if continuous:
-                chunk["usage"] = {"prompt_tokens": usage_prompt, "completion_tokens": sent,
-                                  "total_tokens": usage_prompt + sent}
+                chunk["usage"] = {
+                    "prompt_tokens": usage_prompt,
+                    "completion_tokens": sent,
+                    "total_tokens": usage_prompt + sent,
+                }
             self._count_output()
             await resp.write(_sse(chunk))
             j += 1

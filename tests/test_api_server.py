@@ -13,7 +13,8 @@ import copy
 import functools
 import hashlib
 import json
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import torch
@@ -22,14 +23,14 @@ from aiohttp.test_utils import TestClient, TestServer
 from PIL import Image
 
 from harness import prom
+from harness.engine.config import EngineConfig
 from harness.frontend.app import build_app
 from harness.frontend.inputs import FALLBACK_IMAGE_TOKEN_ID
-from harness.frontend.settings import FrontendSettings
-from harness.engine.config import EngineConfig
-from harness.workloads.images import synthetic_image, to_data_url
-from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
 from harness.frontend.outputs import StopStringFilter
+from harness.frontend.settings import FrontendSettings
+from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
 from harness.tokenizer import load_tokenizer
+from harness.workloads.images import synthetic_image, to_data_url
 
 from fake_engine import FakeEngine
 
@@ -63,7 +64,7 @@ def sse_events(raw: str) -> list[Any]:
         if not block.strip():
             continue
         assert block.startswith("data: "), block
-        data = block[len("data: "):]
+        data = block[len("data: ") :]
         events.append(data if data == "[DONE]" else json.loads(data))
     return events
 
@@ -101,10 +102,21 @@ async def test_completion_non_streaming_forwards_sampling_fields():
     engine = FakeEngine(SCRIPT)
     async with serve(engine) as client:
         body = {
-            "model": MODEL, "prompt": "Shall I compare thee", "max_tokens": len(SCRIPT), "temperature": 0.7,
-            "top_p": 0.9, "top_k": 5, "min_p": 0.05, "seed": 42, "presence_penalty": 0.5,
-            "frequency_penalty": -0.5, "repetition_penalty": 1.1, "stop_token_ids": [999],
-            "ignore_eos": True, "min_tokens": 2, "user": "ignored-extra-field",
+            "model": MODEL,
+            "prompt": "Shall I compare thee",
+            "max_tokens": len(SCRIPT),
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "top_k": 5,
+            "min_p": 0.05,
+            "seed": 42,
+            "presence_penalty": 0.5,
+            "frequency_penalty": -0.5,
+            "repetition_penalty": 1.1,
+            "stop_token_ids": [999],
+            "ignore_eos": True,
+            "min_tokens": 2,
+            "user": "ignored-extra-field",
         }
         resp = await client.post("/v1/completions", json=body)
         out = await resp.json()
@@ -113,14 +125,24 @@ async def test_completion_non_streaming_forwards_sampling_fields():
     choice = out["choices"][0]
     assert choice["text"] == TEXT and choice["finish_reason"] == "length"
     prompt_ids = TOK.encode("Shall I compare thee")
-    assert out["usage"] == {"prompt_tokens": len(prompt_ids), "completion_tokens": len(SCRIPT),
-                            "total_tokens": len(prompt_ids) + len(SCRIPT)}
+    assert out["usage"] == {
+        "prompt_tokens": len(prompt_ids),
+        "completion_tokens": len(SCRIPT),
+        "total_tokens": len(prompt_ids) + len(SCRIPT),
+    }
     (req,) = engine.requests
     assert isinstance(req, EngineCoreRequest)
     assert req.request_id == out["id"] and req.prompt == "Shall I compare thee"
     assert req.prompt_token_ids == prompt_ids and req.eos_token_id == TOK.eos_token_id
     sp = req.sampling_params
-    assert (sp.max_tokens, sp.temperature, sp.top_p, sp.top_k, sp.min_p, sp.seed) == (len(SCRIPT), 0.7, 0.9, 5, 0.05, 42)
+    assert (sp.max_tokens, sp.temperature, sp.top_p, sp.top_k, sp.min_p, sp.seed) == (
+        len(SCRIPT),
+        0.7,
+        0.9,
+        5,
+        0.05,
+        42,
+    )
     assert (sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty) == (0.5, -0.5, 1.1)
     assert sp.stop_token_ids == [999] and sp.ignore_eos and sp.min_tokens == 2 and sp.n == 1
     assert req.mm_inputs is None and req.arrival_time > 0
@@ -148,8 +170,11 @@ async def test_token_id_prompt_and_default_max_tokens():
 async def test_chat_non_streaming():
     engine = FakeEngine(SCRIPT)
     async with serve(engine) as client:
-        body = {"model": MODEL, "max_completion_tokens": 4, "messages": [
-            {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}
+        body = {
+            "model": MODEL,
+            "max_completion_tokens": 4,
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        }
         resp = await client.post("/v1/chat/completions", json=body)
         out = await resp.json()
     assert resp.status == 200, out
@@ -157,7 +182,7 @@ async def test_chat_non_streaming():
     message = out["choices"][0]["message"]
     assert message["role"] == "assistant" and message["content"] == TOK.decode(SCRIPT[:4])
     req = engine.requests[0]
-    assert req.prompt == TOK.apply_chat_template(body["messages"])
+    assert req.prompt == TOK.apply_chat_template(body["messages"])  # type: ignore[arg-type]
     assert req.prompt_token_ids == TOK.encode(req.prompt)
     assert req.sampling_params.max_tokens == 4 and out["usage"]["completion_tokens"] == 4
 
@@ -168,8 +193,13 @@ async def test_chat_non_streaming():
 @arun
 async def test_completion_streaming_with_continuous_usage():
     async with serve() as client:
-        body = {"model": MODEL, "prompt": "Once", "max_tokens": len(SCRIPT), "stream": True,
-                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        body = {
+            "model": MODEL,
+            "prompt": "Once",
+            "max_tokens": len(SCRIPT),
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
         resp = await client.post("/v1/completions", json=body)
         assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
         events = sse_events(await resp.text())
@@ -187,8 +217,9 @@ async def test_completion_streaming_with_continuous_usage():
 @arun
 async def test_streaming_without_usage_options_has_no_usage():
     async with serve() as client:
-        resp = await client.post("/v1/completions", json={"model": MODEL, "prompt": "Once", "max_tokens": 3,
-                                                           "stream": True})
+        resp = await client.post(
+            "/v1/completions", json={"model": MODEL, "prompt": "Once", "max_tokens": 3, "stream": True}
+        )
         events = sse_events(await resp.text())
     assert events[-1] == "[DONE]" and len(events) == 4
     assert all("usage" not in e for e in events[:-1])
@@ -197,8 +228,12 @@ async def test_streaming_without_usage_options_has_no_usage():
 @arun
 async def test_chat_streaming_first_chunk_has_role():
     async with serve() as client:
-        body = {**chat_body(text_part("Hi")), "max_tokens": 5, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = {
+            **chat_body(text_part("Hi")),
+            "max_tokens": 5,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         resp = await client.post("/v1/chat/completions", json=body)
         events = sse_events(await resp.text())
     assert events[-1] == "[DONE]"
@@ -384,9 +419,14 @@ async def test_codec_rejection_is_400_with_its_message():
 class FailingEngine(FakeEngine):
     """An engine that fails while serving (a step error): the server's fault, not the client's."""
 
-    async def generate(self, request: EngineCoreRequest):  # type: ignore[override]
-        yield EngineCoreOutput(request.request_id, [], finished=True, finish_reason=FinishReason.ERROR,
-                               error="engine step failed: RuntimeError: boom")
+    async def generate(self, request: EngineCoreRequest):
+        yield EngineCoreOutput(
+            request.request_id,
+            [],
+            finished=True,
+            finish_reason=FinishReason.ERROR,
+            error="engine step failed: RuntimeError: boom",
+        )
 
 
 @arun
@@ -409,7 +449,7 @@ def _check_placeholders(req: EngineCoreRequest, image_id: int, n: int, length: i
     ids = req.prompt_token_ids
     for pr in req.mm_placeholders:
         assert pr.length == length
-        assert ids[pr.offset:pr.offset + pr.length] == [image_id] * length
+        assert ids[pr.offset : pr.offset + pr.length] == [image_id] * length
     if exclusive:  # the image id appears nowhere else
         assert ids.count(image_id) == n * length
     ends = [p.offset + p.length for p in req.mm_placeholders]
@@ -420,8 +460,13 @@ def _check_placeholders(req: EngineCoreRequest, image_id: int, n: int, length: i
 async def test_chat_with_images_pil_payload():
     engine = FakeEngine(SCRIPT)
     a, b = synthetic_image(40, 30, seed=1), synthetic_image(20, 20, seed=2)
-    body = chat_body(text_part("Compare"), image_part(to_data_url(a, "png")), text_part("with"),
-                     image_part(to_data_url(b, "jpeg")), max_tokens=3)
+    body = chat_body(
+        text_part("Compare"),
+        image_part(to_data_url(a, "png")),
+        text_part("with"),
+        image_part(to_data_url(b, "jpeg")),
+        max_tokens=3,
+    )
     async with serve(engine, image_tokens=5) as client:
         resp = await client.post("/v1/chat/completions", json=body)
         out = await resp.json()
@@ -462,8 +507,9 @@ async def test_tokenizer_without_image_token_uses_fallback_id():
     plain.image_token_id = None
     engine = FakeEngine(SCRIPT)
     async with serve(engine, tokenizer=plain, image_tokens=3) as client:
-        resp = await client.post("/v1/chat/completions",
-                                 json=chat_body(text_part("a"), image_part(png_url()), max_tokens=2))
+        resp = await client.post(
+            "/v1/chat/completions", json=chat_body(text_part("a"), image_part(png_url()), max_tokens=2)
+        )
         assert resp.status == 200, await resp.text()
     req = engine.requests[0]
     # The fallback id may also be a real token (here: BOS); the ranges say where the image goes.
@@ -525,7 +571,7 @@ async def test_client_disconnect_without_handler_cancellation():
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
     try:
         async with ClientSession() as session:
             body = {"model": MODEL, "prompt": "x", "max_tokens": 500, "stream": True}
@@ -595,9 +641,18 @@ async def test_metrics_names_and_movement():
         resp = await client.post("/v1/completions", json={"prompt": "Once upon", "max_tokens": 4})
         assert resp.status == 200
         after = await (await client.get("/metrics")).text()
-    for name in (prom.REQUESTS, prom.PROMPT_TOKENS, prom.GENERATION_TOKENS, prom.REQUESTS_RUNNING,
-                 prom.ENGINE_HEALTHY, prom.CODEC_INFO, prom.CODEC_MESSAGES, prom.CODEC_SECONDS,
-                 prom.CODEC_BYTES, prom.CODEC_FRAMES):
+    for name in (
+        prom.REQUESTS,
+        prom.PROMPT_TOKENS,
+        prom.GENERATION_TOKENS,
+        prom.REQUESTS_RUNNING,
+        prom.ENGINE_HEALTHY,
+        prom.CODEC_INFO,
+        prom.CODEC_MESSAGES,
+        prom.CODEC_SECONDS,
+        prom.CODEC_BYTES,
+        prom.CODEC_FRAMES,
+    ):
         assert f"# TYPE {name} " in after
     b, a = prom.parse(before), prom.parse(after)
     completed = (prom.REQUESTS, frozenset({("outcome", "completed")}))
@@ -628,8 +683,9 @@ async def test_concurrent_streams_with_image_decoding():
 
 
 def test_settings_follow_engine_config_and_validate():
-    s = FrontendSettings.from_engine_config(EngineConfig(max_model_len=512, image_tokens=9, eos_token_id=7),
-                                            mm_payload="tensor")
+    s = FrontendSettings.from_engine_config(
+        EngineConfig(max_model_len=512, image_tokens=9, eos_token_id=7), mm_payload="tensor"
+    )
     assert (s.max_model_len, s.image_tokens, s.eos_token_id, s.mm_payload) == (512, 9, 7, "tensor")
     with pytest.raises(ValueError):
         FrontendSettings(mm_payload="jpeg")  # type: ignore[arg-type]
@@ -649,8 +705,12 @@ async def test_openai_client_streams_completion_and_chat():
         api = openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="none", max_retries=0)
         try:
             stream = await api.completions.create(
-                model=MODEL, prompt="Shall I", max_tokens=len(SCRIPT), stream=True,
-                stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+                model=MODEL,
+                prompt="Shall I",
+                max_tokens=len(SCRIPT),
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
             )
             texts, usage = [], None
             async for chunk in stream:
@@ -660,7 +720,8 @@ async def test_openai_client_streams_completion_and_chat():
                     usage = chunk.usage
             assert "".join(texts) == TEXT and usage is not None and usage.completion_tokens == len(SCRIPT)
             chat = await api.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_completion_tokens=3)
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_completion_tokens=3
+            )
             assert chat.choices[0].message.content == TOK.decode(SCRIPT[:3])
             with pytest.raises(openai.BadRequestError):
                 await api.completions.create(model=MODEL, prompt="x", max_tokens=0)

@@ -17,6 +17,7 @@ from PIL import Image
 
 import wirecodecs
 from harness.messages import EngineCoreAbort, EngineCoreOutput, EngineCoreOutputs
+
 from wire_samples import (
     EXPECTATIONS,
     UNICODE_TEXT,

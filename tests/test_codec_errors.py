@@ -11,7 +11,8 @@ import itertools
 import pickle
 import random
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -21,6 +22,7 @@ import torch
 import wirecodecs
 from harness.messages import EngineCoreAbort, EngineCoreOutputs, EngineCoreRequest
 from wirecodecs import DecodeError, EncodeError
+
 from wire_samples import (
     EXPECTATIONS,
     assert_wire_equal,
@@ -166,7 +168,7 @@ def test_frames_from_another_codec(encoder: str, decoder: str) -> None:
 
 @pytest.mark.parametrize("name", CODECS)
 def test_wrong_message_type(name: str) -> None:
-    for key, msg, frames in encoded(name):
+    for _key, msg, frames in encoded(name):
         for msg_type in MSG_TYPES:
             if msg_type is not type(msg):
                 assert_decode_error(name, frames, msg_type)
@@ -175,7 +177,7 @@ def test_wrong_message_type(name: str) -> None:
 @pytest.mark.parametrize("name", CODECS)
 def test_instance_recovers_after_errors(name: str) -> None:
     codec = wirecodecs.get_codec(name)
-    for key, msg, frames in encoded(name):
+    for _key, msg, frames in encoded(name):
         with pytest.raises(DecodeError):
             codec.decode([frames[0][: len(frames[0]) // 2], *frames[1:]], type(msg))
         with pytest.raises(DecodeError):
@@ -429,7 +431,9 @@ def test_pickle_oob_tensor_header(case: str) -> None:
 
     dtype, shape, keep = TENSOR_HEADER_CASES[case]
     buf = bytearray(64 * 64 * 4 if keep is None else keep)
-    assert_decode_error("pickle-oob", _pickle_oob_with(_Reduces(_rebuild_tensor, (dtype, shape, buf))), EngineCoreRequest)
+    assert_decode_error(
+        "pickle-oob", _pickle_oob_with(_Reduces(_rebuild_tensor, (dtype, shape, buf))), EngineCoreRequest
+    )
 
 
 @needs_pickle_oob
@@ -519,7 +523,7 @@ UNENCODABLE = [
 @pytest.mark.parametrize(("name", "value"), UNENCODABLE)
 def test_unencodable_value(name: str, value: Any) -> None:
     with pytest.raises(EncodeError):
-        wirecodecs.get_codec(name).encode(EngineCoreAbort(request_ids=[value]))  # type: ignore[list-item]
+        wirecodecs.get_codec(name).encode(EngineCoreAbort(request_ids=[value]))
 
 
 @pytest.mark.parametrize("name", CODECS)

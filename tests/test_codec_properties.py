@@ -26,6 +26,7 @@ from harness.messages import (
     PlaceholderRange,
     SamplingParams,
 )
+
 from wire_samples import assert_wire_equal, frames_as
 
 CODECS = wirecodecs.available_codecs()
@@ -74,7 +75,16 @@ sampling_params = st.builds(
 
 # --- multimodal values --------------------------------------------------------------
 
-TENSOR_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int8, torch.uint8, torch.bool]
+TENSOR_DTYPES = [
+    torch.float32,
+    torch.bfloat16,
+    torch.float16,
+    torch.float64,
+    torch.int64,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+]
 ARRAY_DTYPES = ["<f4", ">f4", "<f8", ">i8", "<i2", ">u4", "|u1", "|b1", "<M8[s]"]
 IMAGE_MODES = ["RGB", "RGBA", "L", "P", "I;16", "1", "F", "LA"]
 # Edge shapes (0-d, zero-size) drawn often: they are where layouts go wrong.
@@ -114,7 +124,11 @@ def images(draw: st.DrawFn) -> Image.Image:
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     probe = Image.new(mode, (size[0], 1))
     nbytes = len(probe.tobytes()) * size[1]
-    img = Image.frombytes(mode, size, rng.integers(0, 256, nbytes, dtype=np.uint8).tobytes()) if nbytes else Image.new(mode, size)
+    img = (
+        Image.frombytes(mode, size, rng.integers(0, 256, nbytes, dtype=np.uint8).tobytes())
+        if nbytes
+        else Image.new(mode, size)
+    )
     if mode == "P":
         colors = draw(st.integers(1, 256))
         img.putpalette(rng.integers(0, 256, 3 * colors, dtype=np.uint8).tobytes(), "RGB")

@@ -17,6 +17,7 @@ import torch
 
 import wirecodecs
 from wirecodecs import registry
+
 from wire_samples import assert_wire_equal, multimodal_request, text_messages
 
 BUILTINS = ["pickle", "pickle-oob", "msgspec", "msgspec-b64", "msgspec-oob"]
@@ -64,9 +65,7 @@ def install_plugin(tmp_path: Path) -> Iterator[Callable[[str], None]]:
         (tmp_path / f"{PLUGIN_MODULE}.py").write_text(PLUGIN_SOURCE)
         dist_info = tmp_path / "wirebench_test_plugin-0.1.dist-info"
         dist_info.mkdir()
-        (dist_info / "METADATA").write_text(
-            "Metadata-Version: 2.1\nName: wirebench-test-plugin\nVersion: 0.1\n"
-        )
+        (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: wirebench-test-plugin\nVersion: 0.1\n")
         (dist_info / "entry_points.txt").write_text(textwrap.dedent(entry_points))
         sys.path.insert(0, str(tmp_path))
         _clear_registry()

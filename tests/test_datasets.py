@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from harness.frontend.images import decode_data_url
+from harness.tokenizer import TextTokenizer, load_tokenizer
 from harness.workloads.datasets import (
     EMBEDDED_SONNETS,
     SONNET_BASE_PROMPT,
-    ImageSpec,
     add_dataset_arguments,
     build_workload,
     chat_prompt_len,
@@ -24,9 +25,7 @@ from harness.workloads.datasets import (
     sample_random_requests,
     sample_sonnet_requests,
 )
-from harness.frontend.images import decode_data_url
 from harness.workloads.images import synthetic_image, to_data_url
-from harness.tokenizer import TextTokenizer, load_tokenizer
 from harness.workloads.sample import SampleRequest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,7 +51,7 @@ def test_corpus_shape() -> None:
     assert len(lines) >= 500 and len(lines) % 14 == 0
     assert all(line.strip() for line in lines)
     words = [len(line.split()) for line in lines]
-    assert 7 <= min(words) and max(words) <= 13
+    assert min(words) >= 7 and max(words) <= 13
     assert 8 <= statistics.mean(words) <= 12
 
 
@@ -84,7 +83,7 @@ def test_sonnet_prompts_share_base_and_prefix(tok: TextTokenizer) -> None:
     for r in reqs:
         assert isinstance(r, SampleRequest)
         assert r.prompt.startswith(prefix)
-        body = r.prompt[len(SONNET_BASE_PROMPT):]
+        body = r.prompt[len(SONNET_BASE_PROMPT) :]
         assert body.count("\n") == plan.num_input_lines
         assert r.expected_output_len == 150 and r.image_data_urls == ()
     assert len({r.prompt for r in reqs}) == 40
@@ -188,8 +187,20 @@ def test_random_bad_settings(tok: TextTokenizer) -> None:
 
 
 def test_image_workload(tok: TextTokenizer) -> None:
-    args = parse("--num-prompts", "3", "--images-per-request", "2", "--image-width", "64",
-                 "--image-height", "48", "--image-format", "jpeg", "--seed", "11")
+    args = parse(
+        "--num-prompts",
+        "3",
+        "--images-per-request",
+        "2",
+        "--image-width",
+        "64",
+        "--image-height",
+        "48",
+        "--image-format",
+        "jpeg",
+        "--seed",
+        "11",
+    )
     reqs = build_workload(args, tok)
     urls = [u for r in reqs for u in r.image_data_urls]
     assert len(urls) == 6 and len(set(urls)) == 6
@@ -251,7 +262,7 @@ def test_decode_data_url_limits() -> None:
     with pytest.raises(ValueError, match="pixels"):
         decode_data_url(url, max_pixels=32 * 32)
     with pytest.raises(ValueError):
-        decode_data_url(None)  # type: ignore[arg-type]
+        decode_data_url(None)
 
 
 # -- CLI glue -------------------------------------------------------------------
@@ -263,15 +274,19 @@ def test_cli_defaults_build_a_sonnet_workload(tok: TextTokenizer) -> None:
     assert (args.sonnet_input_len, args.sonnet_output_len, args.sonnet_prefix_len) == (550, 150, 200)
     assert (args.random_input_len, args.random_output_len, args.random_range_ratio) == (1024, 128, 0.0)
     assert len(build_workload(args, tok)) == 4
-    rand = build_workload(parse("--dataset-name", "random", "--num-prompts", "2",
-                                "--random-input-len", "64"), tok)
+    rand = build_workload(parse("--dataset-name", "random", "--num-prompts", "2", "--random-input-len", "64"), tok)
     assert len(rand) == 2 and all(abs(r.prompt_len - 64) <= 2 for r in rand)
 
 
 @pytest.mark.parametrize(
     "argv",
-    [["--num-prompts", "0"], ["--random-range-ratio", "1.5"], ["--image-format", "gif"],
-     ["--dataset-name", "sharegpt"], ["--images-per-request", "-1"]],
+    [
+        ["--num-prompts", "0"],
+        ["--random-range-ratio", "1.5"],
+        ["--image-format", "gif"],
+        ["--dataset-name", "sharegpt"],
+        ["--images-per-request", "-1"],
+    ],
 )
 def test_cli_rejects_bad_flags(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):

@@ -33,7 +33,7 @@ def engine():
     config = EngineConfig(codec="msgspec", executor="sim", sim_step_fixed_ms=0.5, vocab_size=4096, eos_token_id=1)
     proc = multiprocessing.get_context("spawn").Process(target=run_engine, args=(config, addrs, "CRITICAL", True))
     proc.start()
-    ctx = zmq.Context()
+    ctx: zmq.Context = zmq.Context()
     push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
     push.connect(addrs.input)
     pull.connect(addrs.output)
@@ -59,8 +59,12 @@ def next_outputs(pull: zmq.Socket) -> EngineCoreOutputs:
 
 def request(rid: str, max_tokens: int = 3) -> EngineCoreRequest:
     return EngineCoreRequest(
-        request_id=rid, prompt=None, prompt_token_ids=[5, 6, 7],
-        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True), eos_token_id=1, arrival_time=time.time(),
+        request_id=rid,
+        prompt=None,
+        prompt_token_ids=[5, 6, 7],
+        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        eos_token_id=1,
+        arrival_time=time.time(),
     )
 
 

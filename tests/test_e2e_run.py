@@ -23,11 +23,27 @@ def comparison(tmp_path: Path) -> dict:
 
 
 def test_interleaved_repeats_compare_two_codecs(tmp_path):
-    done = bench_run(tmp_path, "--codec", "pickle,msgspec", "--repeat", "2", "--num-prompts", "12",
-                     "--request-rate", "40", "--sonnet-output-len", "20")
+    done = bench_run(
+        tmp_path,
+        "--codec",
+        "pickle,msgspec",
+        "--repeat",
+        "2",
+        "--num-prompts",
+        "12",
+        "--request-rate",
+        "40",
+        "--sonnet-output-len",
+        "20",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     summary = comparison(tmp_path)
-    assert [(r["codec"], r["round"]) for r in summary["runs"]] == [("pickle", 0), ("msgspec", 0), ("pickle", 1), ("msgspec", 1)]
+    assert [(r["codec"], r["round"]) for r in summary["runs"]] == [
+        ("pickle", 0),
+        ("msgspec", 0),
+        ("pickle", 1),
+        ("msgspec", 1),
+    ]
     assert all(r["status"] == "ok" for r in summary["runs"])
     for codec in ("pickle", "msgspec"):
         row = summary["table"][codec]
@@ -40,8 +56,21 @@ def test_interleaved_repeats_compare_two_codecs(tmp_path):
 
 
 def test_image_workload_marks_text_only_codec_unsupported(tmp_path):
-    done = bench_run(tmp_path, "--codec", "msgspec,msgspec-oob", "--images-per-request", "1",
-                     "--image-width", "64", "--image-height", "64", "--num-prompts", "6", "--sonnet-output-len", "8")
+    done = bench_run(
+        tmp_path,
+        "--codec",
+        "msgspec,msgspec-oob",
+        "--images-per-request",
+        "1",
+        "--image-width",
+        "64",
+        "--image-height",
+        "64",
+        "--num-prompts",
+        "6",
+        "--sonnet-output-len",
+        "8",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     summary = comparison(tmp_path)
     statuses = {r["codec"]: r for r in summary["runs"]}
@@ -62,8 +91,21 @@ def test_ctrl_c_stops_servers_and_saves_what_it_has(tmp_path):
 
     from serve_process import child_pids, still_alive
 
-    cmd = [sys.executable, "-m", "harness.cli", "run", "--result-dir", str(tmp_path), "--no-progress",
-           "--codec", "msgspec", "--num-prompts", "400", "--request-rate", "20"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness.cli",
+        "run",
+        "--result-dir",
+        str(tmp_path),
+        "--no-progress",
+        "--codec",
+        "msgspec",
+        "--num-prompts",
+        "400",
+        "--request-rate",
+        "20",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 60
     servers: list[int] = []

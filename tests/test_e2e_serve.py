@@ -21,8 +21,9 @@ import aiohttp
 import pytest
 from PIL import Image
 
-from serve_process import free_port_pair, ipc_dirs, start_serve, still_alive
 from wirecodecs import available_codecs, codecs_that_carry_multimodal
+
+from serve_process import free_port_pair, ipc_dirs, start_serve, still_alive
 
 pytestmark = pytest.mark.e2e
 
@@ -56,32 +57,35 @@ def chat_with_image(max_tokens: int = 8) -> dict:
 async def stream_completion(base_url: str, body: dict) -> tuple[list[dict], bool]:
     """POST a streaming request; (parsed chunks, saw [DONE])."""
     chunks, done = [], False
-    async with aiohttp.ClientSession() as session:
-        async with session.post(f"{base_url}/v1/completions", json={**body, "stream": True}) as resp:
-            assert resp.status == 200, await resp.text()
-            async for raw in resp.content:
-                line = raw.decode().strip()
-                if not line.startswith("data:"):
-                    continue
-                data = line[len("data:"):].strip()
-                if data == "[DONE]":
-                    done = True
-                    break
-                chunks.append(json.loads(data))
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{base_url}/v1/completions", json={**body, "stream": True}) as resp,
+    ):
+        assert resp.status == 200, await resp.text()
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[len("data:") :].strip()
+            if data == "[DONE]":
+                done = True
+                break
+            chunks.append(json.loads(data))
     return chunks, done
 
 
 async def post(base_url: str, path: str, body: dict | str) -> tuple[int, dict]:
     async with aiohttp.ClientSession() as session:
-        kwargs = {"data": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, str) else {"json": body}
+        kwargs = (
+            {"data": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, str) else {"json": body}
+        )
         async with session.post(f"{base_url}{path}", **kwargs) as resp:
             return resp.status, await resp.json(content_type=None)
 
 
 async def get_text(base_url: str, path: str) -> tuple[int, str]:
-    async with aiohttp.ClientSession() as session:
-        async with session.get(f"{base_url}{path}") as resp:
-            return resp.status, await resp.text()
+    async with aiohttp.ClientSession() as session, session.get(f"{base_url}{path}") as resp:
+        return resp.status, await resp.text()
 
 
 async def stream_then_kill(base_url: str, kill) -> tuple[list[bytes], float]:
@@ -120,8 +124,12 @@ def test_openai_client_streams_a_completion(pickle_server):
     client = openai.OpenAI(base_url=f"{pickle_server.base_url}/v1", api_key="none")
     assert [m.id for m in client.models.list().data] == [MODEL]
     stream = client.completions.create(
-        model=MODEL, prompt="Shall I compare thee", max_tokens=12, stream=True,
-        extra_body={"ignore_eos": True}, stream_options={"include_usage": True},
+        model=MODEL,
+        prompt="Shall I compare thee",
+        max_tokens=12,
+        stream=True,
+        extra_body={"ignore_eos": True},
+        stream_options={"include_usage": True},
     )
     texts, usage = [], None
     for chunk in stream:
@@ -151,7 +159,9 @@ def test_aiohttp_stream_and_metrics_move(pickle_server):
             before, "wirebench_codec_messages_total", direction=direction, op=op
         )
         assert moved >= 1, (direction, op)
-    assert metric(after, "wirebench_generation_tokens_total") - metric(before, "wirebench_generation_tokens_total") >= 20
+    assert (
+        metric(after, "wirebench_generation_tokens_total") - metric(before, "wirebench_generation_tokens_total") >= 20
+    )
 
 
 def test_abort_mid_stream_keeps_engine_serving(pickle_server):
@@ -185,8 +195,21 @@ def test_abort_mid_stream_keeps_engine_serving(pickle_server):
         ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}, 400),
         ("/v1/completions", {"model": MODEL, "prompt": "word " * 3000, "max_tokens": 10}, 400),
         ("/v1/completions", {"model": MODEL}, 400),
-        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGFuIGltYWdl"}}]}]}, 400),
+        (
+            "/v1/chat/completions",
+            {
+                "model": MODEL,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGFuIGltYWdl"}}
+                        ],
+                    }
+                ],
+            },
+            400,
+        ),
     ],
 )
 def test_bad_input_gets_openai_error(pickle_server, path, body, status):
@@ -199,6 +222,7 @@ def test_bad_input_gets_openai_error(pickle_server, path, body, status):
 def test_every_codec_serves_text_and_images_or_refuses_clearly(codec):
     server = start_serve(codec=codec)
     try:
+
         async def scenario():
             text = await stream_completion(
                 server.base_url, {"model": MODEL, "prompt": "Winter light", "max_tokens": 6, "ignore_eos": True}
@@ -257,7 +281,7 @@ def test_killed_engine_fails_inflight_requests_and_health():
 def test_stops_cleanly_leaving_no_children_or_sockets(sig):
     before = ipc_dirs()
     server = start_serve(codec="msgspec-oob")
-    server.engine_pid  # the engine runs as a child process
+    assert server.engine_pid  # the engine runs as a child process
     children = server.child_pids
     assert server.stop(sig) == 0
     assert not still_alive(children)
@@ -268,17 +292,34 @@ def test_engine_and_frontend_split_over_tcp():
     """`--engine-only` and `--frontend-only` on loopback tcp, as on two hosts."""
     port = str(free_port_pair())
     engine = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", "serve", "--engine-only", "--codec", "msgspec-oob",
-         "--engine-host", "127.0.0.1", "--engine-port", port],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "serve",
+            "--engine-only",
+            "--codec",
+            "msgspec-oob",
+            "--engine-host",
+            "127.0.0.1",
+            "--engine-port",
+            port,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
-        frontend = start_serve("--frontend-only", "--engine-host", "127.0.0.1", "--engine-port", port,
-                               codec="msgspec-oob")
+        frontend = start_serve(
+            "--frontend-only", "--engine-host", "127.0.0.1", "--engine-port", port, codec="msgspec-oob"
+        )
         try:
-            chunks, done = asyncio.run(stream_completion(
-                frontend.base_url, {"model": MODEL, "prompt": "Across the wire", "max_tokens": 5, "ignore_eos": True}
-            ))
+            chunks, done = asyncio.run(
+                stream_completion(
+                    frontend.base_url,
+                    {"model": MODEL, "prompt": "Across the wire", "max_tokens": 5, "ignore_eos": True},
+                )
+            )
             assert done and len(chunks) >= 5
         finally:
             assert frontend.stop() == 0
@@ -289,8 +330,20 @@ def test_engine_and_frontend_split_over_tcp():
 
 def test_pickle_over_non_loopback_tcp_is_refused():
     done = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "serve", "--engine-only", "--codec", "pickle", "--engine-host", "0.0.0.0"],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "serve",
+            "--engine-only",
+            "--codec",
+            "pickle",
+            "--engine-host",
+            "0.0.0.0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 2
     assert "--allow-insecure-pickle" in done.stderr
@@ -300,14 +353,26 @@ def test_remote_engine_death_is_noticed_by_heartbeat():
     """A frontend-only server has no process to watch: silence past the heartbeat timeout is death."""
     port = str(free_port_pair())
     engine = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", "serve", "--engine-only", "--codec", "msgspec",
-         "--engine-host", "127.0.0.1", "--engine-port", port],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "serve",
+            "--engine-only",
+            "--codec",
+            "msgspec",
+            "--engine-host",
+            "127.0.0.1",
+            "--engine-port",
+            port,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
-        frontend = start_serve("--frontend-only", "--engine-host", "127.0.0.1", "--engine-port", port,
-                               codec="msgspec")
+        frontend = start_serve("--frontend-only", "--engine-host", "127.0.0.1", "--engine-port", port, codec="msgspec")
         try:
+
             async def scenario():
                 events, ended_after = await stream_then_kill(frontend.base_url, engine.kill)
                 health, _ = await get_text(frontend.base_url, "/health")

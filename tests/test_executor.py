@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,16 +12,27 @@ from PIL import Image
 
 from harness.engine.config import EngineConfig
 from harness.engine.executor import SimExecutor, TorchExecutor, make_executor, splice_images, wait_until
-from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, PlaceholderRange, SamplingParams
 from harness.engine.scheduler import Scheduler
+from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, PlaceholderRange, SamplingParams
 
 EOS = 1
 
 
 def make_config(**kw) -> EngineConfig:
-    base = dict(device="cpu", vocab_size=128, eos_token_id=EOS, max_num_seqs=4, max_num_batched_tokens=48,
-                max_model_len=128, kv_cache_tokens=400, long_prefill_token_threshold=24, image_tokens=8,
-                sim_step_fixed_ms=0.2, sim_step_per_token_ms=0.001, num_threads=1)
+    base: dict[str, Any] = dict(
+        device="cpu",
+        vocab_size=128,
+        eos_token_id=EOS,
+        max_num_seqs=4,
+        max_num_batched_tokens=48,
+        max_model_len=128,
+        kv_cache_tokens=400,
+        long_prefill_token_threshold=24,
+        image_tokens=8,
+        sim_step_fixed_ms=0.2,
+        sim_step_per_token_ms=0.001,
+        num_threads=1,
+    )
     base.update(kw)
     return EngineConfig(**base)
 
@@ -73,9 +85,19 @@ def test_concurrent_requests_finish_with_exact_max_tokens(kind, torch_executor):
     cfg = make_config(executor=kind)
     executor = torch_executor if kind == "torch" else make_executor(cfg)
     assert isinstance(executor, TorchExecutor if kind == "torch" else SimExecutor)
-    reqs = [request(f"{kind}-e2e-{i}", n=10 + 13 * i, seed_tokens=i, max_tokens=5 + 3 * i, ignore_eos=True,
-                    temperature=[0.0, 1.0, 0.7][i % 3], top_p=0.9, seed=i if i % 2 else None)
-            for i in range(7)]
+    reqs = [
+        request(
+            f"{kind}-e2e-{i}",
+            n=10 + 13 * i,
+            seed_tokens=i,
+            max_tokens=5 + 3 * i,
+            ignore_eos=True,
+            temperature=[0.0, 1.0, 0.7][i % 3],
+            top_p=0.9,
+            seed=i if i % 2 else None,
+        )
+        for i in range(7)
+    ]
     _check_all_finished(serve(cfg, executor, reqs), reqs, cfg.vocab_size)
     info = executor.info()
     assert info["executor"] == kind
@@ -93,6 +115,7 @@ def test_sim_tokens_are_deterministic_and_never_eos():
 
 def test_wait_until_never_returns_early():
     import time
+
     deadline = time.perf_counter() + 0.003
     wait_until(deadline)
     assert time.perf_counter() >= deadline
@@ -114,7 +137,7 @@ def test_greedy_tokens_match_a_model_prefill(torch_executor):
 
 def test_seeded_request_reproducible_regardless_of_batch(torch_executor):
     cfg = make_config()
-    kw = dict(n=25, seed_tokens=9, max_tokens=8, temperature=1.0, seed=77, ignore_eos=True)
+    kw: dict[str, Any] = dict(n=25, seed_tokens=9, max_tokens=8, temperature=1.0, seed=77, ignore_eos=True)
     alone = serve(cfg, torch_executor, [request("seeded-a", **kw)])
     crowd = [request(f"crowd-{i}", n=15 + i, seed_tokens=i, max_tokens=10, ignore_eos=True) for i in range(3)]
     together = serve(cfg, torch_executor, crowd[:2] + [request("seeded-b", **kw)] + crowd[2:])
@@ -130,13 +153,12 @@ def test_images_are_placed_at_placeholders(torch_executor):
     # The image sits right before the generated tokens, where it matters most;
     # every input is seeded, so the outcome is fixed.
     ph = [PlaceholderRange(6, 8)]
-    kw = dict(n=16, seed_tokens=3, max_tokens=8, temperature=0.0, ignore_eos=True)
+    kw: dict[str, Any] = dict(n=16, seed_tokens=3, max_tokens=8, temperature=0.0, ignore_eos=True)
     pixels = torch.randn(3, 20, 20, generator=torch.Generator().manual_seed(4))
     plain = tokens(serve(cfg, torch_executor, [request("img-none", **kw)])["img-none"])
     img_a = tokens(serve(cfg, torch_executor, [request("img-a", mm=[_image(0)], ph=ph, **kw)])["img-a"])
     img_a2 = tokens(serve(cfg, torch_executor, [request("img-a2", mm=[_image(0)], ph=ph, **kw)])["img-a2"])
-    img_b = tokens(serve(cfg, torch_executor, [request("img-b", mm=[{"pixel_values": pixels}],
-                                                       ph=ph, **kw)])["img-b"])
+    img_b = tokens(serve(cfg, torch_executor, [request("img-b", mm=[{"pixel_values": pixels}], ph=ph, **kw)])["img-b"])
     assert img_a == img_a2
     assert plain != img_a and img_a != img_b
 
@@ -151,7 +173,7 @@ def test_placeholder_spanning_chunks_matches_one_shot(torch_executor):
     one_shot = model.prefill(x, slot=0, start=0, all_logits=True)
     parts, start = [], 0
     for n in (14, 15, 11):  # boundaries at 14 and 29 cut both placeholders
-        xc = model.embed(toks[start:start + n])
+        xc = model.embed(toks[start : start + n])
         splice_images(xc, start, images)
         parts.append(model.prefill(xc, slot=1, start=start, all_logits=True))
         start += n
@@ -199,8 +221,8 @@ def test_penalties_follow_the_token_history(torch_executor):
     (long_prefill_token_threshold=24) and later tokens come from batched decodes.
     """
     cfg = make_config()
-    kw = dict(n=40, seed_tokens=6, max_tokens=10, temperature=0.0, ignore_eos=True)
-    pen = dict(repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.3, logit_bias={5: 0.5})
+    kw: dict[str, Any] = dict(n=40, seed_tokens=6, max_tokens=10, temperature=0.0, ignore_eos=True)
+    pen: dict[str, Any] = dict(repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.3, logit_bias={5: 0.5})
     r = request("pen-a", **kw, **pen)
     other = request("pen-other", n=30, seed_tokens=2, max_tokens=12, temperature=0.0, ignore_eos=True)
     outputs = serve(cfg, torch_executor, [other, r])
@@ -213,8 +235,11 @@ def test_penalties_follow_the_token_history(torch_executor):
             logits = model.prefill(model.embed(torch.tensor(prompt + toks[:i])), slot=3, start=0)
             assert _reference_pick(logits[: cfg.vocab_size], r.sampling_params, prompt, toks[:i]) == t
     # The default request beside it is unaffected, and keeps no token history.
-    alone = serve(cfg, torch_executor, [request("pen-other-2", n=30, seed_tokens=2, max_tokens=12,
-                                                temperature=0.0, ignore_eos=True)])
+    alone = serve(
+        cfg,
+        torch_executor,
+        [request("pen-other-2", n=30, seed_tokens=2, max_tokens=12, temperature=0.0, ignore_eos=True)],
+    )
     assert tokens(alone["pen-other-2"]) == tokens(outputs["pen-other"])
 
 
@@ -222,7 +247,11 @@ def test_presence_penalty_stops_repeats_and_defaults_keep_no_history():
     cfg = make_config()
     ex = TorchExecutor(cfg)
     s = Scheduler(cfg)
-    s.add_request(request("np", n=12, max_tokens=30, temperature=0.0, ignore_eos=True, presence_penalty=2.0, frequency_penalty=2.0))
+    s.add_request(
+        request(
+            "np", n=12, max_tokens=30, temperature=0.0, ignore_eos=True, presence_penalty=2.0, frequency_penalty=2.0
+        )
+    )
     s.add_request(request("plain", n=12, max_tokens=30, temperature=0.0, ignore_eos=True))
     outs: dict[str, list[EngineCoreOutput]] = {}
     while s.has_unfinished_requests():

@@ -7,16 +7,22 @@ is within +15 % of it on an idle machine. They do not assert speed.
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import asyncio
 import json
 import socket
 import threading
-import _thread
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from harness.loadgen import cli, runner
+from harness.loadgen.report import format_report, save_result
+from harness.loadgen.runner import BenchmarkError, BenchmarkResult, LoadSettings, run_benchmark
+from harness.workloads.sample import SampleRequest
+
 from fake_openai_server import (
     OUT_BYTES,
     OUT_DECODE_NS,
@@ -29,11 +35,6 @@ from fake_openai_server import (
     FakeConfig,
     FakeOpenAIServer,
 )
-
-from harness.loadgen import cli, runner
-from harness.loadgen.report import format_report, save_result
-from harness.loadgen.runner import BenchmarkError, BenchmarkResult, LoadSettings, run_benchmark
-from harness.workloads.sample import SampleRequest
 
 TTFT, GAP, K = 0.08, 0.02, 8
 TOLERANCE = 1.15
@@ -145,7 +146,9 @@ def test_scrapes_settle_only_for_a_server_with_codec_counters(
     assert (result.codec_figures is not None) is serve_metrics
 
 
-def test_ctrl_c_while_settling_keeps_the_finished_run(server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ctrl_c_while_settling_keeps_the_finished_run(
+    server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls: list[None] = []
 
     async def cancelled_after_the_load() -> None:
@@ -171,28 +174,72 @@ def test_report_and_json_follow_benchmark_serving(server: FakeOpenAIServer, tmp_
     text = format_report(result)
     lines = text.splitlines()
     assert lines[0] == "============ Serving Benchmark Result ============"
-    for label in ("Successful requests:", "Benchmark duration (s):", "Total input tokens:",
-                  "Total generated tokens:", "Request throughput (req/s):", "Request goodput (req/s):",
-                  "Output token throughput (tok/s):", "Total Token throughput (tok/s):",
-                  "Mean TTFT (ms):", "Median TTFT (ms):", "P99.9 TTFT (ms):", "P50 TPOT (ms):",
-                  "Mean ITL (ms):", "Mean E2EL (ms):", "Mean schedule lag (ms):", "Share of mean TTFT (%):"):
+    for label in (
+        "Successful requests:",
+        "Benchmark duration (s):",
+        "Total input tokens:",
+        "Total generated tokens:",
+        "Request throughput (req/s):",
+        "Request goodput (req/s):",
+        "Output token throughput (tok/s):",
+        "Total Token throughput (tok/s):",
+        "Mean TTFT (ms):",
+        "Median TTFT (ms):",
+        "P99.9 TTFT (ms):",
+        "P50 TPOT (ms):",
+        "Mean ITL (ms):",
+        "Mean E2EL (ms):",
+        "Mean schedule lag (ms):",
+        "Share of mean TTFT (%):",
+    ):
         assert any(line.startswith(label) for line in lines), label
     assert "---------------Time to First Token----------------" in lines
     assert "-----Time per Output Token (excl. 1st token)------" in lines
     assert "=" * 50 in lines
-    assert next(l for l in lines if l.startswith("Successful requests:"))[41:].strip() == "3"
+    assert next(line for line in lines if line.startswith("Successful requests:"))[41:].strip() == "3"
 
     result.flags = {"request_rate": float("inf"), "func": None}
     path = save_result(result, result_dir=tmp_path, sysinfo={"python": "3.x"})
     assert path.parent == tmp_path and path.name.startswith("fakecodec-")
     doc = json.loads(path.read_text())
-    for key in ("date", "backend", "model_id", "tokenizer_id", "num_prompts", "request_rate", "burstiness",
-                "max_concurrency", "duration", "completed", "total_input_tokens", "total_output_tokens",
-                "request_throughput", "request_goodput", "output_throughput", "total_token_throughput",
-                "input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors",
-                "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p99.9_ttft_ms", "p50_tpot_ms", "mean_e2el_ms",
-                "schema_version", "codec", "payload_kind", "failed", "records", "codec_figures",
-                "schedule_lag", "metadata"):
+    for key in (
+        "date",
+        "backend",
+        "model_id",
+        "tokenizer_id",
+        "num_prompts",
+        "request_rate",
+        "burstiness",
+        "max_concurrency",
+        "duration",
+        "completed",
+        "total_input_tokens",
+        "total_output_tokens",
+        "request_throughput",
+        "request_goodput",
+        "output_throughput",
+        "total_token_throughput",
+        "input_lens",
+        "output_lens",
+        "ttfts",
+        "itls",
+        "generated_texts",
+        "errors",
+        "mean_ttft_ms",
+        "median_ttft_ms",
+        "std_ttft_ms",
+        "p99.9_ttft_ms",
+        "p50_tpot_ms",
+        "mean_e2el_ms",
+        "schema_version",
+        "codec",
+        "payload_kind",
+        "failed",
+        "records",
+        "codec_figures",
+        "schedule_lag",
+        "metadata",
+    ):
         assert key in doc, key
     assert doc["request_rate"] == "inf" and doc["backend"] == "openai"
     assert doc["output_lens"] == [3, 3, 3] and doc["failed"] == 0
@@ -206,8 +253,19 @@ def test_failures_are_counted_and_saved_and_exit_1(
 ) -> None:
     workload = _workload(5, tokens=4, bad={1: "FAIL500", 3: "CUTSTREAM"})
     monkeypatch.setattr(cli, "load_workload", lambda args: (workload, "test-tokenizer"))
-    args = _parser().parse_args(["--base-url", server.base_url, "--result-dir", str(tmp_path),
-                                 "--result-filename", "out.json", "--no-progress", "--max-concurrency", "2"])
+    args = _parser().parse_args(
+        [
+            "--base-url",
+            server.base_url,
+            "--result-dir",
+            str(tmp_path),
+            "--result-filename",
+            "out.json",
+            "--no-progress",
+            "--max-concurrency",
+            "2",
+        ]
+    )
     assert cli.main(args) == 1
     out, err = capsys.readouterr()
     assert "Successful requests:                     3" in out
@@ -226,8 +284,9 @@ def test_all_good_exit_0_and_no_save(
 ) -> None:
     monkeypatch.setattr(cli, "load_workload", lambda args: (_workload(2, tokens=2), "tok"))
     monkeypatch.chdir(tmp_path)
-    args = _parser().parse_args(["--base-url", server.base_url, "--model", "m", "--no-save-result",
-                                 "--request-rate", "50", "--no-progress"])
+    args = _parser().parse_args(
+        ["--base-url", server.base_url, "--model", "m", "--no-save-result", "--request-rate", "50", "--no-progress"]
+    )
     assert cli.main(args) == 0
     assert not (tmp_path / "results").exists()
 
@@ -243,15 +302,17 @@ def test_unreachable_server_exit_2_with_a_clear_message(capsys: pytest.CaptureFi
     assert err.startswith("bench load: error: cannot reach the server at http://127.0.0.1:")
 
 
-def test_images_need_the_chat_endpoint(server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_images_need_the_chat_endpoint(
+    server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     workload = [SampleRequest("look", 2, 2, ("data:image/png;base64,AAAA",))]
     monkeypatch.setattr(cli, "load_workload", lambda args: (workload, "tok"))
     args = _parser().parse_args(["--base-url", server.base_url, "--no-progress", "--no-save-result"])
     assert cli.main(args) == 2
     assert "--endpoint /v1/chat/completions" in capsys.readouterr().err
-    args = _parser().parse_args(["--base-url", server.base_url, "--no-progress", "--no-save-result",
-                                 "--endpoint", "/v1/chat/completions"])
+    args = _parser().parse_args(
+        ["--base-url", server.base_url, "--no-progress", "--no-save-result", "--endpoint", "/v1/chat/completions"]
+    )
     assert cli.main(args) == 0
     assert server.state.bodies[-1]["messages"][0]["content"][1]["type"] == "image_url"
 
@@ -273,8 +334,19 @@ def test_cancellation_returns_a_partial_result(server: FakeOpenAIServer) -> None
 
 def test_ctrl_c_saves_what_it_has(server: FakeOpenAIServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli, "load_workload", lambda args: (_workload(30, tokens=4), "tok"))
-    args = _parser().parse_args(["--base-url", server.base_url, "--request-rate", "20", "--no-progress",
-                                 "--result-dir", str(tmp_path), "--result-filename", "partial.json"])
+    args = _parser().parse_args(
+        [
+            "--base-url",
+            server.base_url,
+            "--request-rate",
+            "20",
+            "--no-progress",
+            "--result-dir",
+            str(tmp_path),
+            "--result-filename",
+            "partial.json",
+        ]
+    )
     timer = threading.Timer(0.4, _thread.interrupt_main)  # SIGINT as Ctrl-C would send it
     timer.start()
     try:

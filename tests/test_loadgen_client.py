@@ -9,7 +9,6 @@ from collections.abc import Iterator
 
 import aiohttp
 import pytest
-from fake_openai_server import FakeConfig, FakeOpenAIServer
 
 from harness.loadgen.client import (
     CHAT_COMPLETIONS,
@@ -22,6 +21,8 @@ from harness.loadgen.client import (
 )
 from harness.workloads.datasets import user_message
 from harness.workloads.sample import SampleRequest
+
+from fake_openai_server import FakeConfig, FakeOpenAIServer
 
 TTFT, GAP = 0.05, 0.01
 
@@ -38,16 +39,30 @@ def server_2tok() -> Iterator[FakeOpenAIServer]:
         yield srv
 
 
-def _send(base_url: str, prompt: str, *, endpoint: str = COMPLETIONS, max_tokens: int = 6,
-          continuous: bool = True, timeout_s: float | None = 10.0) -> RequestRecord:
+def _send(
+    base_url: str,
+    prompt: str,
+    *,
+    endpoint: str = COMPLETIONS,
+    max_tokens: int = 6,
+    continuous: bool = True,
+    timeout_s: float | None = 10.0,
+) -> RequestRecord:
     sample = SampleRequest(prompt=prompt, prompt_len=3, expected_output_len=max_tokens)
     body = encode_payload(build_payload(sample, "fake-model", endpoint, continuous_usage=continuous))
     record = RequestRecord(0, 3, max_tokens, 0.0)
 
     async def go() -> RequestRecord:
         async with aiohttp.ClientSession() as session:
-            return await send_request(session, base_url + endpoint, body, record,
-                                      origin=0.0, chat=endpoint == CHAT_COMPLETIONS, timeout_s=timeout_s)
+            return await send_request(
+                session,
+                base_url + endpoint,
+                body,
+                record,
+                origin=0.0,
+                chat=endpoint == CHAT_COMPLETIONS,
+                timeout_s=timeout_s,
+            )
 
     return asyncio.run(go())
 
@@ -58,7 +73,10 @@ def _send(base_url: str, prompt: str, *, endpoint: str = COMPLETIONS, max_tokens
 def test_sse_decoder_handles_split_lines_crlf_comments_and_multiline_data() -> None:
     dec = SSEDecoder()
     assert dec.feed(b'data: {"a"') == []
-    assert dec.feed(b': 1}\r\n\r\n: keep-alive\n\nevent: x\ndata: one\ndata: two\n\ndata:[DONE]') == ['{"a": 1}', "one\ntwo"]
+    assert dec.feed(b": 1}\r\n\r\n: keep-alive\n\nevent: x\ndata: one\ndata: two\n\ndata:[DONE]") == [
+        '{"a": 1}',
+        "one\ntwo",
+    ]
     assert dec.flush() == ["[DONE]"]
 
 

@@ -19,12 +19,29 @@ from harness.loadgen.metrics import (
 )
 
 
-def _rec(index: int, *, ttft: float, times: list[float], tokens: list[int], prompt_len: int,
-         output_tokens: int | None = None, planned: float = 0.0, sent: float = 0.0) -> RequestRecord:
+def _rec(
+    index: int,
+    *,
+    ttft: float,
+    times: list[float],
+    tokens: list[int],
+    prompt_len: int,
+    output_tokens: int | None = None,
+    planned: float = 0.0,
+    sent: float = 0.0,
+) -> RequestRecord:
     return RequestRecord(
-        index=index, prompt_len=prompt_len, expected_output_len=sum(tokens), planned_send=planned,
-        dispatched=planned, actual_send=sent, ttft=ttft, latency=times[-1], chunk_times=times,
-        chunk_tokens=tokens, output_tokens=sum(tokens) if output_tokens is None else output_tokens,
+        index=index,
+        prompt_len=prompt_len,
+        expected_output_len=sum(tokens),
+        planned_send=planned,
+        dispatched=planned,
+        actual_send=sent,
+        ttft=ttft,
+        latency=times[-1],
+        chunk_times=times,
+        chunk_tokens=tokens,
+        output_tokens=sum(tokens) if output_tokens is None else output_tokens,
         success=True,
     )
 
@@ -34,8 +51,9 @@ def records() -> list[RequestRecord]:
     a = _rec(0, ttft=0.1, times=[0.1, 0.2, 0.3, 0.5], tokens=[1, 1, 1, 1], prompt_len=10, planned=0.0, sent=0.001)
     # Two tokens per chunk.
     b = _rec(1, ttft=0.2, times=[0.2, 0.4, 0.6], tokens=[2, 2, 2], prompt_len=20, planned=0.5, sent=0.503)
-    failed = RequestRecord(2, prompt_len=30, expected_output_len=4, planned_send=1.0, dispatched=1.0,
-                           actual_send=1.002, error="HTTP 500")
+    failed = RequestRecord(
+        2, prompt_len=30, expected_output_len=4, planned_send=1.0, dispatched=1.0, actual_send=1.002, error="HTTP 500"
+    )
     one_token = _rec(3, ttft=0.05, times=[0.05], tokens=[1], prompt_len=5, planned=1.5, sent=1.506)
     return [a, b, failed, one_token]
 

@@ -7,12 +7,12 @@ import io
 
 import pytest
 
+from harness import prom
 from harness.loadgen import cli
 from harness.loadgen.progress import Progress
-from harness import prom
 from harness.loadgen.runner import BenchmarkError, LoadSettings, check_endpoint, exposes_codec_counters
-from harness.messages import CodecStats
 from harness.loadgen.sysinfo import collect_sysinfo
+from harness.messages import CodecStats
 
 
 def test_progress_draws_only_when_enabled() -> None:
@@ -59,9 +59,22 @@ def test_load_settings_from_flags() -> None:
     parser = argparse.ArgumentParser()
     cli.add_server_arguments(parser)
     cli.add_load_arguments(parser)
-    args = parser.parse_args(["--goodput", "ttft:100", "e2el:900", "--metric-percentiles", "50,90",
-                              "--percentile-metrics", "ttft,e2el", "--request-timeout", "0",
-                              "--max-concurrency", "4", "--no-progress"])
+    args = parser.parse_args(
+        [
+            "--goodput",
+            "ttft:100",
+            "e2el:900",
+            "--metric-percentiles",
+            "50,90",
+            "--percentile-metrics",
+            "ttft,e2el",
+            "--request-timeout",
+            "0",
+            "--max-concurrency",
+            "4",
+            "--no-progress",
+        ]
+    )
     s = LoadSettings.from_args(args)
     assert s.goodput_slos_ms == {"ttft": 100.0, "e2el": 900.0}
     assert s.percentiles == (50.0, 90.0) and s.selected_metrics == ("ttft", "e2el")

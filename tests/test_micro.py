@@ -58,9 +58,10 @@ def test_payload_bytes_definition() -> None:
     expected = 8 * 550 + len(req.prompt.encode()) + len(req.request_id)
     assert micro.payload_nbytes(req) == expected
     tensor_req = micro.PAYLOADS["tensor-fp32-1024"]()
-    assert micro.payload_nbytes(tensor_req) == micro.payload_nbytes(
-        micro.text_request(extra_tokens=micro.IMAGE_TOKENS)
-    ) + 3 * 1024 * 1024 * 4
+    assert (
+        micro.payload_nbytes(tensor_req)
+        == micro.payload_nbytes(micro.text_request(extra_tokens=micro.IMAGE_TOKENS)) + 3 * 1024 * 1024 * 4
+    )
     outputs = micro.outputs_batch()
     assert len(outputs.outputs) == 64
     assert micro.payload_nbytes(outputs) == 64 * (8 + len(outputs.outputs[0].request_id))
@@ -97,8 +98,9 @@ FAST = ["--min-iterations", "3", "--min-time", "0"]
 def test_micro_command_writes_records(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "sub" / "micro.json"
     threads = torch.get_num_threads()
-    rc = cli.main(["micro", "--codec", "msgspec,msgspec-oob", "--payload", "text-550,image-336",
-                   *FAST, "--json", str(out)])
+    rc = cli.main(
+        ["micro", "--codec", "msgspec,msgspec-oob", "--payload", "text-550,image-336", *FAST, "--json", str(out)]
+    )
     assert rc == 0
     assert torch.get_num_threads() == threads  # restored after the run
 
@@ -108,8 +110,10 @@ def test_micro_command_writes_records(tmp_path: Path, capsys: pytest.CaptureFixt
 
     records = json.loads(out.read_text())
     assert [(r["codec"], r["payload"]) for r in records] == [
-        ("msgspec", "text-550"), ("msgspec-oob", "text-550"),
-        ("msgspec", "image-336"), ("msgspec-oob", "image-336"),
+        ("msgspec", "text-550"),
+        ("msgspec-oob", "text-550"),
+        ("msgspec", "image-336"),
+        ("msgspec-oob", "image-336"),
     ]
     by_cell = {(r["codec"], r["payload"]): r for r in records}
     unsupported = by_cell["msgspec", "image-336"]
@@ -125,9 +129,7 @@ def test_micro_command_writes_records(tmp_path: Path, capsys: pytest.CaptureFixt
         assert ok[key] > 0, key
     assert ok["encode_p99_us"] >= ok["encode_p50_us"]
     assert ok["encode_iterations"] >= 3 and ok["decode_iterations"] >= 3
-    assert ok["ratio"] == pytest.approx(
-        (ok["encode_p50_us"] + ok["decode_p50_us"]) / ok["memcpy_p50_us"]
-    )
+    assert ok["ratio"] == pytest.approx((ok["encode_p50_us"] + ok["decode_p50_us"]) / ok["memcpy_p50_us"])
     assert ok["payload_bytes"] == micro.payload_nbytes(micro.PAYLOADS["image-336"]())
     meta = ok["metadata"]
     for key in ("python", "platform", "cpu_model", "cpu_count"):
@@ -164,9 +166,7 @@ def test_a_failing_cell_becomes_an_error_row() -> None:
         (["--min-iterations", "0"], "--min-iterations"),
     ],
 )
-def test_bad_flags_are_clear_errors(
-    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_bad_flags_are_clear_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["micro", *argv]) == 2
     assert message in capsys.readouterr().err
 

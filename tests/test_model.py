@@ -7,11 +7,11 @@ import pytest
 import torch
 from PIL import Image
 
-from harness.messages import SamplingParams
 from harness.engine.device import resolve_dtype
 from harness.engine.model import PRESETS, build_model, get_model_config
-from harness.engine.sampler import SampleRow, Sampler
+from harness.engine.sampler import Sampler, SampleRow
 from harness.engine.vision import build_vision_encoder, check_mm_input, to_pixels
+from harness.messages import SamplingParams
 
 CPU = torch.device("cpu")
 VOCAB = 300
@@ -35,7 +35,7 @@ def test_chunked_prefill_matches_one_shot(model):
     assert one_shot.shape == (50, VOCAB)
     parts, start = [], 0
     for n in (13, 1, 25, 11):
-        parts.append(model.prefill(model.embed(toks[start:start + n]), slot=1, start=start, all_logits=True))
+        parts.append(model.prefill(model.embed(toks[start : start + n]), slot=1, start=start, all_logits=True))
         start += n
     torch.testing.assert_close(torch.cat(parts), one_shot, atol=ATOL, rtol=1e-4)
     # Default: logits of the last position only.
@@ -49,7 +49,7 @@ def test_decode_token_by_token_matches_prefill(model):
     one_shot = model.prefill(model.embed(toks), slot=0, start=0, all_logits=True)
     model.prefill(model.embed(toks[:5]), slot=3, start=0)
     for p in range(5, 40):
-        logits = model.decode(model.embed(toks[p:p + 1]), torch.tensor([3]), torch.tensor([p]))
+        logits = model.decode(model.embed(toks[p : p + 1]), torch.tensor([3]), torch.tensor([p]))
         torch.testing.assert_close(logits[0], one_shot[p], atol=ATOL, rtol=1e-4)
 
 
@@ -65,7 +65,7 @@ def test_batched_ragged_decode_equals_per_sequence(model):
     batched = model.decode(model.embed(nxt), slots, positions)
     assert batched.shape == (3, VOCAB)
     for i, slot in enumerate(slots.tolist()):
-        alone = model.decode(model.embed(nxt[i:i + 1]), torch.tensor([slot]), positions[i:i + 1])
+        alone = model.decode(model.embed(nxt[i : i + 1]), torch.tensor([slot]), positions[i : i + 1])
         torch.testing.assert_close(batched[i], alone[0], atol=ATOL, rtol=1e-4)
         # ...and equals a one-shot prefill of the whole sequence.
         ref = model.prefill(model.embed(seqs[slot]), slot=5, start=0)
@@ -106,6 +106,7 @@ def test_prefill_rejects_out_of_range(model):
 
 # -- vision ------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def encoder():
     return build_vision_encoder(64, 128, image_tokens=16, device=CPU, dtype=torch.float32, seed=1)
@@ -139,21 +140,25 @@ def test_vision_accepts_tensors_arrays_and_modes(encoder):
     assert to_pixels({"pixel_values": np.zeros((3, 4, 4), np.uint8)}).dtype == torch.float32
 
 
-@pytest.mark.parametrize("bad, match", [
-    ("not an image", "PIL image or a dict"),
-    ({"pixels": 1}, "pixel_values"),
-    ({"pixel_values": [1, 2]}, "torch.Tensor or numpy"),
-    ({"pixel_values": torch.zeros(2, 3, 8, 8)}, "shape"),
-    ({"pixel_values": torch.zeros(4, 8, 8)}, "shape"),
-    ({"pixel_values": torch.zeros(3, 8, 8, dtype=torch.int32)}, "dtype"),
-    ({"pixel_values": np.zeros((3, 0, 8), np.float32)}, "spatial size"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ("not an image", "PIL image or a dict"),
+        ({"pixels": 1}, "pixel_values"),
+        ({"pixel_values": [1, 2]}, "torch.Tensor or numpy"),
+        ({"pixel_values": torch.zeros(2, 3, 8, 8)}, "shape"),
+        ({"pixel_values": torch.zeros(4, 8, 8)}, "shape"),
+        ({"pixel_values": torch.zeros(3, 8, 8, dtype=torch.int32)}, "dtype"),
+        ({"pixel_values": np.zeros((3, 0, 8), np.float32)}, "spatial size"),
+    ],
+)
 def test_vision_rejects_bad_inputs(bad, match):
     with pytest.raises(ValueError, match=match):
         check_mm_input(bad)
 
 
 # -- sampler -------------------------------------------------------------------
+
 
 def _logits(n: int, vocab: int = 50, seed: int = 0) -> torch.Tensor:
     return torch.randn(n, vocab, generator=torch.Generator().manual_seed(seed)) * 2
@@ -180,9 +185,13 @@ def test_seeded_request_is_independent_of_batch():
         for step in range(15):
             logits = _logits(batch_of, seed=step)
             logits[position] = row[0]
-            rows = [SampleRow(SamplingParams(temperature=1.0, seed=step if i % 2 else None),
-                              s.request_generator(SamplingParams(temperature=1.0, seed=step)) if i % 2 else None)
-                    for i in range(batch_of)]
+            rows = [
+                SampleRow(
+                    SamplingParams(temperature=1.0, seed=step if i % 2 else None),
+                    s.request_generator(SamplingParams(temperature=1.0, seed=step)) if i % 2 else None,
+                )
+                for i in range(batch_of)
+            ]
             rows[position] = SampleRow(params, gen)
             out.append(s.sample(logits, rows)[position])
         return out
@@ -236,8 +245,10 @@ def test_rows_with_non_finite_probabilities_fall_back_to_greedy():
     rows = [
         SampleRow(SamplingParams(temperature=1.0)),
         SampleRow(SamplingParams(temperature=1.0)),
-        SampleRow(SamplingParams(temperature=0.7, top_k=10, seed=7),
-                  s.request_generator(SamplingParams(temperature=0.7, seed=7))),
+        SampleRow(
+            SamplingParams(temperature=0.7, top_k=10, seed=7),
+            s.request_generator(SamplingParams(temperature=0.7, seed=7)),
+        ),
         SampleRow(SamplingParams(temperature=0.01, top_p=0.9)),
     ]
     picks = s.sample(logits, rows)
@@ -261,6 +272,7 @@ def test_seeded_row_ignores_other_rows_filters():
 
 # -- logit bias and penalties ---------------------------------------------------
 
+
 def _greedy(**kw) -> SamplingParams:
     return SamplingParams(temperature=0.0, **kw)
 
@@ -271,8 +283,11 @@ def test_logit_bias_forces_a_token_under_greedy():
     plain = logits.argmax(-1).tolist()
     target = (plain[0] + 1) % 50
     bias = {target: 100.0, 10_000: 100.0, -1: 100.0}  # ids outside the vocab are ignored
-    rows = [SampleRow(_greedy(logit_bias=bias)), SampleRow(_greedy()),
-            SampleRow(_greedy(logit_bias={plain[2]: -100.0}))]
+    rows = [
+        SampleRow(_greedy(logit_bias=bias)),
+        SampleRow(_greedy()),
+        SampleRow(_greedy(logit_bias={plain[2]: -100.0})),
+    ]
     before = logits.clone()
     picks = s.sample(logits, rows)
     assert picks[0] == target
@@ -280,8 +295,10 @@ def test_logit_bias_forces_a_token_under_greedy():
     assert picks[2] != plain[2]  # a negative bias bans the argmax
     assert torch.equal(logits, before)  # the caller's logits are not modified
     # A bias also steers temperature sampling.
-    assert all(s.sample(logits[:1], [SampleRow(SamplingParams(temperature=1.0, logit_bias=bias))]) == [target]
-               for _ in range(5))
+    assert all(
+        s.sample(logits[:1], [SampleRow(SamplingParams(temperature=1.0, logit_bias=bias))]) == [target]
+        for _ in range(5)
+    )
 
 
 def test_repetition_penalty_moves_argmax_off_a_repeated_token():
@@ -293,7 +310,7 @@ def test_repetition_penalty_moves_argmax_off_a_repeated_token():
 
     def pick(row: int, p: float, prompt=(), output=()) -> int:
         r = SampleRow(_greedy(repetition_penalty=p), prompt_token_ids=list(prompt), output_token_ids=list(output))
-        return s.sample(logits[row:row + 1], [r])[0]
+        return s.sample(logits[row : row + 1], [r])[0]
 
     assert pick(0, 1.5, output=[3]) == 3  # divided: 2.0 > 1.99
     logits[0, 7] = 2.01
@@ -329,10 +346,12 @@ def test_penalty_rows_batch_with_default_and_seeded_rows():
     logits = _logits(4, seed=3)
     top = logits.argmax(-1).tolist()
     seeded = SamplingParams(temperature=1.0, seed=5, frequency_penalty=100.0)
-    rows = [SampleRow(_greedy()),
-            SampleRow(_greedy(presence_penalty=100.0), output_token_ids=[top[1]]),
-            SampleRow(seeded, s.request_generator(seeded), output_token_ids=list(range(49))),
-            SampleRow(_greedy(repetition_penalty=1.2, logit_bias={0: 1.0}), prompt_token_ids=[0, 1])]
+    rows = [
+        SampleRow(_greedy()),
+        SampleRow(_greedy(presence_penalty=100.0), output_token_ids=[top[1]]),
+        SampleRow(seeded, s.request_generator(seeded), output_token_ids=list(range(49))),
+        SampleRow(_greedy(repetition_penalty=1.2, logit_bias={0: 1.0}), prompt_token_ids=[0, 1]),
+    ]
     picks = s.sample(logits, rows)
     assert picks[0] == top[0]
     assert picks[1] != top[1]
@@ -345,11 +364,17 @@ def test_penalty_rows_batch_with_default_and_seeded_rows():
 
 def test_default_rows_never_touch_the_penalty_path(monkeypatch):
     """Default params: same tokens with or without history, and no bias/penalty work at all."""
+
     def fresh_rows(s: Sampler, with_history: bool) -> list[SampleRow]:
         hist = dict(prompt_token_ids=[1, 2, 3], output_token_ids=[4, 4]) if with_history else {}
-        kinds = [_greedy(), SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=7),
-                 SamplingParams(temperature=1.0, seed=11), SamplingParams(temperature=0.9, top_p=0.7, seed=3),
-                 SamplingParams(temperature=1.2, min_p=0.05, logit_bias={})]
+        kinds = [
+            _greedy(),
+            SamplingParams(temperature=1.0),
+            SamplingParams(temperature=0.8, top_k=7),
+            SamplingParams(temperature=1.0, seed=11),
+            SamplingParams(temperature=0.9, top_p=0.7, seed=3),
+            SamplingParams(temperature=1.2, min_p=0.05, logit_bias={}),
+        ]
         return [SampleRow(p, s.request_generator(p), [4] if i == 0 else None, **hist) for i, p in enumerate(kinds)]
 
     def draws(with_history: bool) -> list[list[int]]:

@@ -13,7 +13,7 @@ import json
 import math
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
@@ -42,15 +42,36 @@ def _records(scale: float, n: int = 4) -> list[RequestRecord]:
         gap = scale * (0.002 + 0.001 * i)
         tokens = [1, 1, 2, 1] if i == 1 else [1, 1, 1, 1]
         times = [ttft + gap * j for j in range(len(tokens))]
-        records.append(RequestRecord(
-            index=i, prompt_len=10 + i, expected_output_len=5, planned_send=0.01 * i,
-            dispatched=0.01 * i + 0.0001, actual_send=0.01 * i + 0.0002 * (i + 1),
-            ttft=ttft, latency=times[-1] + 0.0005, chunk_times=times, chunk_tokens=tokens,
-            generated_text="x" * sum(tokens), output_tokens=sum(tokens), prompt_tokens=9 + i,
-            usage_per_chunk=True, success=True,
-        ))
-    records.append(RequestRecord(index=n, prompt_len=12, expected_output_len=5, planned_send=0.05,
-                                 dispatched=0.05, actual_send=0.0501, error="boom"))
+        records.append(
+            RequestRecord(
+                index=i,
+                prompt_len=10 + i,
+                expected_output_len=5,
+                planned_send=0.01 * i,
+                dispatched=0.01 * i + 0.0001,
+                actual_send=0.01 * i + 0.0002 * (i + 1),
+                ttft=ttft,
+                latency=times[-1] + 0.0005,
+                chunk_times=times,
+                chunk_tokens=tokens,
+                generated_text="x" * sum(tokens),
+                output_tokens=sum(tokens),
+                prompt_tokens=9 + i,
+                usage_per_chunk=True,
+                success=True,
+            )
+        )
+    records.append(
+        RequestRecord(
+            index=n,
+            prompt_len=12,
+            expected_output_len=5,
+            planned_send=0.05,
+            dispatched=0.05,
+            actual_send=0.0501,
+            error="boom",
+        )
+    )
     return records
 
 
@@ -67,20 +88,35 @@ def make_result(codec: str, rnd: int, scale: float = 1.0, enc_us: float = 30.0) 
     records = _records(scale)
     request, req_enc, req_dec = _direction(len(records) - 1, enc_us, 2 * enc_us)
     output, out_enc, out_dec = _direction(20, 10.0 * scale, 8.0 * scale)
-    figures = CodecFigures(codec, request, output, {
-        ("request", "encode"): req_enc, ("request", "decode"): req_dec,
-        ("output", "encode"): out_enc, ("output", "decode"): out_dec,
-    })
+    figures = CodecFigures(
+        codec,
+        request,
+        output,
+        {
+            ("request", "encode"): req_enc,
+            ("request", "decode"): req_dec,
+            ("output", "encode"): out_enc,
+            ("output", "decode"): out_dec,
+        },
+    )
     return BenchmarkResult(
-        metrics=compute_metrics(records, duration_s=1.0), records=records, settings=LoadSettings(),
-        base_url="http://127.0.0.1:1", model="wirebench-tiny", codec=codec, payload_kind="text",
-        num_prompts=len(records), started_at=datetime(2026, 1, 1, tzinfo=timezone.utc),
-        codec_figures=figures, flags={"codec": codec, "round": rnd},
+        metrics=compute_metrics(records, duration_s=1.0),
+        records=records,
+        settings=LoadSettings(),
+        base_url="http://127.0.0.1:1",
+        model="wirebench-tiny",
+        codec=codec,
+        payload_kind="text",
+        num_prompts=len(records),
+        started_at=datetime(2026, 1, 1, tzinfo=UTC),
+        codec_figures=figures,
+        flags={"codec": codec, "round": rnd},
     )
 
 
-def write_comparison(folder: Path, specs: dict[str, dict], repeat: int = 2, relative: bool = False,
-                     name: str = "compare.json") -> Path:
+def write_comparison(
+    folder: Path, specs: dict[str, dict], repeat: int = 2, relative: bool = False, name: str = "compare.json"
+) -> Path:
     """Run files plus a compare file for codecs {name: make_result kwargs}, rounds interleaved.
 
     ``relative`` writes result_file as bench run does from the repo root
@@ -101,10 +137,19 @@ def write_comparison(folder: Path, specs: dict[str, dict], repeat: int = 2, rela
             outcomes.append(RunOutcome(codec, rnd, result, status=status, path=path))
     table = aggregate(outcomes, codecs)
     summary = {  # the keys bench_run.main saves
-        "schema_version": 1, "codecs": codecs, "repeat": repeat,
-        "runs": [{"codec": o.codec, "round": o.round, "status": o.status, "message": o.message,
-                  "result_file": (f"results/{o.path.name}" if relative else str(o.path)) if o.path else None}
-                 for o in outcomes],
+        "schema_version": 1,
+        "codecs": codecs,
+        "repeat": repeat,
+        "runs": [
+            {
+                "codec": o.codec,
+                "round": o.round,
+                "status": o.status,
+                "message": o.message,
+                "result_file": (f"results/{o.path.name}" if relative else str(o.path)) if o.path else None,
+            }
+            for o in outcomes
+        ],
         "table": table,
         "changes_vs_first": changes_vs_baseline(table),
     }
@@ -232,8 +277,9 @@ def test_bad_input_raises_clear_errors(tmp_path: Path, compare_file: Path) -> No
 
 
 def _script(name: str, *args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPTS / name), *map(str, args)],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, str(SCRIPTS / name), *map(str, args)], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_check_regression_verdicts_and_exit_codes(tmp_path: Path, compare_file: Path) -> None:
@@ -242,8 +288,9 @@ def test_check_regression_verdicts_and_exit_codes(tmp_path: Path, compare_file: 
     assert "no regression" in same.stdout and "+0.0%" in same.stdout
 
     # A machine twice as slow: absolute figures double, ratios to pickle do not move.
-    slow = write_comparison(tmp_path / "slow", {"pickle": {"enc_us": 60.0, "scale": 2.0},
-                                               "msgspec": {"enc_us": 20.0, "scale": 1.6}})
+    slow = write_comparison(
+        tmp_path / "slow", {"pickle": {"enc_us": 60.0, "scale": 2.0}, "msgspec": {"enc_us": 20.0, "scale": 1.6}}
+    )
     assert _script("check_regression.py", slow, compare_file).returncode == 0
 
     # msgspec's latencies 25% worse relative to pickle, its encode unchanged.
@@ -272,8 +319,11 @@ def test_check_regression_reports_missing_codecs_and_bad_input(tmp_path: Path, c
 
     bad = tmp_path / "bad.json"
     bad.write_text("[1, 2")
-    for args in ((bad, compare_file), (compare_file, tmp_path / "missing.json"),
-                 (runs_frame(compare_file)["file"].iloc[0], compare_file)):
+    for args in (
+        (bad, compare_file),
+        (compare_file, tmp_path / "missing.json"),
+        (runs_frame(compare_file)["file"].iloc[0], compare_file),
+    ):
         out = _script("check_regression.py", *args)
         assert out.returncode == 2 and out.stderr.startswith("check_regression: error:"), out.stderr
 

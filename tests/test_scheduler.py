@@ -7,29 +7,45 @@ chosen token ids, so each test controls exactly what gets sampled.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
 
 from harness.engine.config import EngineConfig
-from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, PlaceholderRange, SamplingParams
 from harness.engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
+from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, PlaceholderRange, SamplingParams
 
 EOS = 2
 
 
 def make_config(**kw) -> EngineConfig:
-    base = dict(vocab_size=100, eos_token_id=EOS, max_num_seqs=4, max_num_batched_tokens=64,
-                max_model_len=256, kv_cache_tokens=10_000, long_prefill_token_threshold=0, image_tokens=4)
+    base: dict[str, Any] = dict(
+        vocab_size=100,
+        eos_token_id=EOS,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        max_model_len=256,
+        kv_cache_tokens=10_000,
+        long_prefill_token_threshold=0,
+        image_tokens=4,
+    )
     base.update(kw)
     return EngineConfig(**base)
 
 
-def req(rid: str, n: int = 10, eos: int | None = None, mm: list | None = None,
-        ph: list[PlaceholderRange] | None = None, **sp) -> EngineCoreRequest:
+def req(
+    rid: str,
+    n: int = 10,
+    eos: int | None = None,
+    mm: list | None = None,
+    ph: list[PlaceholderRange] | None = None,
+    **sp,
+) -> EngineCoreRequest:
     sp.setdefault("max_tokens", 5)
-    return EngineCoreRequest(rid, None, [7 + i % 50 for i in range(n)], SamplingParams(**sp), eos, 0.0,
-                             mm_inputs=mm, mm_placeholders=ph)
+    return EngineCoreRequest(
+        rid, None, [7 + i % 50 for i in range(n)], SamplingParams(**sp), eos, 0.0, mm_inputs=mm, mm_placeholders=ph
+    )
 
 
 TokenFn = Callable[[str, int], int]  # (request id, output index) -> token
@@ -92,8 +108,11 @@ def test_long_prompt_is_chunked_across_steps():
         out, outs = step(s)
         chunks += out.prefills
         assert out.new_requests == [] or out.new_requests[0].request_id == "long"
-    assert [(c.start_pos, len(c.token_ids), c.sample) for c in chunks] == [(0, 64, False), (64, 64, False),
-                                                                          (128, 22, True)]
+    assert [(c.start_pos, len(c.token_ids), c.sample) for c in chunks] == [
+        (0, 64, False),
+        (64, 64, False),
+        (128, 22, True),
+    ]
     assert outs and outs[0].new_token_ids == [10]
     # The prompt tokens travel in order, chunk by chunk.
     assert sum((c.token_ids for c in chunks), []) == s.requests["long"].token_ids[:150]
@@ -187,15 +206,23 @@ def test_stop_token_ids_and_min_tokens():
     s.add_request(req("stopid", max_tokens=10, stop_token_ids=[33, 34]))
     s.add_request(req("min", max_tokens=10, min_tokens=4, stop_token_ids=[33]))
     seen_suppress: dict[str, list] = {}
-    outputs = {}
+    outputs: dict[str, list] = {}
     while s.has_unfinished_requests():
         out = s.schedule()
         for c in out.chunks:
             if c.sample:
                 seen_suppress.setdefault(c.request_id, []).append(c.suppress_token_ids)
-        sampled = {c.request_id: (34 if c.request_id == "stopid" and s.requests[c.request_id].num_output_tokens == 1
-                                  else 33 if c.request_id == "min" else 10)
-                   for c in out.chunks if c.sample}
+        sampled = {
+            c.request_id: (
+                34
+                if c.request_id == "stopid" and s.requests[c.request_id].num_output_tokens == 1
+                else 33
+                if c.request_id == "min"
+                else 10
+            )
+            for c in out.chunks
+            if c.sample
+        }
         for o in s.update_from_output(out, ModelRunnerOutput(sampled)):
             outputs.setdefault(o.request_id, []).append(o)
     last = outputs["stopid"][-1]
@@ -238,35 +265,38 @@ def test_missing_token_fails_the_request_instead_of_hanging():
 IMG = {"pixel_values": np.zeros((3, 8, 8), np.float32)}
 
 
-@pytest.mark.parametrize("bad, match", [
-    (req("e", n=0), "empty"),
-    (req("l", n=200, max_tokens=100), r"200 tokens \+ max_tokens 100 = 300 exceeds max_model_len 256"),
-    (req("l2", n=256, max_tokens=None), "no room"),
-    (req("m", max_tokens=0), "max_tokens must be >= 1"),
-    (EngineCoreRequest("n", None, [1, 2], SamplingParams(n=2), None, 0.0), "only n=1"),
-    (EngineCoreRequest("v", None, [1, 100], SamplingParams(), None, 0.0), r"100 outside the vocabulary \[0, 100\)"),
-    (EngineCoreRequest("v2", None, [-1], SamplingParams(), None, 0.0), "-1 outside"),
-    (req("mt", max_tokens=3, min_tokens=4), "min_tokens"),
-    (req("t", temperature=-1.0), "temperature"),
-    (req("p", top_p=0.0), "top_p"),
-    (req("k", top_k=-2), "top_k"),
-    (req("mp", min_p=1.5), "min_p"),
-    (req("t2", temperature=float("nan")), "temperature must be a finite number"),
-    (req("t3", temperature=float("inf")), "temperature"),
-    (req("t4", temperature=1000.5), r"temperature must be a finite number in \[0, 1000\]"),
-    (req("p2", top_p=float("nan")), "top_p"),
-    (req("p3", top_p=1.5), "top_p"),
-    (req("k2", top_k=1 << 63), "top_k"),
-    (req("mp2", min_p=float("nan")), "min_p"),
-    (req("mp3", min_p=-0.1), "min_p"),
-    (req("s", seed=1 << 63), "seed must fit in a signed 64-bit integer"),
-    (req("s2", seed=-(1 << 63) - 1), "seed"),
-    (req("ph", mm=[IMG], ph=None), "1 multimodal inputs but 0 placeholder"),
-    (req("ph2", mm=[IMG], ph=[PlaceholderRange(8, 4)]), "outside the prompt"),
-    (req("ph3", mm=[IMG], ph=[PlaceholderRange(0, 3)]), "image_tokens"),
-    (req("ph4", mm=[IMG, IMG], ph=[PlaceholderRange(0, 4), PlaceholderRange(2, 4)]), "overlaps"),
-    (req("ph5", mm=["x"], ph=[PlaceholderRange(0, 4)]), "PIL image or a dict"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (req("e", n=0), "empty"),
+        (req("l", n=200, max_tokens=100), r"200 tokens \+ max_tokens 100 = 300 exceeds max_model_len 256"),
+        (req("l2", n=256, max_tokens=None), "no room"),
+        (req("m", max_tokens=0), "max_tokens must be >= 1"),
+        (EngineCoreRequest("n", None, [1, 2], SamplingParams(n=2), None, 0.0), "only n=1"),
+        (EngineCoreRequest("v", None, [1, 100], SamplingParams(), None, 0.0), r"100 outside the vocabulary \[0, 100\)"),
+        (EngineCoreRequest("v2", None, [-1], SamplingParams(), None, 0.0), "-1 outside"),
+        (req("mt", max_tokens=3, min_tokens=4), "min_tokens"),
+        (req("t", temperature=-1.0), "temperature"),
+        (req("p", top_p=0.0), "top_p"),
+        (req("k", top_k=-2), "top_k"),
+        (req("mp", min_p=1.5), "min_p"),
+        (req("t2", temperature=float("nan")), "temperature must be a finite number"),
+        (req("t3", temperature=float("inf")), "temperature"),
+        (req("t4", temperature=1000.5), r"temperature must be a finite number in \[0, 1000\]"),
+        (req("p2", top_p=float("nan")), "top_p"),
+        (req("p3", top_p=1.5), "top_p"),
+        (req("k2", top_k=1 << 63), "top_k"),
+        (req("mp2", min_p=float("nan")), "min_p"),
+        (req("mp3", min_p=-0.1), "min_p"),
+        (req("s", seed=1 << 63), "seed must fit in a signed 64-bit integer"),
+        (req("s2", seed=-(1 << 63) - 1), "seed"),
+        (req("ph", mm=[IMG], ph=None), "1 multimodal inputs but 0 placeholder"),
+        (req("ph2", mm=[IMG], ph=[PlaceholderRange(8, 4)]), "outside the prompt"),
+        (req("ph3", mm=[IMG], ph=[PlaceholderRange(0, 3)]), "image_tokens"),
+        (req("ph4", mm=[IMG, IMG], ph=[PlaceholderRange(0, 4), PlaceholderRange(2, 4)]), "overlaps"),
+        (req("ph5", mm=["x"], ph=[PlaceholderRange(0, 4)]), "PIL image or a dict"),
+    ],
+)
 def test_validation_errors(bad, match):
     s = Scheduler(make_config())
     with pytest.raises(ValueError, match=match):
@@ -274,10 +304,21 @@ def test_validation_errors(bad, match):
     assert not s.has_unfinished_requests()
 
 
-@pytest.mark.parametrize("params", [
-    dict(temperature=0.0), dict(temperature=1000.0), dict(top_k=-1), dict(top_k=0), dict(top_k=10**6),
-    dict(top_p=1e-9), dict(min_p=0.0), dict(min_p=1.0), dict(seed=(1 << 63) - 1), dict(seed=-(1 << 63)),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(temperature=0.0),
+        dict(temperature=1000.0),
+        dict(top_k=-1),
+        dict(top_k=0),
+        dict(top_k=10**6),
+        dict(top_p=1e-9),
+        dict(min_p=0.0),
+        dict(min_p=1.0),
+        dict(seed=(1 << 63) - 1),
+        dict(seed=-(1 << 63)),
+    ],
+)
 def test_sampling_values_at_the_limits_are_accepted(params):
     s = Scheduler(make_config())
     s.add_request(req("ok", **params))
@@ -299,13 +340,18 @@ def test_bad_limits_rejected():
 
 @pytest.mark.parametrize(
     "field,value",
-    [("presence_penalty", 2.5), ("frequency_penalty", float("nan")), ("repetition_penalty", 0.0),
-     ("repetition_penalty", float("inf")), ("logit_bias", {5: 1e9})],
+    [
+        ("presence_penalty", 2.5),
+        ("frequency_penalty", float("nan")),
+        ("repetition_penalty", 0.0),
+        ("repetition_penalty", float("inf")),
+        ("logit_bias", {5: 1e9}),
+    ],
 )
 def test_out_of_range_penalties_are_rejected(field, value):
     from harness.engine.config import EngineConfig
-    from harness.messages import EngineCoreRequest, SamplingParams
     from harness.engine.scheduler import Scheduler
+    from harness.messages import EngineCoreRequest, SamplingParams
 
     s = Scheduler(EngineConfig(vocab_size=64, max_model_len=64, max_num_seqs=2, max_num_batched_tokens=32))
     req = EngineCoreRequest("r", None, [1, 2, 3], SamplingParams(max_tokens=2, **{field: value}), None, 0.0)

@@ -63,8 +63,15 @@ def test_load_errors(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["", "Hello, world!", "  leading and trailing  ", "line\nbreaks\r\nand\ttabs", UNICODE_TEXT,
-     "\ufffd literal replacement char", "\x00\x01 control bytes"],
+    [
+        "",
+        "Hello, world!",
+        "  leading and trailing  ",
+        "line\nbreaks\r\nand\ttabs",
+        UNICODE_TEXT,
+        "\ufffd literal replacement char",
+        "\x00\x01 control bytes",
+    ],
 )
 def test_round_trip(tok: TextTokenizer, text: str) -> None:
     assert tok.decode(tok.encode(text)) == text
@@ -97,9 +104,7 @@ def test_encode_batch_matches_encode(tok: TextTokenizer) -> None:
 
 
 def test_chat_template_string_content(tok: TextTokenizer) -> None:
-    text = tok.apply_chat_template(
-        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-    )
+    text = tok.apply_chat_template([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
     assert text == "<|bos|><|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\n"
     ids = tok.encode(text)
     assert ids[0] == tok.bos_token_id and ids[-2] == tok.hf.token_to_id("<|assistant|>")
@@ -188,7 +193,7 @@ def test_incremental_decodes_a_small_window(tok: TextTokenizer) -> None:
     inner = tok.decode
 
     class Spy(TextTokenizer):
-        def decode(self, ids, skip_special_tokens=True):  # type: ignore[override]
+        def decode(self, ids, skip_special_tokens=True):
             seen.append(len(ids))
             return inner(ids, skip_special_tokens)
 
@@ -215,9 +220,7 @@ def test_loads_a_sentencepiece_style_tokenizer(tmp_path: Path) -> None:
     # Llama-2 shape: Metaspace, byte fallback, <s> / </s>, no image token.
     hf = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
     hf.normalizer = normalizers.Replace(" ", "▁")
-    hf.decoder = decoders.Sequence(
-        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-    )
+    hf.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
     path = _train(hf, ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)], tmp_path, "llama-ish")
     tok = load_tokenizer(path.parent)  # a folder works too
     assert tok.name == "llama-ish"
@@ -245,9 +248,7 @@ def test_loads_a_llama3_style_tokenizer(tmp_path: Path) -> None:
     assert tok.name == "my-model"
     assert tok.eos_token_id == tok.hf.token_to_id("<|end_of_text|>")
     assert tok.image_token_id == tok.hf.token_to_id("<image>")
-    assert tok.apply_chat_template([{"role": "user", "content": [{"type": "image_url"}]}]).count(
-        "<image>"
-    ) == 1
+    assert tok.apply_chat_template([{"role": "user", "content": [{"type": "image_url"}]}]).count("<image>") == 1
     ids = tok.encode(UNICODE_TEXT)
     assert "".join(stream(tok, ids)) == UNICODE_TEXT
 

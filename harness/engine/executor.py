@@ -63,7 +63,7 @@ def splice_images(x: Tensor, start: int, images: list[tuple[int, Tensor]]) -> No
     for offset, emb in images:
         lo, hi = max(start, offset), min(end, offset + emb.shape[0])
         if lo < hi:
-            x[lo - start:hi - start] = emb[lo - offset:hi - offset]
+            x[lo - start : hi - start] = emb[lo - offset : hi - offset]
 
 
 @dataclass
@@ -85,19 +85,32 @@ class TorchExecutor:
             torch.set_num_threads(config.num_threads)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model_config = get_model_config(config.model_preset, config.vocab_size)
-        self.model = build_model(self.model_config, config.max_num_seqs, config.max_model_len,
-                                 self.device, self.dtype, config.seed)
-        self.vision = build_vision_encoder(self.model_config.vision_dim, self.model_config.dim,
-                                           config.image_tokens, self.device, self.dtype, config.seed + 1)
+        self.model = build_model(
+            self.model_config, config.max_num_seqs, config.max_model_len, self.device, self.dtype, config.seed
+        )
+        self.vision = build_vision_encoder(
+            self.model_config.vision_dim,
+            self.model_config.dim,
+            config.image_tokens,
+            self.device,
+            self.dtype,
+            config.seed + 1,
+        )
         self.sampler = Sampler(config.vocab_size, config.seed, self.device)
         self.states: dict[str, _TorchState] = {}
         synchronize(self.device)
 
     def info(self) -> dict[str, Any]:
-        return {"executor": "torch", "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
-                "model_preset": self.config.model_preset, "model": asdict(self.model_config),
-                "num_params": sum(p.numel() for p in self.model.parameters()),
-                "torch_threads": torch.get_num_threads(), "torch_version": torch.__version__}
+        return {
+            "executor": "torch",
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "model_preset": self.config.model_preset,
+            "model": asdict(self.model_config),
+            "num_params": sum(p.numel() for p in self.model.parameters()),
+            "torch_threads": torch.get_num_threads(),
+            "torch_version": torch.__version__,
+        }
 
     def _new_state(self, nr: NewRequest) -> _TorchState:
         params = nr.request.sampling_params
@@ -155,8 +168,13 @@ class TorchExecutor:
         # token (the scheduler's record of it); prefill chunks hold prompt only.
         if c.start_pos >= len(st.prompt_ids or ()):
             st.output_ids.append(c.token_ids[0])
-        return SampleRow(st.params, st.generator, c.suppress_token_ids,
-                         prompt_token_ids=st.prompt_ids, output_token_ids=st.output_ids)
+        return SampleRow(
+            st.params,
+            st.generator,
+            c.suppress_token_ids,
+            prompt_token_ids=st.prompt_ids,
+            output_token_ids=st.output_ids,
+        )
 
 
 def _splitmix64(x: int) -> int:
@@ -206,14 +224,17 @@ class SimExecutor:
         self.states: dict[str, _SimState] = {}
 
     def info(self) -> dict[str, Any]:
-        return {"executor": "sim", "sim_step_fixed_ms": self.config.sim_step_fixed_ms,
-                "sim_step_per_token_ms": self.config.sim_step_per_token_ms}
+        return {
+            "executor": "sim",
+            "sim_step_fixed_ms": self.config.sim_step_fixed_ms,
+            "sim_step_per_token_ms": self.config.sim_step_per_token_ms,
+        }
 
     def _new_state(self, nr: NewRequest) -> _SimState:
         key = zlib.crc32(nr.request_id.encode()) ^ (self.config.seed << 32)
         for item in nr.request.mm_inputs or []:
             key = _splitmix64(key ^ zlib.crc32(to_pixels(item).numpy().tobytes()))
-        eos_ids = {nr.request.eos_token_id, self.config.eos_token_id} - {None}
+        eos_ids = {t for t in (nr.request.eos_token_id, self.config.eos_token_id) if t is not None}
         return _SimState(key, eos_ids)
 
     def _token(self, st: _SimState, position: int, suppress: list[int] | None) -> int:

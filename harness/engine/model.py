@@ -26,6 +26,7 @@ G = H // K query heads per kv head, D head dim, L cached length, V vocab.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -78,7 +79,7 @@ def get_model_config(preset: str, tokenizer_vocab: int) -> ModelConfig:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float, **factory) -> None:
+    def __init__(self, dim: int, eps: float, **factory: Any) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim, **factory))
@@ -132,7 +133,10 @@ class DecodeBatch:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_num_seqs: int, max_model_len: int, **factory) -> None:
+    k_cache: Tensor  # [max_num_seqs, K, max_model_len, D], a buffer
+    v_cache: Tensor
+
+    def __init__(self, cfg: ModelConfig, max_num_seqs: int, max_model_len: int, **factory: Any) -> None:
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.group = cfg.n_heads // cfg.n_kv_heads
@@ -170,8 +174,11 @@ class Attention(nn.Module):
         values = self.v_cache[slot, :, :end]
         # GQA without repeating K/V: fold each kv head's G query heads into the
         # query length: q [T, H, D] -> [K, G*T, D], row g*T + i is query i of head g.
-        q = q.view(t, self.n_kv, self.group, self.head_dim).permute(1, 2, 0, 3).reshape(
-            self.n_kv, self.group * t, self.head_dim)
+        q = (
+            q.view(t, self.n_kv, self.group, self.head_dim)
+            .permute(1, 2, 0, 3)
+            .reshape(self.n_kv, self.group * t, self.head_dim)
+        )
         # Causal with an offset: query i (position start+i) sees keys j <= start+i.
         pos_q = torch.arange(start, end, device=x.device)
         mask = torch.arange(end, device=x.device)[None, :] <= pos_q[:, None]  # [T, L]
@@ -201,7 +208,7 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, cfg: ModelConfig, **factory) -> None:
+    def __init__(self, cfg: ModelConfig, **factory: Any) -> None:
         super().__init__()
         self.w13 = nn.Linear(cfg.dim, 2 * cfg.ffn_dim, bias=False, **factory)  # gate and up, fused
         self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False, **factory)
@@ -212,7 +219,7 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_num_seqs: int, max_model_len: int, **factory) -> None:
+    def __init__(self, cfg: ModelConfig, max_num_seqs: int, max_model_len: int, **factory: Any) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps, **factory)
         self.attn = Attention(cfg, max_num_seqs, max_model_len, **factory)
@@ -227,12 +234,16 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     """The decoder plus its KV cache. Build with ``build_model``."""
 
-    def __init__(self, cfg: ModelConfig, max_num_seqs: int, max_model_len: int,
-                 device: torch.device, dtype: torch.dtype) -> None:
+    rope_cos: Tensor  # [max_model_len, D/2], buffers
+    rope_sin: Tensor
+
+    def __init__(
+        self, cfg: ModelConfig, max_num_seqs: int, max_model_len: int, device: torch.device, dtype: torch.dtype
+    ) -> None:
         super().__init__()
         if cfg.vocab_size <= 0:
             raise ValueError("ModelConfig.vocab_size must be resolved (see get_model_config)")
-        factory = {"device": device, "dtype": dtype}
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.cfg = cfg
         self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim, **factory)
@@ -258,7 +269,7 @@ class Transformer(nn.Module):
         self.tok_embeddings.weight.normal_(0.0, 1.0, generator=gen)
         for lin in self.modules():
             if isinstance(lin, nn.Linear):
-                lin.weight.normal_(0.0, lin.in_features ** -0.5, generator=gen)
+                lin.weight.normal_(0.0, lin.in_features**-0.5, generator=gen)
 
     @property
     def device(self) -> torch.device:
@@ -284,7 +295,7 @@ class Transformer(nn.Module):
             raise ValueError(f"prefill chunk [{start}, {start + t}) outside [0, {self.max_model_len})")
         if not 0 <= slot < self.max_num_seqs:
             raise ValueError(f"slot {slot} outside [0, {self.max_num_seqs})")
-        batch = PrefillBatch(slot, start, self.rope_cos[start:start + t], self.rope_sin[start:start + t])
+        batch = PrefillBatch(slot, start, self.rope_cos[start : start + t], self.rope_sin[start : start + t])
         for layer in self.layers:
             x = layer(x, batch)
         h = x if all_logits else x[-1]  # the LM head only where logits are used
@@ -305,15 +316,17 @@ class Transformer(nn.Module):
         max_len = int(positions.max()) + 1
         lengths_all = torch.ones(n_slots, dtype=torch.long, device=self.device)  # dummy rows see one key
         lengths_all[slots] = positions + 1
-        batch = DecodeBatch(slots, positions, self.rope_cos[positions], self.rope_sin[positions],
-                            n_slots, lengths_all, max_len)
+        batch = DecodeBatch(
+            slots, positions, self.rope_cos[positions], self.rope_sin[positions], n_slots, lengths_all, max_len
+        )
         for layer in self.layers:
             x = layer(x, batch)
         return self.output(self.norm(x)).float()
 
 
-def build_model(cfg: ModelConfig, max_num_seqs: int, max_model_len: int, device: torch.device,
-                dtype: torch.dtype, seed: int) -> Transformer:
+def build_model(
+    cfg: ModelConfig, max_num_seqs: int, max_model_len: int, device: torch.device, dtype: torch.dtype, seed: int
+) -> Transformer:
     """Allocate the model and its cache directly on ``device`` and init from ``seed``.
 
     The same seed gives the same weights on the same device type; CPU and CUDA

@@ -25,13 +25,12 @@ from typing import Any
 import msgspec
 import zmq
 
-from wirecodecs import CodecError, get_codec
-
 from harness import transport
 from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore, error_output
 from harness.messages import EngineCoreAbort, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from harness.transport import CodecCounters, EngineAddresses
+from wirecodecs import CodecError, get_codec
 
 log = logging.getLogger("wirebench.engine")
 
@@ -50,7 +49,7 @@ class EngineProcess:
         self.inputs: queue.Queue[Any] = queue.Queue()
         self.outputs: queue.Queue[Any] = queue.Queue()
         self.stopping = threading.Event()
-        self.ctx = zmq.Context()
+        self.ctx: zmq.Context = zmq.Context()
         self._parent_checked = 0.0
 
     # --- input thread -------------------------------------------------------
@@ -76,12 +75,12 @@ class EngineProcess:
             self.stopping.set()
             self.inputs.put(_STOP)
             return
-        msg_type = {transport.ADD: EngineCoreRequest, transport.ABORT: EngineCoreAbort}.get(kind)
+        msg_type: type | None = {transport.ADD: EngineCoreRequest, transport.ABORT: EngineCoreAbort}.get(kind)
         if msg_type is None:
             raise ValueError(f"unknown message kind {kind:#x}")
         started = time.perf_counter_ns()
         try:
-            msg = self.codec_in.decode(body, msg_type)
+            msg: Any = self.codec_in.decode(body, msg_type)
         except CodecError as exc:
             if request_id is None:
                 raise

@@ -52,8 +52,7 @@ def is_greedy(params: SamplingParams) -> bool:
 
 def uses_penalties(params: SamplingParams) -> bool:
     """Whether the row needs its token history (any penalty off its neutral value)."""
-    return (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
-            or params.frequency_penalty != 0.0)
+    return params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
 
 
 def _argmax(logits: Tensor) -> Tensor:
@@ -120,9 +119,11 @@ class Sampler:
                     at_tok.append(tok)
                     vals.append(bias)
         dev = logits.device
-        return logits.index_put((torch.tensor(at_row, dtype=torch.long, device=dev),
-                                 torch.tensor(at_tok, dtype=torch.long, device=dev)),
-                                torch.tensor(vals, device=dev, dtype=logits.dtype), accumulate=True)
+        return logits.index_put(
+            (torch.tensor(at_row, dtype=torch.long, device=dev), torch.tensor(at_tok, dtype=torch.long, device=dev)),
+            torch.tensor(vals, device=dev, dtype=logits.dtype),
+            accumulate=True,
+        )
 
     def _flat_bins(self, id_lists: list[Sequence[int]], device: torch.device) -> Tensor:
         """Every list's ids as bins of one flat [len(id_lists) * vocab + 1] space, on ``device``.
@@ -160,8 +161,11 @@ class Sampler:
             # Seen in the prompt or the output: a mask, so a scatter of True will do.
             seen = torch.zeros(n * vocab + 1, dtype=torch.bool, device=dev)
             seen[out_bins] = True
-            seen[self._flat_bins([(r.prompt_token_ids or ()) if p != 1.0 else ()
-                                  for r, p in zip(rows, rep, strict=True)], dev)] = True
+            seen[
+                self._flat_bins(
+                    [(r.prompt_token_ids or ()) if p != 1.0 else () for r, p in zip(rows, rep, strict=True)], dev
+                )
+            ] = True
             seen = seen[:-1].view(n, vocab)
             r_col = column(rep)
             x = torch.where(seen, torch.where(x > 0, x / r_col, x * r_col), x)

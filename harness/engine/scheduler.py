@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from harness.engine.config import EngineConfig
 from harness.engine.step import ModelRunnerOutput, NewRequest, ScheduledChunk, SchedulerOutput
@@ -61,8 +61,10 @@ class Scheduler:
             raise ValueError("max_num_seqs must be >= 1 and max_model_len >= 2")
         if config.max_num_batched_tokens < config.max_num_seqs:
             # Otherwise some decodes would miss steps whenever all slots are busy.
-            raise ValueError(f"max_num_batched_tokens ({config.max_num_batched_tokens}) must be >= "
-                             f"max_num_seqs ({config.max_num_seqs})")
+            raise ValueError(
+                f"max_num_batched_tokens ({config.max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({config.max_num_seqs})"
+            )
         self.config = config
         self.waiting: deque[str] = deque()
         self.running: list[str] = []  # admission order
@@ -97,8 +99,12 @@ class Scheduler:
         max_tokens = self._validate(req)
         eos = req.eos_token_id if req.eos_token_id is not None else self.config.eos_token_id
         self.requests[req.request_id] = _Request(
-            req=req, prompt_len=len(req.prompt_token_ids), max_tokens=max_tokens,
-            eos_token_id=eos, token_ids=list(req.prompt_token_ids))
+            req=req,
+            prompt_len=len(req.prompt_token_ids),
+            max_tokens=max_tokens,
+            eos_token_id=eos,
+            token_ids=list(req.prompt_token_ids),
+        )
         self.waiting.append(req.request_id)
 
     def abort_requests(self, request_ids: list[str]) -> list[str]:
@@ -120,17 +126,22 @@ class Scheduler:
         if n == 0:
             raise ValueError("the prompt is empty: at least one prompt token is required")
         if n >= cfg.max_model_len:
-            raise ValueError(f"prompt of {n} tokens leaves no room to generate within max_model_len "
-                             f"{cfg.max_model_len}")
+            raise ValueError(
+                f"prompt of {n} tokens leaves no room to generate within max_model_len {cfg.max_model_len}"
+            )
         max_tokens = sp.max_tokens if sp.max_tokens is not None else cfg.max_model_len - n
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         if n + max_tokens > cfg.max_model_len:
-            raise ValueError(f"prompt of {n} tokens + max_tokens {max_tokens} = {n + max_tokens} exceeds "
-                             f"max_model_len {cfg.max_model_len}")
+            raise ValueError(
+                f"prompt of {n} tokens + max_tokens {max_tokens} = {n + max_tokens} exceeds "
+                f"max_model_len {cfg.max_model_len}"
+            )
         if n + max_tokens > cfg.kv_cache_tokens:
-            raise ValueError(f"prompt of {n} tokens + max_tokens {max_tokens} = {n + max_tokens} can never fit "
-                             f"in the KV cache of {cfg.kv_cache_tokens} tokens")
+            raise ValueError(
+                f"prompt of {n} tokens + max_tokens {max_tokens} = {n + max_tokens} can never fit "
+                f"in the KV cache of {cfg.kv_cache_tokens} tokens"
+            )
         lo, hi = min(req.prompt_token_ids), max(req.prompt_token_ids)
         if lo < 0 or hi >= cfg.vocab_size:
             bad = lo if lo < 0 else hi
@@ -151,8 +162,10 @@ class Scheduler:
             if pr.length != self.config.image_tokens:
                 raise ValueError(f"placeholder length {pr.length} != image_tokens {self.config.image_tokens}")
             if pr.offset < prev_end or pr.offset + pr.length > prompt_len:
-                raise ValueError(f"placeholder [{pr.offset}, {pr.offset + pr.length}) overlaps another or lies "
-                                 f"outside the prompt of {prompt_len} tokens")
+                raise ValueError(
+                    f"placeholder [{pr.offset}, {pr.offset + pr.length}) overlaps another or lies "
+                    f"outside the prompt of {prompt_len} tokens"
+                )
             prev_end = pr.offset + pr.length
             check_mm_input(item)
 
@@ -228,7 +241,7 @@ class Scheduler:
             suppress = list(sp.stop_token_ids)
             if r.eos_token_id is not None and not sp.ignore_eos:
                 suppress.append(r.eos_token_id)
-        return ScheduledChunk(rid, r.slot, r.token_ids[start:start + n], start, sample, suppress or None)
+        return ScheduledChunk(rid, r.slot, r.token_ids[start : start + n], start, sample, suppress or None)
 
     def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Append sampled tokens, check stop conditions, free finished requests."""
@@ -247,16 +260,24 @@ class Scheduler:
             tok = result.sampled_token_ids.get(rid)
             if tok is None:  # never leave a request stuck without its token
                 self._remove_running_or_waiting(rid)
-                outputs.append(EngineCoreOutput(rid, [], finished=True, finish_reason=FinishReason.ERROR,
-                                                error="the executor produced no token for this request"))
+                outputs.append(
+                    EngineCoreOutput(
+                        rid,
+                        [],
+                        finished=True,
+                        finish_reason=FinishReason.ERROR,
+                        error="the executor produced no token for this request",
+                    )
+                )
                 continue
             r.token_ids.append(tok)
             reason, stop_reason = self._check_stop(r, tok)
             if reason is None:
                 outputs.append(EngineCoreOutput(rid, [tok]))
             else:
-                outputs.append(EngineCoreOutput(rid, [tok], finished=True, finish_reason=reason,
-                                                stop_reason=stop_reason))
+                outputs.append(
+                    EngineCoreOutput(rid, [tok], finished=True, finish_reason=reason, stop_reason=stop_reason)
+                )
                 self._remove_running_or_waiting(rid)
         return outputs
 

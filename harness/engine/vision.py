@@ -83,12 +83,13 @@ def to_pixels(item: Any) -> Tensor:
 class VisionEncoder(nn.Module):
     """[3, H, W] pixels -> [image_tokens, dim] embeddings."""
 
-    def __init__(self, vision_dim: int, out_dim: int, image_tokens: int,
-                 device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self, vision_dim: int, out_dim: int, image_tokens: int, device: torch.device, dtype: torch.dtype
+    ) -> None:
         super().__init__()
         if image_tokens < 1:
             raise ValueError(f"image_tokens must be >= 1, got {image_tokens}")
-        factory = {"device": device, "dtype": dtype}
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.image_tokens = image_tokens
         n_patches = (IMAGE_SIZE // PATCH) ** 2
         self.patch = nn.Conv2d(3, vision_dim, kernel_size=PATCH, stride=PATCH, **factory)
@@ -105,9 +106,10 @@ class VisionEncoder(nn.Module):
             p.normal_(0.0, 0.02, generator=gen)
         # Patch conv sees 3*16*16 inputs; scale so patch features have ~unit std.
         self.patch.weight.normal_(0.0, (3 * PATCH * PATCH) ** -0.5, generator=gen)
-        self.proj.weight.normal_(0.0, self.proj.in_features ** -0.5, generator=gen)
+        self.proj.weight.normal_(0.0, self.proj.in_features**-0.5, generator=gen)
         for b in (self.patch.bias, self.fc1.bias, self.fc2.bias, self.proj.bias):
-            b.zero_()
+            if b is not None:
+                b.zero_()
 
     def forward(self, pixels: Tensor) -> Tensor:
         # pixels: [3, H, W] float32 on any device -> [image_tokens, out_dim]
@@ -127,8 +129,9 @@ class VisionEncoder(nn.Module):
         return self(to_pixels(item))
 
 
-def build_vision_encoder(vision_dim: int, out_dim: int, image_tokens: int, device: torch.device,
-                         dtype: torch.dtype, seed: int) -> VisionEncoder:
+def build_vision_encoder(
+    vision_dim: int, out_dim: int, image_tokens: int, device: torch.device, dtype: torch.dtype, seed: int
+) -> VisionEncoder:
     enc = VisionEncoder(vision_dim, out_dim, image_tokens, device, dtype)
     enc.init_weights(seed)
     return enc.eval().requires_grad_(False)

@@ -31,6 +31,7 @@ is noticed at the next write.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -129,8 +130,14 @@ async def _run(request: web.Request, prep: Prepared) -> web.StreamResponse:
         await _close(gen, prep.request.request_id)
 
 
-async def _stream(request: web.Request, resp: web.StreamResponse, prep: Prepared, relay: outputs.Relay,
-                  first: EngineCoreOutput, gen: AsyncIterator[EngineCoreOutput]) -> str:
+async def _stream(
+    request: web.Request,
+    resp: web.StreamResponse,
+    prep: Prepared,
+    relay: outputs.Relay,
+    first: EngineCoreOutput,
+    gen: AsyncIterator[EngineCoreOutput],
+) -> str:
     """Send one SSE chunk per engine output; return the request's outcome."""
     try:
         await resp.prepare(request)
@@ -153,10 +160,8 @@ async def _stream(request: web.Request, resp: web.StreamResponse, prep: Prepared
         return "aborted"  # the client went away (noticed on write)
     except Exception:  # a bug here must still end the stream with an error, not hang it
         log.exception("streaming %s failed", prep.request.request_id)
-        try:
+        with contextlib.suppress(Exception):  # the client may be gone too
             await resp.write(_sse(error_body("internal server error while streaming", 500)))
-        except Exception:  # noqa: BLE001 - the client may be gone too
-            pass
         return "failed"
 
 
@@ -202,16 +207,20 @@ def _generation_handler(prepare: Prepare) -> Callable[[web.Request], Awaitable[w
 
 async def models(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
-    return json_response({
-        "object": "list",
-        "data": [{
-            "id": settings.served_model_name,
-            "object": "model",
-            "created": request.app[STARTED],
-            "owned_by": "wirebench",
-            "max_model_len": settings.max_model_len,
-        }],
-    })
+    return json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": settings.served_model_name,
+                    "object": "model",
+                    "created": request.app[STARTED],
+                    "owned_by": "wirebench",
+                    "max_model_len": settings.max_model_len,
+                }
+            ],
+        }
+    )
 
 
 async def health(request: web.Request) -> web.Response:
@@ -224,13 +233,13 @@ async def health(request: web.Request) -> web.Response:
 async def metrics_handler(request: web.Request) -> web.Response:
     app = request.app
     text = prom.render(app[METRICS].samples(app[ENGINE]))
-    return web.Response(text=text, content_type="text/plain", charset="utf-8",
-                        headers={"X-Prometheus-Format": "0.0.4"})
+    return web.Response(text=text, content_type="text/plain", charset="utf-8", headers={"X-Prometheus-Format": "0.0.4"})
 
 
 @web.middleware
-async def json_errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                      ) -> web.StreamResponse:
+async def json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
     """Unknown routes, wrong methods and unexpected failures as OpenAI-style JSON."""
     try:
         return await handler(request)

@@ -15,16 +15,16 @@ request in flight.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
-from typing import AsyncIterator, Callable, Protocol
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 import msgspec
 import zmq
 import zmq.asyncio
-
-from wirecodecs import CodecError, EncodeError, get_codec
 
 from harness import transport
 from harness.messages import (
@@ -36,6 +36,7 @@ from harness.messages import (
     FinishReason,
 )
 from harness.transport import CodecCounters, EngineAddresses
+from wirecodecs import CodecError, EncodeError, get_codec
 
 log = logging.getLogger("wirebench.frontend")
 
@@ -160,10 +161,8 @@ class ZmqEngineClient:
         if self._dead_reason is None:
             self._declare_dead("the server is shutting down", expected=True)
         if self._owns_engine:
-            try:
+            with contextlib.suppress(zmq.ZMQError):
                 await self._input.send(transport.envelope(transport.SHUTDOWN), zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -276,7 +275,7 @@ class ZmqEngineClient:
             elif (
                 not stalled
                 and now - self._last_message > self._heartbeat_timeout_s
-                and not self._output.get(zmq.EVENTS) & zmq.POLLIN
+                and not int(self._output.get(zmq.EVENTS)) & zmq.POLLIN
             ):
                 self._declare_dead(f"no message from the engine for {self._heartbeat_timeout_s:.1f} s")
 

@@ -123,12 +123,10 @@ def decode_data_url(
         raise ValueError(f"data URL media type must be image/*, got {mime or 'none'!r}")
     if "base64" not in [p.strip().lower() for p in match.group("params").split(";")]:
         raise ValueError("data URL must be base64-encoded (';base64,')")
-    payload = url[match.end():]
+    payload = url[match.end() :]
     # 4 base64 chars carry 3 bytes: refuse oversized input before decoding it.
     if len(payload) // 4 * 3 > max_bytes + 3:
-        raise ValueError(
-            f"image data is too large: about {len(payload) // 4 * 3} bytes, limit {max_bytes}"
-        )
+        raise ValueError(f"image data is too large: about {len(payload) // 4 * 3} bytes, limit {max_bytes}")
     try:
         raw = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as exc:

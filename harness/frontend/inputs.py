@@ -44,8 +44,9 @@ class Prepared:
 def _check_model(settings: FrontendSettings, model: str | None) -> str:
     served = settings.served_model_name
     if model is not None and model != served:
-        raise ProtocolError(f"The model `{model}` does not exist (this server serves `{served}`).",
-                            status=404, param="model")
+        raise ProtocolError(
+            f"The model `{model}` does not exist (this server serves `{served}`).", status=404, param="model"
+        )
     return served
 
 
@@ -55,14 +56,18 @@ def _resolve_max_tokens(settings: FrontendSettings, prompt_len: int, requested: 
         if room < 1:
             raise ProtocolError(
                 f"The prompt is {prompt_len} tokens, which leaves no room to generate within this "
-                f"model's maximum context length of {settings.max_model_len} tokens.", param="prompt")
+                f"model's maximum context length of {settings.max_model_len} tokens.",
+                param="prompt",
+            )
         # As OpenAI and vLLM: completions default to 16 tokens, chat to the rest of the context.
         return room if chat else min(settings.default_max_tokens, room)
     if requested > room:
         raise ProtocolError(
             f"This model's maximum context length is {settings.max_model_len} tokens. However, you "
             f"requested {prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the "
-            f"completion). Please reduce the prompt or max_tokens.", param="max_tokens")
+            f"completion). Please reduce the prompt or max_tokens.",
+            param="max_tokens",
+        )
     return requested
 
 
@@ -98,12 +103,15 @@ def _tokenize_with_markers(tokenizer: TextTokenizer, text: str, n_images: int) -
     if len(positions) != n_images:
         raise ProtocolError(
             f"the prompt has {len(positions)} image markers for {n_images} images; "
-            f"the text must not contain {marker!r} itself", param="messages")
+            f"the text must not contain {marker!r} itself",
+            param="messages",
+        )
     return ids, positions
 
 
-def _expand_images(ids: list[int], positions: list[int], image_id: int,
-                   length: int) -> tuple[list[int], list[PlaceholderRange]]:
+def _expand_images(
+    ids: list[int], positions: list[int], image_id: int, length: int
+) -> tuple[list[int], list[PlaceholderRange]]:
     """Replace each marker with ``length`` placeholder ids; their ranges in the new prompt."""
     out: list[int] = []
     ranges: list[PlaceholderRange] = []
@@ -117,8 +125,16 @@ def _expand_images(ids: list[int], positions: list[int], image_id: int,
     return out, ranges
 
 
-def _engine_request(id_prefix: str, text: str | None, ids: list[int], sampling: SamplingParams, max_tokens: int,
-                    tokenizer: TextTokenizer, settings: FrontendSettings, **mm: Any) -> EngineCoreRequest:
+def _engine_request(
+    id_prefix: str,
+    text: str | None,
+    ids: list[int],
+    sampling: SamplingParams,
+    max_tokens: int,
+    tokenizer: TextTokenizer,
+    settings: FrontendSettings,
+    **mm: Any,
+) -> EngineCoreRequest:
     """The EngineCoreRequest both endpoints send; ``mm`` holds the chat endpoint's image fields."""
     sampling.max_tokens = max_tokens
     eos = settings.eos_token_id if settings.eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
@@ -157,8 +173,9 @@ async def prepare_chat(body: Any, tokenizer: TextTokenizer, settings: FrontendSe
     model = _check_model(settings, req.model)
     n_images = len(req.image_urls)
     if n_images > settings.max_images_per_request:
-        raise ProtocolError(f"at most {settings.max_images_per_request} images per request, got {n_images}",
-                            param="messages")
+        raise ProtocolError(
+            f"at most {settings.max_images_per_request} images per request, got {n_images}", param="messages"
+        )
     text = tokenizer.apply_chat_template(req.messages)
     ids, positions = _tokenize_with_markers(tokenizer, text, n_images)
     ids, ranges = _expand_images(ids, positions, _image_token_id(tokenizer, settings), settings.image_tokens)
@@ -169,8 +186,18 @@ async def prepare_chat(body: Any, tokenizer: TextTokenizer, settings: FrontendSe
         images = await _process_images(req.image_urls, settings)
         mm_inputs = [img.mm_input for img in images]
         mm_hashes = [img.mm_hash for img in images]
-    request = _engine_request("chatcmpl", text, ids, req.sampling, max_tokens, tokenizer, settings,
-                              mm_inputs=mm_inputs, mm_hashes=mm_hashes, mm_placeholders=ranges or None)
+    request = _engine_request(
+        "chatcmpl",
+        text,
+        ids,
+        req.sampling,
+        max_tokens,
+        tokenizer,
+        settings,
+        mm_inputs=mm_inputs,
+        mm_hashes=mm_hashes,
+        mm_placeholders=ranges or None,
+    )
     return Prepared(request, True, req.stream, req.stream_options, model)
 
 
@@ -181,8 +208,15 @@ async def _process_images(urls: list[str], settings: FrontendSettings) -> list[P
         out = []
         for i, url in enumerate(urls):
             try:
-                out.append(process_image_url(url, max_bytes=settings.max_image_bytes, payload=settings.mm_payload,
-                                             size=settings.mm_tensor_size, dtype=settings.mm_tensor_dtype))
+                out.append(
+                    process_image_url(
+                        url,
+                        max_bytes=settings.max_image_bytes,
+                        payload=settings.mm_payload,
+                        size=settings.mm_tensor_size,
+                        dtype=settings.mm_tensor_dtype,
+                    )
+                )
             except ValueError as exc:
                 raise ProtocolError(f"image {i}: {exc}", param="messages") from exc
         return out

@@ -50,7 +50,7 @@ class StopStringFilter:
 
     def _partial_match(self) -> int:
         """Length of the longest tail of the text that begins some stop string."""
-        tail = self._text[-self._hold:] if self._hold else ""
+        tail = self._text[-self._hold :] if self._hold else ""
         best = 0
         for stop in self._stops:
             for k in range(min(len(stop) - 1, len(tail)), best, -1):
@@ -99,8 +99,13 @@ def now() -> int:
 
 
 def completion_chunk(
-    rid: str, model: str, created: int, text: str, finish_reason: str | None = None,
-    stop_reason: int | str | None = None, usage_: dict | None = None,
+    rid: str,
+    model: str,
+    created: int,
+    text: str,
+    finish_reason: str | None = None,
+    stop_reason: int | str | None = None,
+    usage_: dict | None = None,
 ) -> dict[str, Any]:
     chunk: dict[str, Any] = {
         "id": rid,
@@ -117,8 +122,14 @@ def completion_chunk(
 
 
 def chat_chunk(
-    rid: str, model: str, created: int, text: str, first: bool, finish_reason: str | None = None,
-    stop_reason: int | str | None = None, usage_: dict | None = None,
+    rid: str,
+    model: str,
+    created: int,
+    text: str,
+    first: bool,
+    finish_reason: str | None = None,
+    stop_reason: int | str | None = None,
+    usage_: dict | None = None,
 ) -> dict[str, Any]:
     delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
     chunk: dict[str, Any] = {
@@ -148,8 +159,14 @@ def usage_chunk(rid: str, model: str, created: int, chat: bool, usage_: dict) ->
 
 
 def full_response(
-    rid: str, model: str, created: int, chat: bool, text: str, finish_reason: str | None,
-    stop_reason: int | str | None, usage_: dict,
+    rid: str,
+    model: str,
+    created: int,
+    chat: bool,
+    text: str,
+    finish_reason: str | None,
+    stop_reason: int | str | None,
+    usage_: dict,
 ) -> dict[str, Any]:
     """A non-streaming completion or chat completion; they differ only in how text is held."""
     held = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
@@ -158,9 +175,7 @@ def full_response(
         "object": "chat.completion" if chat else "text_completion",
         "created": created,
         "model": model,
-        "choices": [
-            {"index": 0, **held, "logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
-        ],
+        "choices": [{"index": 0, **held, "logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}],
         "usage": usage_,
     }
 
@@ -206,8 +221,9 @@ class Relay:
         return usage(self.prompt_tokens, self.completion_tokens)
 
 
-async def stream(prep: Prepared, relay: Relay, first: EngineCoreOutput,
-                 outputs: AsyncIterator[EngineCoreOutput]) -> AsyncIterator[dict[str, Any]]:
+async def stream(
+    prep: Prepared, relay: Relay, first: EngineCoreOutput, outputs: AsyncIterator[EngineCoreOutput]
+) -> AsyncIterator[dict[str, Any]]:
     """One chunk per engine output, then the usage chunk if asked; raises on an engine error."""
     created = now()
     rid = prep.request.request_id
@@ -217,8 +233,7 @@ async def stream(prep: Prepared, relay: Relay, first: EngineCoreOutput,
         text = relay.add(out)
         usage_ = relay.usage() if prep.options.continuous_usage_stats else None
         if prep.chat:
-            yield chat_chunk(rid, prep.model, created, text, is_first, relay.finish_reason, relay.stop_reason,
-                             usage_)
+            yield chat_chunk(rid, prep.model, created, text, is_first, relay.finish_reason, relay.stop_reason, usage_)
         else:
             yield completion_chunk(rid, prep.model, created, text, relay.finish_reason, relay.stop_reason, usage_)
         is_first = False
@@ -231,8 +246,9 @@ async def stream(prep: Prepared, relay: Relay, first: EngineCoreOutput,
         yield usage_chunk(rid, prep.model, created, prep.chat, relay.usage())
 
 
-async def collect(prep: Prepared, relay: Relay, first: EngineCoreOutput,
-                  outputs: AsyncIterator[EngineCoreOutput]) -> dict[str, Any]:
+async def collect(
+    prep: Prepared, relay: Relay, first: EngineCoreOutput, outputs: AsyncIterator[EngineCoreOutput]
+) -> dict[str, Any]:
     """The whole non-streaming response body; raises on an engine error."""
     out: EngineCoreOutput | None = first
     while out is not None:
@@ -242,5 +258,13 @@ async def collect(prep: Prepared, relay: Relay, first: EngineCoreOutput,
         out = await anext(outputs, None)
     if not relay.done:
         raise IncompleteOutputError("the engine ended the request without finishing it")
-    return full_response(prep.request.request_id, prep.model, now(), prep.chat, relay.filter.text,
-                         relay.finish_reason, relay.stop_reason, relay.usage())
+    return full_response(
+        prep.request.request_id,
+        prep.model,
+        now(),
+        prep.chat,
+        relay.filter.text,
+        relay.finish_reason,
+        relay.stop_reason,
+        relay.usage(),
+    )

@@ -48,7 +48,8 @@ def error_body(message: str, status: int, param: str | None = None, kind: str | 
     return {
         "error": {
             "message": message,
-            "type": kind or ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "internal_server_error"),
+            "type": kind
+            or ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "internal_server_error"),
             "param": param,
             "code": status,
         }
@@ -254,7 +255,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         # A list of strings or of token lists is a batch; a flat int list is one prompt.
         if prompt and all(_is_int(t) for t in prompt):
             pass
-        elif len(prompt) == 1 and (isinstance(prompt[0], str) or isinstance(prompt[0], list)):
+        elif len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]
             if isinstance(prompt, list) and not all(_is_int(t) for t in prompt):
                 raise ProtocolError("a token prompt must be a list of integers", param="prompt")

@@ -38,14 +38,25 @@ class FrontendSettings:
             raise ValueError(f"mm_payload must be one of {MM_PAYLOADS}, got {self.mm_payload!r}")
         if self.mm_tensor_dtype not in TENSOR_DTYPES:
             raise ValueError(f"mm_tensor_dtype must be one of {TENSOR_DTYPES}, got {self.mm_tensor_dtype!r}")
-        for name in ("max_model_len", "image_tokens", "mm_tensor_size", "max_image_bytes",
-                     "max_images_per_request", "max_request_bytes", "default_max_tokens"):
+        for name in (
+            "max_model_len",
+            "image_tokens",
+            "mm_tensor_size",
+            "max_image_bytes",
+            "max_images_per_request",
+            "max_request_bytes",
+            "default_max_tokens",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"FrontendSettings.{name} must be >= 1, got {getattr(self, name)}")
 
     @classmethod
     def from_engine_config(cls, config: EngineConfig, **overrides: Any) -> FrontendSettings:
         """Settings that agree with the engine on model name, context length, image size and EOS."""
-        base = cls(served_model_name=default_model_name(config.model_preset), max_model_len=config.max_model_len,
-                   image_tokens=config.image_tokens, eos_token_id=config.eos_token_id)
+        base = cls(
+            served_model_name=default_model_name(config.model_preset),
+            max_model_len=config.max_model_len,
+            image_tokens=config.image_tokens,
+            eos_token_id=config.eos_token_id,
+        )
         return replace(base, **overrides)

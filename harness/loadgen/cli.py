@@ -17,7 +17,6 @@ from typing import Any
 
 import aiohttp
 
-from harness.workloads.sample import SampleRequest
 from harness.loadgen.arrivals import describe_arrivals, positive_float, positive_rate
 from harness.loadgen.client import CHAT_COMPLETIONS, COMPLETIONS
 from harness.loadgen.metrics import METRICS
@@ -31,6 +30,7 @@ from harness.loadgen.runner import (
     run_benchmark,
 )
 from harness.loadgen.serverstats import ServerUnreachable, fetch_model_ids
+from harness.workloads.sample import SampleRequest
 
 __all__ = [
     "add_arguments",
@@ -64,51 +64,116 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
     _add_once(group, "--base-url", default=DEFAULT_BASE_URL, help=f"server URL (default {DEFAULT_BASE_URL})")
     _add_once(group, "--model", default=None, help="model name to send (default: the first id of GET /v1/models)")
-    _add_once(group, "--tokenizer", default=None,
-              help="tokenizer.json used to count prompt tokens (default: the project's embedded tokenizer)")
+    _add_once(
+        group,
+        "--tokenizer",
+        default=None,
+        help="tokenizer.json used to count prompt tokens (default: the project's embedded tokenizer)",
+    )
 
 
 def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     """Every load flag except the dataset flags, --base-url and --model."""
     group = parser.add_argument_group("load")
-    _add_once(group, "--endpoint", default=COMPLETIONS, choices=(COMPLETIONS, CHAT_COMPLETIONS),
-              help=f"API endpoint (default {COMPLETIONS}); image workloads need {CHAT_COMPLETIONS}")
-    _add_once(group, "--request-rate", type=positive_rate, default=float("inf"),
-              help="requests per second (default inf: send all at once)")
-    _add_once(group, "--burstiness", type=positive_float, default=1.0,
-              help="gamma shape of the arrival intervals: 1.0 = Poisson, <1 burstier, >1 more regular")
+    _add_once(
+        group,
+        "--endpoint",
+        default=COMPLETIONS,
+        choices=(COMPLETIONS, CHAT_COMPLETIONS),
+        help=f"API endpoint (default {COMPLETIONS}); image workloads need {CHAT_COMPLETIONS}",
+    )
+    _add_once(
+        group,
+        "--request-rate",
+        type=positive_rate,
+        default=float("inf"),
+        help="requests per second (default inf: send all at once)",
+    )
+    _add_once(
+        group,
+        "--burstiness",
+        type=positive_float,
+        default=1.0,
+        help="gamma shape of the arrival intervals: 1.0 = Poisson, <1 burstier, >1 more regular",
+    )
     _add_once(group, "--seed", type=int, default=0, help="random seed (arrival schedule; default 0)")
-    _add_once(group, "--max-concurrency", type=int, default=None,
-              help="at most this many requests in flight; a request whose planned time has come "
-              "waits for a slot, which shows up as schedule lag")
-    _add_once(group, "--warmup-requests", type=int, default=0,
-              help="requests sent before the clock starts and not counted (default 0)")
-    _add_once(group, "--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT_S,
-              help=f"seconds a request may take in all; 0 = no limit (default {DEFAULT_REQUEST_TIMEOUT_S:g})")
-    _add_once(group, "--no-continuous-usage", action="store_true",
-              help="do not ask for usage in every chunk (stream_options.continuous_usage_stats); "
-              "then each non-empty chunk counts as one token")
+    _add_once(
+        group,
+        "--max-concurrency",
+        type=int,
+        default=None,
+        help="at most this many requests in flight; a request whose planned time has come "
+        "waits for a slot, which shows up as schedule lag",
+    )
+    _add_once(
+        group,
+        "--warmup-requests",
+        type=int,
+        default=0,
+        help="requests sent before the clock starts and not counted (default 0)",
+    )
+    _add_once(
+        group,
+        "--request-timeout",
+        type=float,
+        default=DEFAULT_REQUEST_TIMEOUT_S,
+        help=f"seconds a request may take in all; 0 = no limit (default {DEFAULT_REQUEST_TIMEOUT_S:g})",
+    )
+    _add_once(
+        group,
+        "--no-continuous-usage",
+        action="store_true",
+        help="do not ask for usage in every chunk (stream_options.continuous_usage_stats); "
+        "then each non-empty chunk counts as one token",
+    )
 
     stats = parser.add_argument_group("metrics")
-    _add_once(stats, "--percentile-metrics", default="ttft,tpot,itl",
-              help=f"comma-separated metrics to report among {','.join(METRICS)} (default ttft,tpot,itl)")
-    _add_once(stats, "--metric-percentiles", default="99",
-              help='comma-separated percentiles to report, e.g. "25,50,99" (default 99)')
-    _add_once(stats, "--goodput", nargs="+", default=None, metavar="NAME:MS",
-              help="SLOs for goodput, e.g. ttft:200 tpot:50 e2el:2000 (milliseconds)")
+    _add_once(
+        stats,
+        "--percentile-metrics",
+        default="ttft,tpot,itl",
+        help=f"comma-separated metrics to report among {','.join(METRICS)} (default ttft,tpot,itl)",
+    )
+    _add_once(
+        stats,
+        "--metric-percentiles",
+        default="99",
+        help='comma-separated percentiles to report, e.g. "25,50,99" (default 99)',
+    )
+    _add_once(
+        stats,
+        "--goodput",
+        nargs="+",
+        default=None,
+        metavar="NAME:MS",
+        help="SLOs for goodput, e.g. ttft:200 tpot:50 e2el:2000 (milliseconds)",
+    )
 
     out = parser.add_argument_group("result")
-    _add_once(out, "--save-result", action=argparse.BooleanOptionalAction, default=True,
-              help="save the JSON result (default: yes)")
-    _add_once(out, "--result-dir", default=DEFAULT_RESULT_DIR, help=f"folder of result files (default {DEFAULT_RESULT_DIR})")
-    _add_once(out, "--result-filename", default=None,
-              help="file name of the result (default <codec-or-backend>-<timestamp>.json)")
+    _add_once(
+        out,
+        "--save-result",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="save the JSON result (default: yes)",
+    )
+    _add_once(
+        out, "--result-dir", default=DEFAULT_RESULT_DIR, help=f"folder of result files (default {DEFAULT_RESULT_DIR})"
+    )
+    _add_once(
+        out,
+        "--result-filename",
+        default=None,
+        help="file name of the result (default <codec-or-backend>-<timestamp>.json)",
+    )
     _add_once(out, "--no-progress", action="store_true", help="no progress line on stderr")
     _add_once(out, "--progress", action="store_true", help="show the progress line even when stderr is not a TTY")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from harness.workloads.datasets import add_dataset_arguments  # the dataset flags own --seed/--tokenizer if they define them
+    from harness.workloads.datasets import (
+        add_dataset_arguments,  # the dataset flags own --seed/--tokenizer if they define them
+    )
 
     add_dataset_arguments(parser)
     add_server_arguments(parser)
@@ -117,8 +182,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_workload(args: argparse.Namespace) -> tuple[list[SampleRequest], str]:
     """The workload and the tokenizer's name, built before any clock starts."""
-    from harness.workloads.datasets import build_workload
     from harness.tokenizer import load_tokenizer
+    from harness.workloads.datasets import build_workload
 
     tokenizer = load_tokenizer(getattr(args, "tokenizer", None))
     return build_workload(args, tokenizer), tokenizer.name
@@ -166,8 +231,11 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     conc = f", max concurrency {settings.max_concurrency}" if settings.max_concurrency else ""
-    print(f"Sending {len(workload)} requests to {base_url}{settings.endpoint}: "
-          f"{describe_arrivals(settings.request_rate, settings.burstiness)}{conc}", flush=True)
+    print(
+        f"Sending {len(workload)} requests to {base_url}{settings.endpoint}: "
+        f"{describe_arrivals(settings.request_rate, settings.burstiness)}{conc}",
+        flush=True,
+    )
     try:
         result = asyncio.run(run_benchmark(base_url, model, workload, settings))
     except BenchmarkError as exc:
@@ -181,8 +249,11 @@ def main(args: argparse.Namespace) -> int:
     result.flags = flags_dict(args)
     print_report(result)
     if getattr(args, "save_result", True):
-        path = save_result(result, result_dir=getattr(args, "result_dir", None) or DEFAULT_RESULT_DIR,
-                           filename=getattr(args, "result_filename", None))
+        path = save_result(
+            result,
+            result_dir=getattr(args, "result_dir", None) or DEFAULT_RESULT_DIR,
+            filename=getattr(args, "result_filename", None),
+        )
         print(f"Result saved to {path}")
     if result.interrupted:
         return EXIT_INTERRUPTED

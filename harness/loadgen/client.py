@@ -18,6 +18,7 @@ prefers the final usage's ``completion_tokens`` when the server sends it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
@@ -291,10 +292,8 @@ async def send_request(
         async with session.post(url, data=body, headers=headers, timeout=timeout) as resp:
             if resp.status != 200:
                 text = await resp.text(errors="replace")
-                try:
+                with contextlib.suppress(ValueError):
                     record.error_type = _error_type(json.loads(text))
-                except ValueError:
-                    pass
                 text = text[:_ERROR_BODY_LIMIT]
                 record.error = f"HTTP {resp.status} {resp.reason or ''}".rstrip() + (f": {text}" if text else "")
                 return record

@@ -63,7 +63,7 @@ class MetricStats:
     percentiles: dict[float, float] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, seconds: Sequence[float], percentiles: Sequence[float]) -> "MetricStats":
+    def of(cls, seconds: Sequence[float], percentiles: Sequence[float]) -> MetricStats:
         if not len(seconds):
             return cls(0, math.nan, math.nan, math.nan, {float(p): math.nan for p in percentiles})
         ms = np.asarray(seconds, dtype=float) * 1000.0
@@ -86,7 +86,7 @@ class LagStats:
     max_ms: float
 
     @classmethod
-    def of(cls, seconds: Sequence[float]) -> "LagStats":
+    def of(cls, seconds: Sequence[float]) -> LagStats:
         if not len(seconds):
             return cls(0, math.nan, math.nan, math.nan)
         ms = np.asarray(seconds, dtype=float) * 1000.0

@@ -248,9 +248,7 @@ def result_to_dict(result: BenchmarkResult, sysinfo: dict[str, Any] | None = Non
             "dispatch_lag": dataclasses.asdict(m.dispatch_lag),
             "codec_figures": _codec_dict(result.codec_figures, m.ttft.mean),
             # generated_text is left out here: generated_texts has it.
-            "records": [
-                {k: v for k, v in dataclasses.asdict(r).items() if k != "generated_text"} for r in records
-            ],
+            "records": [{k: v for k, v in dataclasses.asdict(r).items() if k != "generated_text"} for r in records],
             "metadata": {**(sysinfo or {}), "flags": result.flags, **result.extra},
         }
     )

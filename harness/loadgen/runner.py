@@ -21,12 +21,12 @@ from typing import Any
 import aiohttp
 
 from harness import prom
-from harness.workloads.sample import SampleRequest
 from harness.loadgen import metrics as M
 from harness.loadgen.arrivals import plan_arrivals
 from harness.loadgen.client import ENDPOINTS, RequestRecord, build_payload, encode_payload, is_chat, send_request
 from harness.loadgen.progress import Progress
 from harness.loadgen.serverstats import CodecFigures, codec_figures, codec_name, scrape_metrics
+from harness.workloads.sample import SampleRequest
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
 # Wait before a /metrics scrape of a wirebench server: the engine's codec
@@ -64,7 +64,7 @@ class LoadSettings:
     progress: bool | None = None  # None: when stderr is a TTY
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "LoadSettings":
+    def from_args(cls, args: argparse.Namespace) -> LoadSettings:
         """Read the flags of add_load_arguments; a missing attribute takes its default."""
         d = cls()
 
@@ -96,7 +96,9 @@ class LoadSettings:
                 burstiness=float(get("burstiness", d.burstiness)),
                 seed=getattr(args, "seed", d.seed),
                 max_concurrency=max_conc,
-                selected_metrics=M.parse_percentile_metrics(metrics_sel) if isinstance(metrics_sel, str) else tuple(metrics_sel),
+                selected_metrics=M.parse_percentile_metrics(metrics_sel)
+                if isinstance(metrics_sel, str)
+                else tuple(metrics_sel),
                 percentiles=M.parse_percentiles(pcts) if isinstance(pcts, str) else tuple(float(p) for p in pcts),
                 goodput_slos_ms=M.parse_goodput(goodput) if not isinstance(goodput, dict) else dict(goodput),
                 warmup_requests=warmup,
@@ -226,7 +228,7 @@ async def run_benchmark(
 
 def exposes_codec_counters(metrics_text: str | None) -> bool:
     """True when a /metrics scrape carries wirebench's codec counters."""
-    return bool(metrics_text) and any(name == prom.CODEC_MESSAGES for name, _ in prom.parse(metrics_text))
+    return metrics_text is not None and any(name == prom.CODEC_MESSAGES for name, _ in prom.parse(metrics_text))
 
 
 async def _settle() -> None:
@@ -259,8 +261,9 @@ async def _warmup(
         j = i % len(bodies)
         rec = RequestRecord(-1 - i, workload[j].prompt_len, workload[j].expected_output_len, 0.0)
         async with limit:
-            return await send_request(session, url, bodies[j], rec, origin=origin, chat=chat,
-                                      timeout_s=settings.request_timeout_s)
+            return await send_request(
+                session, url, bodies[j], rec, origin=origin, chat=chat, timeout_s=settings.request_timeout_s
+            )
 
     records = await asyncio.gather(*(one(i) for i in range(n)))
     failed = [r for r in records if not r.success]
@@ -278,9 +281,7 @@ async def _run_load(
     settings: LoadSettings,
     chat: bool,
 ) -> tuple[list[RequestRecord], float, bool]:
-    records = [
-        RequestRecord(i, s.prompt_len, s.expected_output_len, offsets[i]) for i, s in enumerate(workload)
-    ]
+    records = [RequestRecord(i, s.prompt_len, s.expected_output_len, offsets[i]) for i, s in enumerate(workload)]
     slots = asyncio.Semaphore(settings.max_concurrency) if settings.max_concurrency else None
     progress = Progress(len(records), enabled=settings.progress)
     tasks: list[asyncio.Task[None]] = []
@@ -297,8 +298,9 @@ async def _run_load(
             await send_request(session, url, body, rec, origin=origin, chat=chat, timeout_s=settings.request_timeout_s)
         else:
             async with slots:
-                await send_request(session, url, body, rec, origin=origin, chat=chat,
-                                   timeout_s=settings.request_timeout_s)
+                await send_request(
+                    session, url, body, rec, origin=origin, chat=chat, timeout_s=settings.request_timeout_s
+                )
         progress.update(rec.success)
 
     try:

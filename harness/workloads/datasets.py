@@ -46,8 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.workloads.images import FORMATS, synthetic_image, to_data_url
 from harness.tokenizer import TextTokenizer
+from harness.workloads.images import FORMATS, synthetic_image, to_data_url
 from harness.workloads.sample import SampleRequest
 
 EMBEDDED_SONNETS = Path(__file__).resolve().parents[2] / "datasets" / "sonnets.txt"
@@ -93,9 +93,7 @@ def user_message(prompt: str, image_data_urls: Sequence[str] = ()) -> dict[str, 
     return {"role": "user", "content": parts}
 
 
-def chat_prompt_len(
-    tokenizer: TextTokenizer, prompt: str, image_data_urls: Sequence[str] = ()
-) -> int:
+def chat_prompt_len(tokenizer: TextTokenizer, prompt: str, image_data_urls: Sequence[str] = ()) -> int:
     """Tokens of ``prompt`` as the server sees it through the chat template."""
     return len(tokenizer.encode(tokenizer.apply_chat_template([user_message(prompt, image_data_urls)])))
 
@@ -129,14 +127,11 @@ def plan_sonnet(
     if prefix_len < 0:
         raise ValueError(f"--sonnet-prefix-len must be >= 0, got {prefix_len}")
     if prefix_len >= input_len:
-        raise ValueError(
-            f"--sonnet-prefix-len ({prefix_len}) must be smaller than --sonnet-input-len ({input_len})"
-        )
+        raise ValueError(f"--sonnet-prefix-len ({prefix_len}) must be smaller than --sonnet-input-len ({input_len})")
     base_offset = chat_prompt_len(tokenizer, SONNET_BASE_PROMPT)
     if input_len <= base_offset:
         raise ValueError(
-            f"--sonnet-input-len ({input_len}) must be greater than the base prompt's "
-            f"{base_offset} tokens"
+            f"--sonnet-input-len ({input_len}) must be greater than the base prompt's {base_offset} tokens"
         )
     lens = [len(ids) for ids in tokenizer.encode_batch(list(poem_lines))]
     avg_line_len = sum(lens) / len(lens)
@@ -171,19 +166,20 @@ def sample_sonnet_requests(
     prefix = "".join(lines[: plan.num_prefix_lines])
     rng = random.Random(seed)
     prompts = [
-        SONNET_BASE_PROMPT
-        + prefix
-        + "".join(rng.choices(lines, k=plan.num_input_lines - plan.num_prefix_lines))
+        SONNET_BASE_PROMPT + prefix + "".join(rng.choices(lines, k=plan.num_input_lines - plan.num_prefix_lines))
         for _ in range(num_requests)
     ]
     urls = make_image_urls(images, num_requests, seed)
-    formatted = [
-        tokenizer.apply_chat_template([user_message(p, u)]) for p, u in zip(prompts, urls)
-    ]
+    formatted = [tokenizer.apply_chat_template([user_message(p, u)]) for p, u in zip(prompts, urls)]
     lens = [len(ids) for ids in tokenizer.encode_batch(formatted)]
     return [
-        SampleRequest(prompt=p, prompt_len=n, expected_output_len=output_len, image_data_urls=u,
-                      completion_prompt=None if u else f)
+        SampleRequest(
+            prompt=p,
+            prompt_len=n,
+            expected_output_len=output_len,
+            image_data_urls=u,
+            completion_prompt=None if u else f,
+        )
         for p, n, u, f in zip(prompts, lens, urls, formatted)
     ]
 
@@ -207,9 +203,7 @@ def _uniform_lengths(rng: np.random.Generator, length: int, ratio: float, n: int
     return rng.integers(low, high + 1, size=n)
 
 
-def _random_text(
-    tokenizer: TextTokenizer, rng: np.random.Generator, pool: np.ndarray, target: int
-) -> tuple[str, int]:
+def _random_text(tokenizer: TextTokenizer, rng: np.random.Generator, pool: np.ndarray, target: int) -> tuple[str, int]:
     """Text of about ``target`` tokens from random ids; returns (text, actual length)."""
     ids = rng.choice(pool, size=target).tolist()
     text = tokenizer.decode(ids)
@@ -314,36 +308,87 @@ def _ratio(text: str) -> float:
 def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
     """Workload flags shared by ``bench load`` and ``bench run`` (includes ``--seed``)."""
     g = parser.add_argument_group("workload")
-    g.add_argument("--dataset-name", choices=DATASET_NAMES, default="sonnet",
-                   help="workload to replay (default: %(default)s)")
-    g.add_argument("--dataset-path", default=None,
-                   help="sonnet.txt-like file, one poem line per line "
-                        "(default: the project's datasets/sonnets.txt)")
-    g.add_argument("--num-prompts", type=_positive_int, default=DEFAULT_NUM_PROMPTS,
-                   help="number of requests (default: %(default)s; vLLM uses 1000, "
-                        "fewer here because the reference server is a small model on CPU)")
-    g.add_argument("--sonnet-input-len", type=_positive_int, default=SONNET_INPUT_LEN,
-                   help="target prompt tokens, chat template included (default: %(default)s)")
-    g.add_argument("--sonnet-output-len", type=_positive_int, default=SONNET_OUTPUT_LEN,
-                   help="max_tokens per request (default: %(default)s)")
-    g.add_argument("--sonnet-prefix-len", type=_non_negative_int, default=SONNET_PREFIX_LEN,
-                   help="tokens shared by every prompt (default: %(default)s)")
-    g.add_argument("--random-input-len", type=_positive_int, default=RANDOM_INPUT_LEN,
-                   help="mean prompt tokens (default: %(default)s)")
-    g.add_argument("--random-output-len", type=_positive_int, default=RANDOM_OUTPUT_LEN,
-                   help="mean max_tokens (default: %(default)s)")
-    g.add_argument("--random-range-ratio", type=_ratio, default=RANDOM_RANGE_RATIO,
-                   help="lengths uniform in [len*(1-r), len*(1+r)] (default: %(default)s)")
-    g.add_argument("--images-per-request", type=_non_negative_int, default=0,
-                   help="synthetic images attached to each sonnet prompt (default: %(default)s)")
-    g.add_argument("--image-width", type=_positive_int, default=IMAGE_WIDTH,
-                   help="synthetic image width in pixels (default: %(default)s)")
-    g.add_argument("--image-height", type=_positive_int, default=IMAGE_HEIGHT,
-                   help="synthetic image height in pixels (default: %(default)s)")
-    g.add_argument("--image-format", choices=("png", "jpeg"), default=IMAGE_FORMAT,
-                   help="encoding of the synthetic images (default: %(default)s)")
-    g.add_argument("--seed", type=int, default=DEFAULT_SEED,
-                   help="seed for line sampling, random prompts and images (default: %(default)s)")
+    g.add_argument(
+        "--dataset-name", choices=DATASET_NAMES, default="sonnet", help="workload to replay (default: %(default)s)"
+    )
+    g.add_argument(
+        "--dataset-path",
+        default=None,
+        help="sonnet.txt-like file, one poem line per line (default: the project's datasets/sonnets.txt)",
+    )
+    g.add_argument(
+        "--num-prompts",
+        type=_positive_int,
+        default=DEFAULT_NUM_PROMPTS,
+        help="number of requests (default: %(default)s; vLLM uses 1000, "
+        "fewer here because the reference server is a small model on CPU)",
+    )
+    g.add_argument(
+        "--sonnet-input-len",
+        type=_positive_int,
+        default=SONNET_INPUT_LEN,
+        help="target prompt tokens, chat template included (default: %(default)s)",
+    )
+    g.add_argument(
+        "--sonnet-output-len",
+        type=_positive_int,
+        default=SONNET_OUTPUT_LEN,
+        help="max_tokens per request (default: %(default)s)",
+    )
+    g.add_argument(
+        "--sonnet-prefix-len",
+        type=_non_negative_int,
+        default=SONNET_PREFIX_LEN,
+        help="tokens shared by every prompt (default: %(default)s)",
+    )
+    g.add_argument(
+        "--random-input-len",
+        type=_positive_int,
+        default=RANDOM_INPUT_LEN,
+        help="mean prompt tokens (default: %(default)s)",
+    )
+    g.add_argument(
+        "--random-output-len",
+        type=_positive_int,
+        default=RANDOM_OUTPUT_LEN,
+        help="mean max_tokens (default: %(default)s)",
+    )
+    g.add_argument(
+        "--random-range-ratio",
+        type=_ratio,
+        default=RANDOM_RANGE_RATIO,
+        help="lengths uniform in [len*(1-r), len*(1+r)] (default: %(default)s)",
+    )
+    g.add_argument(
+        "--images-per-request",
+        type=_non_negative_int,
+        default=0,
+        help="synthetic images attached to each sonnet prompt (default: %(default)s)",
+    )
+    g.add_argument(
+        "--image-width",
+        type=_positive_int,
+        default=IMAGE_WIDTH,
+        help="synthetic image width in pixels (default: %(default)s)",
+    )
+    g.add_argument(
+        "--image-height",
+        type=_positive_int,
+        default=IMAGE_HEIGHT,
+        help="synthetic image height in pixels (default: %(default)s)",
+    )
+    g.add_argument(
+        "--image-format",
+        choices=("png", "jpeg"),
+        default=IMAGE_FORMAT,
+        help="encoding of the synthetic images (default: %(default)s)",
+    )
+    g.add_argument(
+        "--seed",
+        type=int,
+        default=DEFAULT_SEED,
+        help="seed for line sampling, random prompts and images (default: %(default)s)",
+    )
 
 
 def build_workload(args: argparse.Namespace, tokenizer: TextTokenizer) -> list[SampleRequest]:
@@ -351,8 +396,7 @@ def build_workload(args: argparse.Namespace, tokenizer: TextTokenizer) -> list[S
     if args.dataset_name == "sonnet":
         images = None
         if args.images_per_request:
-            images = ImageSpec(args.images_per_request, args.image_width, args.image_height,
-                               args.image_format)
+            images = ImageSpec(args.images_per_request, args.image_width, args.image_height, args.image_format)
         return sample_sonnet_requests(
             tokenizer,
             num_requests=args.num_prompts,
