@@ -1,16 +1,220 @@
 #!/usr/bin/env bash
-# Run the serving loop on CUDA for about a minute, where a GPU exists.
-#   scripts/gpu_check.sh [PRESET]      (default preset: llama-8b, random weights; see harness/model.py)
-# Where no CUDA device is visible it says so plainly and exits 0: CI has no GPU.
+# Run the serving loop on CUDA for a few minutes, where a GPU exists; never pass falsely.
+#   scripts/gpu_check.sh [--wheels DIR] [PRESET]   (default preset: llama-8b, random weights)
+#
+# Exit status:
+#   0  the checks passed, or no GPU is visible on this machine at all (CI has none)
+#   3  a GPU is visible (nvidia-smi -L lists one, or /dev/nvidia[0-9]* exists) but
+#      torch cannot use it (CPU wheel, driver mismatch, no torch): the reason is printed
+#   1  a check failed (a bench run failed, a codec was refused, or it did not run on cuda)
+#   2  usage error
+# Python: $PYTHON, else .venv/bin/python if it exists, else python3. The project runs
+# from this working tree (harness/ and codecs/ on PYTHONPATH; codecs/ is importable as
+# `wirecodecs` through a symlink in a temp dir), so it need not be pip-installed.
+# Results: results/gpu_check/<timestamp>/{text,image}/, server output in .../server.log.
+# Tests: WIREBENCH_NVIDIA_DEV_GLOB replaces the device-node glob; nvidia-smi is found on PATH.
+#
+# Offline GPU host (system Python 3.11+ with a CUDA torch preinstalled, no network):
+#   1. On a machine with network, same checkout, for the host's Python version:
+#        scripts/gpu_wheels.sh --python-version 3.12 shared-wheels
+#      (every dependency in pyproject.toml but torch, as wheels; ~60 MB; not committed)
+#   2. Copy the checkout with shared-wheels/ to the GPU host; there:
+#        PYTHON=python3.12 scripts/gpu_check.sh --wheels shared-wheels [PRESET]
+#      which is, by hand:
+#        python3.12 -m venv --system-site-packages .venv-gpu   # sees the system's CUDA torch
+#        .venv-gpu/bin/python -m pip install --no-index --find-links shared-wheels \
+#            'msgspec>=0.18' 'pyzmq>=25' 'pillow>=10' ...      # pyproject's dependencies but torch
+#        PYTHON=.venv-gpu/bin/python scripts/gpu_check.sh [PRESET]
+#      (a later run with --wheels reuses .venv-gpu unless PYTHON names another Python.)
 set -euo pipefail
-cd "$(dirname "$0")/.."
-python=${PYTHON:-.venv/bin/python}
-preset=${1:-llama-8b}
-if ! "$python" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  echo "gpu_check: no CUDA GPU visible to torch here; nothing was checked."
-  exit 0
+wheels=""
+preset=llama-8b
+while [ $# -gt 0 ]; do
+  case $1 in
+    --wheels) [ $# -ge 2 ] || { echo "gpu_check: --wheels needs a folder" >&2; exit 2; }
+              wheels=$2; shift 2 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) preset=$1; shift ;;
+  esac
+done
+if [ -n "$wheels" ]; then
+  [ -d "$wheels" ] || { echo "gpu_check: no wheel folder $wheels" >&2; exit 2; }
+  wheels=$(cd "$wheels" && pwd)
 fi
-"$python" -c "import torch; print('gpu_check: torch', torch.__version__, 'on', torch.cuda.get_device_name(0))"
-# Two codecs interleaved on the sonnet workload, ~1 minute in all.
-exec "$python" -m harness.cli run --codec pickle,msgspec-oob --device cuda --model-preset "$preset" \
-  --num-prompts 300 --request-rate 20 --max-num-seqs 128 --result-dir results/gpu_check
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+
+# --- which Python -------------------------------------------------------------
+if [ -n "$wheels" ]; then
+  base=${PYTHON:-python3}
+  where='import sys; print(sys.base_prefix)'
+  if [ "$(.venv-gpu/bin/python -c "$where" 2>/dev/null)" != "$("$base" -c "$where")" ]; then
+    # (Re)made from $base. Without ensurepip (Debian's python3-venv missing) it is made without pip.
+    "$base" -m venv --clear --system-site-packages .venv-gpu \
+      || "$base" -m venv --clear --system-site-packages --without-pip .venv-gpu
+    echo '*' > .venv-gpu/.gitignore
+  fi
+  python=.venv-gpu/bin/python
+  pip=("$python" -m pip)
+  if ! "${pip[@]}" --version >/dev/null 2>&1; then
+    pip_wheel=$(find "$wheels" -maxdepth 1 -name 'pip-*.whl' | head -n 1)
+    [ -n "$pip_wheel" ] || { echo "gpu_check: .venv-gpu has no pip and $wheels has no pip wheel" >&2; exit 2; }
+    pip=("$python" "$pip_wheel/pip")  # pip runs from its own wheel
+  fi
+  mapfile -t deps < <("$python" -c '
+import re, tomllib
+for d in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]:
+    if re.split(r"[<>=!~;\[ ]", d)[0].lower() != "torch":
+        print(d)')
+  echo "gpu_check: installing ${deps[*]} from $wheels into .venv-gpu (no network)"
+  "${pip[@]}" install --disable-pip-version-check -q --no-index --find-links "$wheels" "${deps[@]}"
+elif [ -n "${PYTHON:-}" ]; then
+  python=$PYTHON
+elif [ -x .venv/bin/python ]; then
+  python=.venv/bin/python
+else
+  python=python3
+fi
+
+# --- is a GPU visible to the machine? ------------------------------------------
+visible=""
+smi_out=""
+if command -v nvidia-smi >/dev/null 2>&1; then
+  smi_out=$(nvidia-smi -L 2>&1) || true
+  grep -q '^GPU [0-9]' <<<"$smi_out" && visible="nvidia-smi -L lists a GPU"
+fi
+dev_glob=${WIREBENCH_NVIDIA_DEV_GLOB:-/dev/nvidia[0-9]*}
+mapfile -t dev_nodes < <(compgen -G "$dev_glob" || true)
+if [ ${#dev_nodes[@]} -gt 0 ] && [ -z "$visible" ]; then
+  visible="device node(s) ${dev_nodes[*]}"
+fi
+
+# --- can torch use it? (everything it says is kept: the reason is the point) ---------
+read -r -d '' probe_py <<'PY' || true
+import os, sys, warnings
+print(f"python: {sys.executable} {sys.version.split()[0]}")
+try:
+    import torch
+except Exception as exc:
+    print(f"torch: not importable ({type(exc).__name__}: {exc})")
+    print("reason: torch does not import in this Python")
+    sys.exit(3)
+cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+print(f"torch: {torch.__version__}, torch.version.cuda: {torch.version.cuda}, "
+      f"CUDA_VISIBLE_DEVICES: {'(unset)' if cvd is None else repr(cvd)}")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    available = torch.cuda.is_available()
+for w in caught:
+    print(f"warning: {w.category.__name__}: {w.message}")
+if not available:
+    try:
+        torch.cuda.init()
+        reason = "torch.cuda.is_available() is False although torch.cuda.init() raised nothing"
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+    print(f"reason: {reason}")
+    sys.exit(3)
+try:  # a bf16 matmul: a build without kernels for this GPU's architecture fails here
+    x = torch.ones(64, 64, device="cuda", dtype=torch.bfloat16)
+    assert (x @ x).float().sum().item() == 64 ** 3
+except Exception as exc:
+    print(f"reason: a bf16 matmul on cuda failed: {type(exc).__name__}: {exc}")
+    sys.exit(3)
+p = torch.cuda.get_device_properties(0)
+print(f"device: {p.name}, {p.total_memory / 2**30:.0f} GiB, sm_{p.major}{p.minor}, "
+      f"{torch.cuda.device_count()} visible to torch")
+PY
+probe=$("$python" -c "$probe_py" 2>&1) && probe_rc=0 || probe_rc=$?
+if [ "$probe_rc" -ne 0 ] && [ "$probe_rc" -ne 3 ]; then
+  probe+=$'\n'"reason: $python exited $probe_rc before torch was checked"
+fi
+report() {
+  local line
+  if [ -n "$smi_out" ]; then
+    while IFS= read -r line; do echo "  nvidia-smi -L: $line"; done <<<"$smi_out"
+  fi
+  while IFS= read -r line; do echo "  $line"; done <<<"$probe"
+}
+
+if [ "$probe_rc" -ne 0 ]; then
+  if [ -z "$visible" ]; then
+    echo "gpu_check: no GPU visible on this machine (nvidia-smi lists none or is not on PATH; nothing matches $dev_glob); nothing was checked."
+    exit 0
+  fi
+  echo "gpu_check: FAIL: a GPU is visible ($visible) but torch cannot use it."
+  report
+  if [ -n "$wheels" ]; then
+    echo "  .venv-gpu uses the torch of $base's site-packages: point PYTHON at a Python with a CUDA torch."
+  else
+    echo "  Install a CUDA build of torch matching the driver, e.g."
+    echo "  TORCH_SPEC=\"torch --index-url https://download.pytorch.org/whl/cu124\" scripts/setup.sh"
+  fi
+  exit 3
+fi
+echo "gpu_check: torch can use the GPU (${visible:-torch sees it; nvidia-smi and device nodes do not})."
+report
+
+# --- the checks: from this working tree, no install needed ---------------------------
+shim=$(mktemp -d)
+trap 'rm -rf "$shim"' EXIT
+ln -s "$repo/codecs" "$shim/wirecodecs"
+export PYTHONPATH="$shim:$repo${PYTHONPATH:+:$PYTHONPATH}"
+out=results/gpu_check/$(date +%Y%m%d-%H%M%S)
+mkdir -p "$out"
+[ -f results/gpu_check/.gitignore ] || echo '*' > results/gpu_check/.gitignore
+codecs=pickle,msgspec-oob
+bench=("$python" -m harness.cli run --codec "$codecs" --device cuda --model-preset "$preset"
+       --max-num-seqs 128 --server-log "$out/server.log" --no-progress)
+failed=0
+echo "gpu_check: [1/2] text: 200 sonnet prompts at 20 req/s, pickle and msgspec-oob interleaved"
+"${bench[@]}" --num-prompts 200 --request-rate 20 --result-dir "$out/text" || failed=1
+echo "gpu_check: [2/2] image: 40 requests of one 336x336 image as bfloat16 pixel tensors, at 8 req/s"
+"${bench[@]}" --images-per-request 1 --image-width 336 --image-height 336 \
+  --mm-payload tensor --mm-tensor-dtype bfloat16 --num-prompts 40 --request-rate 8 \
+  --result-dir "$out/image" || failed=1
+
+# --- what ran where: result metadata (metadata["engine"] when present) and the server log ---
+read -r -d '' summary_py <<'PY' || true
+import glob, json, os, re, sys
+out, bad = sys.argv[1], []
+log = os.path.join(out, "server.log")
+for line in open(log, errors="replace") if os.path.exists(log) else []:
+    if line.startswith("wirebench serving") and "(engine:" in line:  # the engine's own account of itself
+        engine_part = line.split("(engine:", 1)[1]
+        fields = dict(re.findall(r"\b(codec|device|dtype|model_preset|num_params|torch_version)=([^,)]+)", engine_part))
+        print("  server: " + ", ".join(f"{k}={v}" for k, v in fields.items()))
+        if fields.get("device", "cuda").split(":")[0] != "cuda":
+            bad.append(f"a server ran on {fields['device']}")
+for workload in ("text", "image"):
+    compares = sorted(glob.glob(os.path.join(out, workload, "compare-*.json")))
+    runs = json.load(open(compares[-1])).get("runs", []) if compares else []
+    if not runs:
+        bad.append(f"{workload}: no runs recorded")
+    for run in runs:
+        name = f"{workload} {run.get('codec')}"
+        if run.get("status") != "ok":
+            bad.append(f"{name}: {run.get('status')} {run.get('message', '')}")
+        doc = json.load(open(os.path.join(out, workload, run["result_file"]))) if run.get("result_file") else {}
+        meta = doc.get("metadata") or {}
+        engine = meta.get("engine") if isinstance(meta.get("engine"), dict) else {}
+        shown = ", ".join(f"{k}={v}" for k, v in engine.items() if not isinstance(v, (dict, list)))
+        print(f"  {name}: {run.get('status')}, {doc.get('completed', 'n/a')} completed, "
+              f"{doc.get('failed', 'n/a')} failed, gpu {meta.get('gpu') or 'n/a'}, engine {shown or 'n/a'}")
+        if str(engine.get("device", "cuda")).split(":")[0] != "cuda":
+            bad.append(f"{name}: engine device {engine['device']}")
+        if doc and (not doc.get("completed") or doc.get("failed")):
+            bad.append(f"{name}: {doc.get('completed')} completed, {doc.get('failed')} failed")
+for b in dict.fromkeys(bad):
+    print(f"  problem: {b}")
+sys.exit(1 if bad else 0)
+PY
+echo "gpu_check: results in $out"
+"$python" -c "$summary_py" "$out" || failed=1
+if [ "$failed" -ne 0 ]; then
+  echo "gpu_check: FAIL (last lines of $out/server.log follow)"
+  tail -n 20 "$out/server.log" 2>/dev/null || true
+  exit 1
+fi
+echo "gpu_check: PASS: text and image workloads on cuda, both codecs."

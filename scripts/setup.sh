@@ -2,18 +2,30 @@
 # Create .venv at the repo root and install wirebench into it (editable).
 #   scripts/setup.sh          the tool
 #   scripts/setup.sh --test   the tool plus the test dependencies
-# A torch that already imports in .venv is kept. Otherwise TORCH_SPEC is
-# installed first (default torch==2.13.0: the CPU wheel this machine kind keeps
-# on local disk), so resolving "torch>=2.1" never pulls a multi-GB CUDA build.
+# TORCH_SPEC set: it is (re)installed first, split into words so pip options pass, e.g.
+#   TORCH_SPEC="torch==2.6.0 --index-url https://download.pytorch.org/whl/cu124" scripts/setup.sh
+# (pip keeps an installed 2.6.0+cpu for "torch==2.6.0": add --force-reinstall to swap builds.)
+# TORCH_SPEC unset: a torch that already imports in .venv is kept; otherwise torch==2.13.0
+# is installed first (the CPU wheel this machine kind keeps on local disk), so resolving
+# "torch>=2.1" never pulls a multi-GB CUDA build.
+# For tests: WIREBENCH_SETUP_DRY_RUN=1 prints the commands that change anything instead
+# of running them; WIREBENCH_VENV names another venv folder than .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extra=""
 [ "${1:-}" = "--test" ] && extra="[test]"
 python=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$python" -m venv .venv
-pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
-if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
-  "${pip[@]}" install "${TORCH_SPEC:-torch==2.13.0}"
+venv=${WIREBENCH_VENV:-.venv}
+run() {
+  if [ -n "${WIREBENCH_SETUP_DRY_RUN:-}" ]; then echo "+ $*"; else "$@"; fi
+}
+[ -x "$venv/bin/python" ] || run "$python" -m venv "$venv"
+pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+if [ -n "${TORCH_SPEC:-}" ]; then
+  read -ra torch_spec <<<"$TORCH_SPEC"
+  run "${pip[@]}" install "${torch_spec[@]}"
+elif ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
+  run "${pip[@]}" install torch==2.13.0
 fi
-"${pip[@]}" install -e ".${extra}"
-.venv/bin/python -c "import harness, wirecodecs, torch; print('wirebench ready: torch', torch.__version__)"
+run "${pip[@]}" install -e ".${extra}"
+run "$venv/bin/python" -c "import harness, wirecodecs, torch; print('wirebench ready: torch', torch.__version__)"
