@@ -5,9 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+
+from harness import prom
+from harness.serve_process import READY_LINE
 
 pytestmark = pytest.mark.e2e
 
@@ -85,9 +90,26 @@ def test_unknown_codec_is_a_clear_error(tmp_path):
     assert "unknown codec(s) nope" in done.stderr and "msgspec-oob" in done.stderr
 
 
+def wait_for_completed_requests(server_log: Path, at_least: int, timeout_s: float) -> bool:
+    """Poll the server's /metrics (its URL from the ready line in its log) until requests completed."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        match = READY_LINE.search(server_log.read_text()) if server_log.exists() else None
+        if match:
+            try:
+                with urllib.request.urlopen(match.group(1) + "/metrics", timeout=5) as resp:
+                    text = resp.read().decode()
+                done = prom.parse(text).get((prom.REQUESTS, frozenset({("outcome", "completed")})), 0)
+                if done >= at_least:
+                    return True
+            except OSError:
+                pass
+        time.sleep(0.5)
+    return False
+
+
 def test_ctrl_c_stops_servers_and_saves_what_it_has(tmp_path):
     import signal
-    import time
 
     from serve_process import child_pids, still_alive
 
@@ -105,6 +127,8 @@ def test_ctrl_c_stops_servers_and_saves_what_it_has(tmp_path):
         "400",
         "--request-rate",
         "20",
+        "--server-log",
+        str(tmp_path / "server.log"),
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 60
@@ -114,7 +138,8 @@ def test_ctrl_c_stops_servers_and_saves_what_it_has(tmp_path):
         time.sleep(0.2)
     assert servers, "bench run should have started a server"
     engines = [p for s in servers for p in child_pids(s)]
-    time.sleep(8)  # server up and some requests done
+    # Interrupt once some requests are done (however slow a shared machine is), not after a fixed time.
+    assert wait_for_completed_requests(tmp_path / "server.log", at_least=20, timeout_s=90)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
