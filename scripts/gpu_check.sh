@@ -17,7 +17,7 @@
 # Offline GPU host (system Python 3.11+ with a CUDA torch preinstalled, no network):
 #   1. On a machine with network, same checkout, for the host's Python version:
 #        scripts/gpu_wheels.sh --python-version 3.12 shared-wheels
-#      (every dependency in pyproject.toml but torch, as wheels; ~60 MB; not committed)
+#      (every dependency in pyproject.toml but torch, as wheels; ~67 MiB for 3.12; not committed)
 #   2. Copy the checkout with shared-wheels/ to the GPU host; there:
 #        PYTHON=python3.12 scripts/gpu_check.sh --wheels shared-wheels [PRESET]
 #      which is, by hand:

@@ -1,0 +1,131 @@
+"""scripts/gpu_check.sh and scripts/setup.sh, run for real against stand-ins.
+
+gpu_check.sh gets a fake ``nvidia-smi`` first on PATH and its device-node glob
+pointed into a temp folder; CUDA_VISIBLE_DEVICES="" makes torch unusable even
+where a real GPU and a CUDA torch exist, so the script never starts the
+minutes-long checks here. setup.sh runs in its dry-run mode against a fake venv
+whose ``python`` only answers whether torch imports: nothing is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+GPU_CHECK = REPO / "scripts" / "gpu_check.sh"
+SETUP = REPO / "scripts" / "setup.sh"
+FAKE_SMI_LINE = "GPU 0: NVIDIA H200 (UUID: GPU-fake)"
+
+
+def _executable(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def _path_without_nvidia_smi() -> str:
+    dirs = os.environ.get("PATH", "").split(os.pathsep)
+    return os.pathsep.join(d for d in dirs if d and not (Path(d) / "nvidia-smi").exists())
+
+
+def run_gpu_check(
+    tmp_path: Path,
+    *,
+    fake_smi: bool = False,
+    dev_nodes: tuple[str, ...] = (),
+    python: str = sys.executable,
+    args: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess[str]:
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in dev_nodes:
+        (dev / name).write_text("")
+    path = _path_without_nvidia_smi()
+    if fake_smi:
+        _executable(tmp_path / "bin" / "nvidia-smi", f"#!/bin/sh\necho '{FAKE_SMI_LINE}'\n")
+        path = f"{tmp_path / 'bin'}{os.pathsep}{path}"
+    env = {
+        **os.environ,
+        "PATH": path,
+        "PYTHON": python,
+        "CUDA_VISIBLE_DEVICES": "",
+        "WIREBENCH_NVIDIA_DEV_GLOB": f"{dev}/nvidia[0-9]*",
+    }
+    return subprocess.run(["bash", str(GPU_CHECK), *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_visible_gpu_that_torch_cannot_use_fails_with_the_reason(tmp_path: Path) -> None:
+    proc = run_gpu_check(tmp_path, fake_smi=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 3, out
+    assert "FAIL" in out and FAKE_SMI_LINE in out
+    assert f"torch: {metadata.version('torch')}" in out  # the version torch reports of itself
+    assert "torch.version.cuda:" in out
+    reason = next(line for line in out.splitlines() if line.strip().startswith("reason:"))
+    assert len(reason.split("reason:", 1)[1].strip()) > 5, out  # e.g. "AssertionError: Torch not compiled ..."
+
+
+def test_no_gpu_visible_passes_and_says_so(tmp_path: Path) -> None:
+    proc = run_gpu_check(tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "no GPU visible" in out and "nothing was checked" in out
+
+
+def test_device_node_alone_counts_as_a_visible_gpu(tmp_path: Path) -> None:
+    proc = run_gpu_check(tmp_path, dev_nodes=("nvidia0", "nvidiactl"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 3, out
+    assert f"{tmp_path / 'dev' / 'nvidia0'}" in out and "reason:" in out
+
+
+def test_a_python_that_does_not_run_is_a_reason_too(tmp_path: Path) -> None:
+    proc = run_gpu_check(tmp_path, fake_smi=True, python=str(tmp_path / "no-such-python"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 3, out
+    assert "no-such-python" in out and "reason:" in out
+
+
+def test_wheels_folder_must_exist(tmp_path: Path) -> None:
+    proc = run_gpu_check(tmp_path, args=("--wheels", str(tmp_path / "missing")))
+    assert proc.returncode == 2 and "no wheel folder" in proc.stderr
+
+
+# --- setup.sh ------------------------------------------------------------------
+
+
+def setup_installs(
+    tmp_path: Path, *, torch_imports: bool, torch_spec: str | None = None, args: tuple[str, ...] = ()
+) -> list[str]:
+    """What setup.sh would pip-install, one entry per pip call, in order."""
+    venv = tmp_path / "venv"
+    _executable(venv / "bin" / "python", f"#!/bin/sh\nexit {0 if torch_imports else 1}\n")
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_SPEC"}
+    env.update(WIREBENCH_SETUP_DRY_RUN="1", WIREBENCH_VENV=str(venv))
+    if torch_spec is not None:
+        env["TORCH_SPEC"] = torch_spec
+    proc = subprocess.run(["bash", str(SETUP), *args], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines and all(line.startswith("+ ") for line in lines), proc.stdout  # nothing ran for real
+    return [line.split(" install ", 1)[1] for line in lines if " -m pip " in line and " install " in line]
+
+
+def test_setup_keeps_an_importable_torch_when_no_spec_is_given(tmp_path: Path) -> None:
+    assert setup_installs(tmp_path, torch_imports=True) == ["-e ."]
+    assert setup_installs(tmp_path, torch_imports=True, args=("--test",)) == ["-e .[test]"]
+
+
+def test_setup_installs_the_local_cpu_torch_when_none_imports(tmp_path: Path) -> None:
+    assert setup_installs(tmp_path, torch_imports=False) == ["torch==2.13.0", "-e ."]
+
+
+def test_setup_always_installs_torch_spec_with_its_pip_options(tmp_path: Path) -> None:
+    spec = "torch==2.6.0 --index-url https://download.pytorch.org/whl/cu124"
+    assert setup_installs(tmp_path, torch_imports=True, torch_spec=spec) == [spec, "-e ."]
+    assert setup_installs(tmp_path, torch_imports=False, torch_spec="torch>=2.4") == ["torch>=2.4", "-e ."]
