@@ -7,7 +7,8 @@ A third-party package adds a codec by declaring, in its pyproject.toml::
 
 The class needs ``name``, ``carries_multimodal``, ``encode`` and ``decode``
 and may state ``unpickles_peer_data`` (see ``wirecodecs.base.Codec``).
-Built-ins are imported lazily by name.
+Built-ins are imported lazily by name. A name may carry calibration options
+after ``+`` (``pickle+request-delay=500us``, see ``wirecodecs.calibration``).
 """
 
 from __future__ import annotations
@@ -60,17 +61,42 @@ def codec_class(name: str) -> type[Codec]:
     return cls
 
 
+def split_spec(spec: str) -> tuple[str, list[str]]:
+    """``"pickle+request-delay=500us"`` → ("pickle", ["request-delay=500us"]): a codec and its options."""
+    base, *options = spec.split("+")
+    return base, options
+
+
 def get_codec(name: str) -> Codec:
-    """A new codec instance (instances keep per-call state; don't share across threads)."""
-    codec = codec_class(name)()
+    """A new codec instance (instances keep per-call state; don't share across threads).
+
+    ``name`` may carry options after ``+`` (``pickle+request-delay=500us``): the
+    calibration wrapper of ``wirecodecs.calibration`` around the named codec.
+    """
+    base, options = split_spec(name)
+    codec = codec_class(base)()
     if hasattr(codec, "alternatives"):
         codec.alternatives = codecs_that_carry_multimodal()
+    if options:
+        from .calibration import DelayedCodec, parse_options
+
+        try:
+            delays = parse_options(options)
+        except ValueError as exc:
+            raise UnknownCodecError(f"codec {name!r}: {exc}") from None
+        return DelayedCodec(codec, name, delays)
     return codec
+
+
+def check_codec_spec(name: str) -> str:
+    """``name`` if ``get_codec`` accepts it; UnknownCodecError saying why otherwise (loads the codec)."""
+    get_codec(name)
+    return name
 
 
 def unpickles_peer_data(name: str) -> bool:
     """Whether the codec's decode runs code the sender chooses (its class says; default False)."""
-    return bool(getattr(codec_class(name), "unpickles_peer_data", False))
+    return bool(getattr(codec_class(split_spec(name)[0]), "unpickles_peer_data", False))
 
 
 def codecs_that_carry_multimodal() -> list[str]:

@@ -15,7 +15,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "micro": ("harness.micro", "time each codec on fixed payloads against one memcpy"),
     "serve": ("harness.serve", "start the OpenAI-compatible frontend and the engine"),
     "load": ("harness.loadgen.cli", "replay a workload against an OpenAI-compatible server"),
-    "run": ("harness.bench_run", "for each codec: start a server, load it, report side by side"),
+    "run": ("harness.bench_run", "for each codec: start a server, load it, report side by side with verdicts"),
+    "compare": (
+        "harness.bench_compare",
+        "verdicts over saved results; with --baseline, the CI regression gate",
+    ),
+    "calibrate": ("harness.calibrate", "what this machine can resolve: an A/A run and injected known costs"),
 }
 
 

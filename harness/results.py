@@ -1,12 +1,12 @@
-"""Reading saved results into pandas, for notebooks, plots and CI scripts.
+"""Saved results as pandas frames, for notebooks, plots and CI scripts.
 
-Two kinds of file come out of ``bench load`` / ``bench run``:
+The files are ``harness.documents``' (its docstring has their schema):
 
-- a run file (``<codec>-r<round>-<stamp>.json``), written by
-  ``harness.loadgen.report.result_to_dict``: benchmark_serving's field names,
-  per-request ``records``, ``codec_figures``, ``metadata``;
-- a compare file (``compare-<stamp>.json``), written by ``bench run``: the
-  codecs, every run's status and ``result_file``, and the side-by-side table.
+- a run file (``<codec>-r<round>-<stamp>.json``): benchmark_serving's field
+  names, per-request ``records``, ``codec_figures``, ``metadata``;
+- a compare file (``compare-<stamp>.json``), written by ``bench run`` and
+  ``bench compare``: the arms, every run's status, ``result_file`` and
+  figures, the side-by-side table and the verdicts.
 
 Every loader here accepts a *source*: a compare file (its ``result_file``
 paths are followed), a run file, a folder (every run file in it; compare files
@@ -22,253 +22,35 @@ mean agrees with the run file's summary.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
-import re
-from collections.abc import Iterable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from harness.loadgen.client import RequestRecord
-from harness.loadgen.metrics import METRICS, chunk_itls, request_tpot, token_itls
-
-PathLike = str | os.PathLike[str]
-# One file or folder, or several.
-Source = PathLike | Iterable[PathLike]
-
-# Codec figure columns of runs_frame, in bench run's naming (request_encode_us, ...).
-DIRECTIONS = ("request", "output")
-DIRECTION_FIELDS = ("encode_us", "decode_us", "bytes_per_message", "frames_per_message", "messages")
-CODEC_US_COLUMNS = tuple(f"{d}_{op}_us" for d in DIRECTIONS for op in ("encode", "decode"))
-
-# runs_frame always has these columns (NaN where unknown).
-ALWAYS_COLUMNS = (
-    "num_prompts",
-    "completed",
-    "failed",
-    "duration_s",
-    "request_throughput",
-    "output_throughput",
-    *(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "median", "p99")),
-    *CODEC_US_COLUMNS,
+from harness.documents import (
+    ALWAYS_COLUMNS,
+    CODEC_US_COLUMNS,
+    ResultsError,
+    RunEntry,
+    Source,
+    as_float,
+    collect_runs,
+    load_compare,
+    load_run,
 )
+from harness.loadgen.client import RequestRecord
+from harness.loadgen.metrics import chunk_itls, request_tpot, token_itls
 
-_ROUND_IN_NAME = re.compile(r"-r(\d+)-")
-
-
-class ResultsError(ValueError):
-    """A result file is missing, unreadable or not what it should be."""
-
-
-# ------------------------------------------------------------------ files
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        raise ResultsError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise ResultsError(f"{path}: is a folder, expected a JSON file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ResultsError(f"{path}: cannot read: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ResultsError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(doc, dict):
-        raise ResultsError(f"{path}: expected a JSON object, got {type(doc).__name__}")
-    return doc
-
-
-def is_compare(doc: dict[str, Any]) -> bool:
-    return isinstance(doc.get("table"), dict) and isinstance(doc.get("runs"), list)
-
-
-def is_run(doc: dict[str, Any]) -> bool:
-    # benchmark_serving files have ttfts/completed too; wirebench's add records.
-    return "records" in doc or ("ttfts" in doc and "completed" in doc)
-
-
-def load_run(path: PathLike) -> dict[str, Any]:
-    """One run file as a dict (exactly the JSON); ResultsError if it is not one."""
-    p = Path(path)
-    doc = _read_json(p)
-    if is_compare(doc):
-        raise ResultsError(f"{p}: is a compare file, not a run file (runs_frame/requests_frame accept it)")
-    if not is_run(doc):
-        raise ResultsError(f"{p}: not a run file (no 'records' nor benchmark_serving's 'ttfts'/'completed')")
-    return doc
-
-
-def load_compare(path: PathLike) -> dict[str, Any]:
-    """One compare-*.json as a dict; ResultsError if it is not one."""
-    p = Path(path)
-    doc = _read_json(p)
-    if not is_compare(doc):
-        what = "a run file" if is_run(doc) else "not a compare file"
-        raise ResultsError(f"{p}: {what}; expected the compare-*.json of `bench run` (keys 'table' and 'runs')")
-    if not isinstance(doc.get("codecs"), list):
-        doc["codecs"] = list(doc["table"])
-    return doc
-
-
-@dataclass
-class RunEntry:
-    """One run of a source: where its file is (None for a run that saved none) and what it is."""
-
-    codec: str
-    round: int | None
-    status: str
-    message: str
-    path: Path | None
-    doc: dict[str, Any] | None
-
-
-def resolve_result_file(result_file: str, compare_path: Path) -> Path:
-    """A compare file's ``result_file``: as written if absolute or existing,
-    else relative to the compare file's folder, else its name in that folder
-    (a results folder that was moved or copied as a whole)."""
-    given = Path(result_file)
-    folder = compare_path.parent
-    candidates = [given] if given.is_absolute() else [given, folder / given]
-    candidates.append(folder / given.name)
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    tried = ", ".join(str(c) for c in dict.fromkeys(candidates))
-    raise ResultsError(f"{compare_path}: result file {result_file!r} not found (tried {tried})")
-
-
-def _entry_from_run(path: Path, doc: dict[str, Any]) -> RunEntry:
-    flags = (doc.get("metadata") or {}).get("flags") or {}
-    codec = doc.get("codec") or flags.get("codec") or "unknown"
-    rnd = flags.get("round")
-    if rnd is None:
-        match = _ROUND_IN_NAME.search(path.name)
-        rnd = int(match.group(1)) if match else None
-    return RunEntry(str(codec), rnd, _run_status(doc), "", path, doc)
-
-
-def _run_status(doc: dict[str, Any]) -> str:
-    """bench run's status words, for a run file read on its own."""
-    if doc.get("interrupted"):
-        return "interrupted"
-    return "failures" if doc.get("failed") else "ok"
-
-
-def _entries_from_compare(path: Path, doc: dict[str, Any]) -> list[RunEntry]:
-    entries = []
-    for i, run in enumerate(doc["runs"]):
-        if not isinstance(run, dict) or "codec" not in run:
-            raise ResultsError(f"{path}: runs[{i}] is not a run entry (no 'codec')")
-        file = run.get("result_file")
-        run_path = resolve_result_file(file, path) if file else None
-        run_doc = load_run(run_path) if run_path else None
-        entries.append(
-            RunEntry(
-                str(run["codec"]),
-                run.get("round"),
-                str(run.get("status") or "ok"),
-                str(run.get("message") or ""),
-                run_path,
-                run_doc,
-            )
-        )
-    return entries
-
-
-def collect_runs(source: Source) -> list[RunEntry]:
-    """Every run a source names, each file loaded once, in the order given."""
-    items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
-    if not items:
-        raise ResultsError("no result files given")
-    entries: list[RunEntry] = []
-    seen: set[Path] = set()
-
-    def add(entry: RunEntry) -> None:
-        if entry.path is not None:
-            key = entry.path.resolve()
-            if key in seen:
-                return
-            seen.add(key)
-        entries.append(entry)
-
-    for item in items:
-        p = Path(item)
-        if p.is_dir():
-            for child in sorted(p.glob("*.json")):
-                if child.name.startswith("."):
-                    continue
-                doc = _read_json(child)
-                if is_run(doc) and not is_compare(doc):
-                    add(_entry_from_run(child, doc))
-            continue
-        doc = _read_json(p)
-        if is_compare(doc):
-            for entry in _entries_from_compare(p, doc):
-                add(entry)
-        elif is_run(doc):
-            add(_entry_from_run(p, doc))
-        else:
-            raise ResultsError(f"{p}: neither a run file nor a compare file")
-    return entries
-
-
-# ------------------------------------------------------------------ frames
-
-
-def _num(value: Any) -> float:
-    """A JSON figure as a float: null → NaN, "inf"/"-inf" → ±inf."""
-    if value is None:
-        return math.nan
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def _run_figures(doc: dict[str, Any]) -> dict[str, float]:
-    out: dict[str, float] = {
-        "num_prompts": _num(doc.get("num_prompts")),
-        "completed": _num(doc.get("completed")),
-        "failed": _num(doc.get("failed")),
-        "duration_s": _num(doc.get("duration")),
-        "request_rate": _num(doc.get("request_rate")),
-    }
-    for key in ("request_throughput", "request_goodput", "output_throughput", "total_token_throughput"):
-        out[key] = _num(doc.get(key))
-    metrics = doc.get("metrics")
-    for name in METRICS:
-        stats = metrics.get(name) if isinstance(metrics, dict) else None
-        if isinstance(stats, dict):
-            # {"mean_ms", "median_ms", "std_ms", "p99_ms", ...} → mean_ttft_ms, ...
-            for key, value in stats.items():
-                if key.endswith("_ms"):
-                    out[f"{key[:-3]}_{name}_ms"] = _num(value)
-        else:
-            # benchmark_serving's flat keys, present for the selected metrics only.
-            prefix = re.compile(rf"^(mean|median|std|p[\d.]+)_{name}_ms$")
-            for key, value in doc.items():
-                if prefix.match(key):
-                    out[key] = _num(value)
-    for which in ("schedule_lag", "dispatch_lag"):
-        lag = doc.get(which)
-        if isinstance(lag, dict):
-            for key in ("mean_ms", "p99_ms", "max_ms"):
-                out[f"{which}_{key}"] = _num(lag.get(key))
-    codec = doc.get("codec_figures")
-    if isinstance(codec, dict):
-        for direction in DIRECTIONS:
-            figures = codec.get(direction) or {}
-            for key in DIRECTION_FIELDS:
-                out[f"{direction}_{key}"] = _num(figures.get(key))  # request_encode_us, ...
-        out["first_token_path_us"] = _num(codec.get("first_token_path_us"))
-        out["ttft_share"] = _num(codec.get("ttft_share"))
-    return out
+# Re-exported for notebooks: everything a reader needs comes from here.
+__all__ = [
+    "CODEC_US_COLUMNS",
+    "ResultsError",
+    "itls_frame",
+    "load_compare",
+    "load_run",
+    "requests_frame",
+    "runs_frame",
+]
 
 
 def runs_frame(source: Source) -> pd.DataFrame:
@@ -296,8 +78,8 @@ def runs_frame(source: Source) -> pd.DataFrame:
             "message": entry.message,
             "file": str(entry.path) if entry.path else None,
         }
-        if entry.doc is not None:
-            row.update(_run_figures(entry.doc))
+        if entry.figures is not None:  # from its run file, or embedded in a compact compare document
+            row.update(entry.figures)
         rows.append(row)
     frame = pd.DataFrame(rows)
     for column in ALWAYS_COLUMNS:  # so code can rely on them; NaN when no file has them
@@ -323,10 +105,10 @@ def _records(entry: RunEntry) -> list[RequestRecord] | None:
         if not item.get("success"):
             continue
         fields = {k: v for k, v in item.items() if k in names}
-        # report.jsonable wrote NaN as null; the dataclass wants floats.
+        # documents.jsonable wrote NaN as null; the dataclass wants floats.
         for key in ("planned_send", "dispatched", "actual_send", "ttft", "latency"):
             if key in fields:
-                fields[key] = _num(fields[key])
+                fields[key] = as_float(fields[key])
         try:
             out.append(RequestRecord(**fields))
         except TypeError as exc:
@@ -377,7 +159,7 @@ def requests_frame(source: Source) -> pd.DataFrame:
                     "e2el_ms": _ms(rec.latency),
                     "output_tokens": rec.output_tokens,
                     "prompt_len": rec.prompt_len,
-                    "prompt_tokens": _num(rec.prompt_tokens),
+                    "prompt_tokens": as_float(rec.prompt_tokens),
                     "chunks": len(rec.chunk_times),
                     "schedule_lag_ms": _ms(rec.schedule_lag),
                     "file": str(entry.path),
@@ -416,7 +198,7 @@ def _rows_without_records(entry: RunEntry) -> list[dict[str, Any]]:
                 "codec": entry.codec,
                 "round": entry.round,
                 "index": i,
-                "ttft_ms": _ms(_num(ttft)),
+                "ttft_ms": _ms(as_float(ttft)),
                 "tpot_ms": math.nan,
                 "e2el_ms": math.nan,
                 "output_tokens": outputs[i] if i < len(outputs) else math.nan,
@@ -449,7 +231,7 @@ def itls_frame(source: Source, per: str = "token") -> pd.DataFrame:
         if records is None:
             for i, gaps in enumerate(entry.doc.get("itls") or []):
                 rows += [
-                    {"codec": entry.codec, "round": entry.round, "index": i, "itl_ms": _ms(_num(g)), "per": "chunk"}
+                    {"codec": entry.codec, "round": entry.round, "index": i, "itl_ms": _ms(as_float(g)), "per": "chunk"}
                     for g in gaps or []
                 ]
             continue

@@ -23,7 +23,7 @@ from harness.engine.config import EngineConfig
 from harness.frontend.engine_client import ZmqEngineClient
 from harness.serve_process import ready_line
 from harness.transport import EngineAddresses, is_loopback
-from wirecodecs import available_codecs, unpickles_peer_data
+from wirecodecs import UnknownCodecError, available_codecs, check_codec_spec, unpickles_peer_data
 
 log = logging.getLogger("wirebench.serve")
 
@@ -31,7 +31,13 @@ ENGINE_READY_TIMEOUT_S = 300.0  # an 8B model with random weights takes a while 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--codec", default="pickle", choices=available_codecs(), help="wire codec in both directions")
+    p.add_argument(
+        "--codec",
+        default="pickle",
+        type=codec_spec,
+        help=f"wire codec in both directions: {', '.join(available_codecs())}; options after + inject a known "
+        "cost (pickle+request-delay=500us, see wirecodecs.calibration)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="HTTP host")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (0 = any free port)")
     p.add_argument("--seed", type=int, default=EngineConfig.seed, help="model weights and sampling seed")
@@ -49,6 +55,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="allow a pickle codec over non-loopback tcp (unpickling runs code the peer chooses)",
     )
     p.add_argument("--log-level", default="WARNING")
+
+
+def codec_spec(name: str) -> str:
+    """argparse type of --codec: a codec ``get_codec`` accepts, options included."""
+    try:
+        return check_codec_spec(name)
+    except UnknownCodecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,27 +1,35 @@
-"""bench run's pure parts: codec lists, forwarded flags, the table and its verdicts."""
+"""bench run's pure parts: codec lists and arms, round order, forwarded flags, the report."""
 
 import argparse
 
 import pytest
 
-from harness.bench_run import add_arguments, changes_vs_baseline, format_table, parse_codecs, server_flags
+from harness.bench_run import ArmSpec, add_arguments, format_report, parse_codecs, round_order, server_flags
+from harness.compare import Arm, compare
+from harness.documents import RunEntry
 from wirecodecs import available_codecs
 
 
-def cell(*values: float) -> dict:
-    ordered = sorted(values)
-    return {"median": ordered[len(ordered) // 2], "spread_pct": None, "values": list(values)}
-
-
-def row(**cells: dict) -> dict:
-    return {"runs": 3, "measured": 3, "status": "ok", "message": "", **cells}
-
-
-def test_parse_codecs():
-    assert parse_codecs("all") == available_codecs()
-    assert parse_codecs("msgspec, pickle,msgspec") == ["msgspec", "pickle"]
+def test_parse_codecs_labels_a_repeated_codec_and_accepts_calibration_options():
+    assert [a.codec for a in parse_codecs("all")] == available_codecs()
+    arms = parse_codecs("msgspec, pickle,msgspec,pickle+request-delay=500us")
+    assert arms == [
+        ArmSpec("msgspec", "msgspec"),
+        ArmSpec("pickle", "pickle"),
+        ArmSpec("msgspec#2", "msgspec"),
+        ArmSpec("pickle+request-delay=500us", "pickle+request-delay=500us"),
+    ]
     with pytest.raises(ValueError, match="unknown codec"):
         parse_codecs("pickle,nope")
+    with pytest.raises(ValueError, match="unknown codec"):
+        parse_codecs("pickle+warp=9")
+
+
+def test_rounds_reverse_the_order_every_other_round():
+    arms = parse_codecs("pickle,msgspec,msgspec-oob")
+    assert [a.label for a in round_order(arms, 0)] == ["pickle", "msgspec", "msgspec-oob"]
+    assert [a.label for a in round_order(arms, 1)] == ["msgspec-oob", "msgspec", "pickle"]
+    assert round_order(arms, 2) == arms
 
 
 def test_server_flags_forward_only_changed_model_settings():
@@ -35,25 +43,23 @@ def test_server_flags_forward_only_changed_model_settings():
     assert "--codec" not in flags and "--request-rate" not in flags  # not server flags
 
 
-def test_changes_are_judged_against_round_to_round_noise():
-    table = {
-        "pickle": row(mean_ttft_ms=cell(99, 100, 101), mean_tpot_ms=cell(2.0, 2.0, 2.0)),
-        "msgspec": row(mean_ttft_ms=cell(89, 90, 91), mean_tpot_ms=cell(1.99, 2.01, 2.02)),
-    }
-    changes = changes_vs_baseline(table)["msgspec"]
-    assert changes["mean_ttft_ms"]["change_pct"] == pytest.approx(-10.0)
-    assert changes["mean_ttft_ms"]["significant"] is True
-    assert changes["mean_tpot_ms"]["significant"] is False
+def _arm(label: str, ttfts: list[float]) -> Arm:
+    runs = [
+        RunEntry(label, i, "ok", "", None, None, {"mean_ttft_ms": v, "request_rate": 20.0}) for i, v in enumerate(ttfts)
+    ]
+    return Arm(label, runs)
 
 
-def test_one_round_cannot_be_judged():
-    table = {"a": row(mean_ttft_ms=cell(100)), "b": row(mean_ttft_ms=cell(50))}
-    assert changes_vs_baseline(table)["b"]["mean_ttft_ms"]["significant"] is None
-    assert "no spread to judge" in format_table(table, 1)
+def test_report_says_too_few_rounds_with_two_and_gives_verdicts_with_more():
+    two = [_arm("pickle", [100.0, 101.0]), _arm("msgspec", [50.0, 51.0])]
+    text = format_report(two, compare(two))
+    assert "too few rounds for a verdict (2 < 3)" in text and "slower" not in text and "faster" not in text
+    five = [_arm("pickle", [100, 101, 99, 100, 102]), _arm("msgspec", [90, 91, 89, 90.5, 91.5])]
+    text = format_report(five, compare(five))
+    assert "faster by -10.0%" in text
 
 
-def test_table_with_only_unsupported_codecs():
-    table = {"msgspec": {"runs": 1, "measured": 0, "status": "unsupported", "message": "cannot carry images"}}
-    text = format_table(table, 1)
-    assert "msgspec  unsupported: cannot carry images" in text
-    assert changes_vs_baseline(table) == {}
+def test_report_with_only_unsupported_codecs():
+    arm = Arm("msgspec", [RunEntry("msgspec", 0, "unsupported", "cannot carry images", None, None, None)])
+    text = format_report([arm], None)
+    assert "msgspec: unsupported: cannot carry images" in text

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import prom
+from harness import prom, stats
 from harness.serve_process import READY_LINE
 
 pytestmark = pytest.mark.e2e
@@ -43,11 +43,12 @@ def test_interleaved_repeats_compare_two_codecs(tmp_path):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     summary = comparison(tmp_path)
+    # Interleaved, the order reversed every other round (drift cancels in pairs).
     assert [(r["codec"], r["round"]) for r in summary["runs"]] == [
         ("pickle", 0),
         ("msgspec", 0),
-        ("pickle", 1),
         ("msgspec", 1),
+        ("pickle", 1),
     ]
     assert all(r["status"] == "ok" for r in summary["runs"])
     for codec in ("pickle", "msgspec"):
@@ -58,6 +59,31 @@ def test_interleaved_repeats_compare_two_codecs(tmp_path):
     assert result["completed"] == 12 and result["codec"] == "pickle"
     assert len(result["ttfts"]) == 12 and result["output_lens"] == [20] * 12
     assert "Serving Benchmark Result" in done.stdout and "Codec comparison" in done.stdout
+    assert "too few rounds for a verdict (2 < 3)" in done.stdout  # two rounds: figures, never a verdict
+
+
+def test_an_aa_run_labels_the_second_arm_and_judges_it(tmp_path):
+    done = bench_run(
+        tmp_path,
+        "--codec",
+        "msgspec,msgspec",
+        "--repeat",
+        "3",
+        "--num-prompts",
+        "8",
+        "--request-rate",
+        "40",
+        "--sonnet-output-len",
+        "12",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = comparison(tmp_path)
+    assert summary["codecs"] == ["msgspec", "msgspec#2"]
+    verdicts = summary["comparison"]["verdicts"]["msgspec#2"]
+    assert verdicts["mean_ttft_ms"]["rounds"] == 3
+    assert all(v["verdict"] in stats.VERDICTS for v in verdicts.values())
+    files = {Path(r["result_file"]).name.split("-r")[0] for r in summary["runs"]}
+    assert files == {"msgspec", "msgspec#2"}
 
 
 def test_image_workload_marks_text_only_codec_unsupported(tmp_path):

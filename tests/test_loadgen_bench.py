@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.documents import save_run
 from harness.loadgen import cli, runner
-from harness.loadgen.report import format_report, save_result
+from harness.loadgen.report import format_report
 from harness.loadgen.runner import BenchmarkError, BenchmarkResult, LoadSettings, run_benchmark
 from harness.workloads.sample import SampleRequest
 
@@ -199,7 +200,7 @@ def test_report_and_json_follow_benchmark_serving(server: FakeOpenAIServer, tmp_
     assert next(line for line in lines if line.startswith("Successful requests:"))[41:].strip() == "3"
 
     result.flags = {"request_rate": float("inf"), "func": None}
-    path = save_result(result, result_dir=tmp_path, sysinfo={"python": "3.x"})
+    path = save_run(result, result_dir=tmp_path, sysinfo={"python": "3.x"})
     assert path.parent == tmp_path and path.name.startswith("fakecodec-")
     doc = json.loads(path.read_text())
     for key in (

@@ -1,0 +1,174 @@
+"""``bench calibrate``: what can this machine resolve?  An A/A run and injected known costs.
+
+One ``bench run`` with these arms, interleaved over ``--repeat`` rounds:
+
+- ``CODEC`` (the reference) and ``CODEC#2``: the same codec twice (A/A). Any
+  "slower"/"faster" between them is a false positive, observed on this machine;
+- ``CODEC+request-delay=D`` for each ``--costs-pct`` P: a known cost added to
+  every request (2·D, busy-waited in the frontend's encode and the engine's
+  decode), sized as P% of the mean TTFT measured by a short probe run first.
+
+It prints the comparison and a summary: the false positives of the A/A arm,
+and for each injected cost whether mean TTFT was found "slower", so the
+smallest detectable per-request cost at these settings can be read off. The
+compare document is saved as ``calibrate-<stamp>.json`` with that summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import bench_run, stats
+from harness.compare import Comparison, compare, compare_document
+from harness.documents import write_json
+from harness.loadgen.cli import flags_dict
+
+JUDGED_FOR_DETECTION = "mean_ttft_ms"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    bench_run.add_arguments(p)
+    p.add_argument(
+        "--costs-pct",
+        default="1,2,5",
+        help="injected per-request costs as percent of the probe's mean TTFT, comma-separated (default 1,2,5)",
+    )
+    # Shorter rounds than bench run's defaults: calibration runs many of them.
+    p.set_defaults(repeat=stats.DEFAULT_ROUNDS, num_prompts=200, request_rate=20.0)
+
+
+def parse_costs(text: str) -> list[float]:
+    try:
+        costs = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--costs-pct must be numbers, got {text!r}") from None
+    if not costs or any(not 0 < c < 100 for c in costs):
+        raise ValueError(f"--costs-pct must be percentages in (0, 100), got {text!r}")
+    return costs
+
+
+def probe_ttft_ms(codec: str, args: argparse.Namespace, workload: list, tokenizer_id: str) -> float:
+    """Mean TTFT of one untimed-by-the-table run of the reference codec (sizes the injected costs)."""
+    saved = args.save_result
+    args.save_result = False
+    try:
+        outcome = bench_run.run_one(bench_run.ArmSpec(codec, codec), -1, args, workload, tokenizer_id)
+    finally:
+        args.save_result = saved
+    if outcome.result is None:
+        raise RuntimeError(f"the probe run of {codec} failed: {outcome.status}: {outcome.message}")
+    return float(outcome.result.metrics.ttft.mean)
+
+
+def delay_spec(codec: str, cost_ms: float) -> str:
+    """The calibration codec adding ``cost_ms`` per request: half in encode, half in decode."""
+    per_op_us = max(1, round(cost_ms * 1000 / 2))
+    return f"{codec}+request-delay={per_op_us}us"
+
+
+def summarize(comparison: Comparison, costs: dict[str, float], probe_ms: float) -> dict[str, Any]:
+    ref, aa = comparison.arms[0].label, comparison.arms[1].label
+    aa_cells = [c for c in comparison.cells if c.arm == aa]
+    false_pos = [c.figure.label for c in aa_cells if c.verdict.verdict in ("slower", "faster")]
+    injected: list[dict[str, Any]] = []
+    for label, pct in costs.items():
+        cell = comparison.cell(label, JUDGED_FOR_DETECTION)
+        verdict = cell.verdict if cell else None
+        injected.append(
+            {
+                "arm": label,
+                "cost_pct_of_ttft": pct,
+                "cost_ms": pct / 100 * probe_ms,
+                "verdict": verdict.verdict if verdict else "not comparable",
+                "text": verdict.text if verdict else "",
+                "detected": bool(verdict and verdict.verdict == "slower"),
+            }
+        )
+    detected: list[float] = [float(i["cost_pct_of_ttft"]) for i in injected if i["detected"]]
+    return {
+        "reference": ref,
+        "probe_mean_ttft_ms": probe_ms,
+        "aa_arm": aa,
+        "aa_judged": len(aa_cells),
+        "aa_false_positives": false_pos,
+        "injected": injected,
+        "smallest_detected_pct": min(detected) if detected else None,
+    }
+
+
+def format_summary(summary: dict[str, Any], rounds: int) -> str:
+    lines = [
+        "",
+        "=" * 20 + " Calibration " + "=" * 20,
+        f"rounds: {rounds}; probe mean TTFT {summary['probe_mean_ttft_ms']:.2f} ms ({summary['reference']})",
+        f"A/A ({summary['reference']} vs {summary['aa_arm']}): "
+        f"{len(summary['aa_false_positives'])} of {summary['aa_judged']} figures called different"
+        + (f" ({', '.join(summary['aa_false_positives'])})" if summary["aa_false_positives"] else ""),
+    ]
+    for item in summary["injected"]:
+        mark = "found" if item["detected"] else "not found"
+        lines.append(
+            f"injected {item['cost_pct_of_ttft']:g}% of TTFT ({item['cost_ms'] * 1000:.0f} µs per request): "
+            f"{mark}; TTFT mean {item['text']}"
+        )
+    smallest = summary["smallest_detected_pct"]
+    lines.append(
+        "smallest injected per-request cost found: "
+        + (f"{smallest:g}% of mean TTFT" if smallest is not None else "none of those tried")
+    )
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    from harness.loadgen.cli import check_endpoint, load_workload
+    from harness.loadgen.runner import BenchmarkError, LoadSettings
+
+    try:
+        costs_pct = parse_costs(args.costs_pct)
+        if args.arm_flags:
+            raise ValueError("calibrate makes its own arms: --arm-flags does not apply")
+        args.extra_flags = {}
+        (reference,) = [a.codec for a in bench_run.parse_codecs(args.codec)]
+        if "+" in reference:
+            raise ValueError("calibrate takes one plain codec (it adds the injected arms itself)")
+        LoadSettings.from_args(args)
+        workload, tokenizer_id = load_workload(args)
+        check_endpoint(workload, args.endpoint)
+    except ValueError as exc:
+        msg = "calibrate takes one codec" if "unpack" in str(exc) else str(exc)
+        print(f"bench calibrate: error: {msg}", file=sys.stderr)
+        return 2
+    except (BenchmarkError, OSError) as exc:
+        print(f"bench calibrate: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"bench calibrate: probe run of {reference} to size the injected costs", flush=True)
+    try:
+        probe_ms = probe_ttft_ms(reference, args, workload, tokenizer_id)
+    except (RuntimeError, KeyboardInterrupt) as exc:
+        print(f"bench calibrate: error: {exc}", file=sys.stderr)
+        return 1
+    injected = {delay_spec(reference, pct / 100 * probe_ms): pct for pct in costs_pct}
+    arms = bench_run.parse_codecs(",".join([reference, reference, *injected]))
+    outcomes, interrupted = bench_run.run_rounds(arms, args, workload, tokenizer_id)
+    arm_list, order = bench_run.build_arms(outcomes, arms)
+    if interrupted or any(not a.measured for a in arm_list):
+        print(bench_run.format_report(arm_list, None))
+        print("bench calibrate: not every arm was measured; no calibration", file=sys.stderr)
+        return 130 if interrupted else 1
+    comparison = compare(arm_list, margin_pct=args.margin_pct)
+    print(bench_run.format_report(arm_list, comparison))
+    summary = summarize(comparison, {a.label: injected[a.codec] for a in arms if a.codec in injected}, probe_ms)
+    print(format_summary(summary, args.repeat))
+    if args.save_result:
+        path = Path(args.result_dir) / f"calibrate-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        doc = compare_document(
+            comparison, folder=path.parent, metadata={"flags": flags_dict(args)}, repeat=args.repeat, order=order
+        )
+        doc["calibration"] = summary
+        write_json(path, doc, indent=2)
+        print(f"Calibration saved to {path}")
+    return 0

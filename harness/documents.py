@@ -1,0 +1,489 @@
+"""Result documents: the run, compare and micro JSON files — their schema, writing and reading.
+
+The one owner of what a result file holds. ``bench load``/``bench run`` write
+run documents, ``bench run``/``bench compare`` compare documents, ``bench
+micro --json`` micro documents; ``harness.results`` (pandas frames), ``bench
+compare``, the CI gate and ``scripts/plot_results.py`` read them through here.
+
+Schema history (``schema_version`` in every document):
+
+- run 1: vLLM benchmark_serving's field names for what both have, plus
+  ``codec``, ``payload_kind``, ``failed``, per-request ``records``,
+  ``codec_figures`` (from the server's /metrics), ``schedule_lag``,
+  ``metadata`` (versions, machine, flags). Also read: benchmark_serving's own
+  files (no ``records``).
+- compare 1: ``codecs``, ``repeat``, ``runs`` (codec, round, status, message,
+  ``result_file`` relative to the compare file), ``table`` (median and spread
+  per figure), ``changes_vs_first``.
+- compare 2: adds ``kind: "compare"``, each run's ``figures`` (so a compare
+  document stands alone as a compact baseline, without run files; its
+  ``result_file`` may be null), ``comparison`` (the verdicts of
+  ``harness.compare``), ``metadata``; drops ``changes_vs_first``. Version 1
+  files still load: their figures are read from their run files.
+- micro 2: a JSON list, one object per codec × payload cell, each with the
+  run's metadata.
+
+NaN is written as null and infinity as the string "inf" (``jsonable``), so
+every document is strict JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.loadgen.guard import health_dict
+from harness.loadgen.metrics import METRICS, MetricStats, chunk_itls, percentile_key
+from harness.loadgen.runner import BenchmarkResult
+from harness.loadgen.serverstats import CodecFigures
+from harness.loadgen.sysinfo import collect_sysinfo
+
+RUN_SCHEMA = 1
+COMPARE_SCHEMA = 2
+MICRO_SCHEMA = 2
+DEFAULT_RESULT_DIR = "results"
+
+PathLike = str | os.PathLike[str]
+# One file or folder, or several.
+Source = PathLike | Iterable[PathLike]
+
+# Codec figure columns of runs_frame, in bench run's naming (request_encode_us, ...).
+DIRECTIONS = ("request", "output")
+DIRECTION_FIELDS = ("encode_us", "decode_us", "bytes_per_message", "frames_per_message", "messages")
+CODEC_US_COLUMNS = tuple(f"{d}_{op}_us" for d in DIRECTIONS for op in ("encode", "decode"))
+
+# runs_frame always has these columns (NaN where unknown).
+ALWAYS_COLUMNS = (
+    "num_prompts",
+    "completed",
+    "failed",
+    "duration_s",
+    "request_throughput",
+    "output_throughput",
+    *(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "median", "p99")),
+    *CODEC_US_COLUMNS,
+)
+
+_ROUND_IN_NAME = re.compile(r"-r(\d+)-")
+
+
+# ------------------------------------------------------------------ writing
+
+
+def jsonable(value: Any) -> Any:
+    """NaN → None, ±inf → "inf"/"-inf", tuples → lists, unknown objects → str."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return None
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return value
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return jsonable({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return str(value)
+
+
+def write_json(path: PathLike, doc: Any, indent: int = 1) -> Path:
+    """Write strict JSON atomically (a reader never sees half a file)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(jsonable(doc), f, indent=indent, allow_nan=False)
+        f.write("\n")
+    os.replace(tmp, target)
+    return target
+
+
+def _stats_dict(stats: MetricStats) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "count": stats.count,
+        "mean_ms": stats.mean,
+        "median_ms": stats.median,
+        "std_ms": stats.std,
+    }
+    for p, value in stats.percentiles.items():
+        out[f"p{percentile_key(p)}_ms"] = value
+    return out
+
+
+def _codec_dict(figures: CodecFigures | None, mean_ttft_ms: float) -> dict[str, Any] | None:
+    if figures is None:
+        return None
+    return {
+        "codec": figures.codec,
+        "request": dataclasses.asdict(figures.request),
+        "output": dataclasses.asdict(figures.output),
+        "first_token_path_us": figures.first_token_path_us,
+        "ttft_share": figures.ttft_share(mean_ttft_ms),
+        "cells": {f"{d}.{op}": dataclasses.asdict(cell) for (d, op), cell in figures.cells.items()},
+    }
+
+
+def run_document(result: BenchmarkResult, sysinfo: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON document of one run (already JSON-safe)."""
+    m = result.metrics
+    s = result.settings
+    records = result.records
+    doc: dict[str, Any] = {
+        "schema_version": RUN_SCHEMA,
+        "date": result.started_at.strftime("%Y%m%d-%H%M%S"),
+        "started_at": result.started_at.isoformat(),
+        "backend": result.backend,
+        "model_id": result.model,
+        "tokenizer_id": result.tokenizer_id,
+        "num_prompts": result.num_prompts,
+        "request_rate": s.request_rate,
+        "burstiness": s.burstiness,
+        "max_concurrency": s.max_concurrency,
+        "duration": m.duration_s,
+        "completed": m.completed,
+        "failed": m.failed,
+        "total_input_tokens": m.total_input,
+        "total_output_tokens": m.total_output,
+        "request_throughput": m.request_throughput,
+        "request_goodput": m.request_goodput,
+        "output_throughput": m.output_throughput,
+        "total_token_throughput": m.total_token_throughput,
+        "input_lens": [r.prompt_len for r in records],
+        "output_lens": m.output_lens,
+        # Seconds, as benchmark_serving; null for a failed request.
+        "ttfts": [r.ttft if r.success else None for r in records],
+        # Per request, the gaps between output chunks in seconds (benchmark_serving's itls).
+        "itls": [chunk_itls(r.chunk_times) if r.success else [] for r in records],
+        "generated_texts": [r.generated_text for r in records],
+        "errors": [r.error for r in records],
+    }
+    for name in m.selected_metrics:
+        for key, value in _stats_dict(m.stats(name)).items():
+            if key != "count":
+                stat, _, unit = key.rpartition("_")
+                doc[f"{stat}_{name}_{unit}"] = value
+    doc.update(
+        {
+            "codec": result.codec,
+            "payload_kind": result.payload_kind,
+            "endpoint": s.endpoint,
+            "base_url": result.base_url,
+            "seed": s.seed,
+            "interrupted": result.interrupted,
+            "warmup_requests": s.warmup_requests,
+            "warmup_failed": result.warmup_failed,
+            "percentile_metrics": list(m.selected_metrics),
+            "metric_percentiles": list(m.selected_percentiles),
+            "goodput_slos_ms": m.goodput_slos_ms,
+            "metrics": {name: _stats_dict(m.stats(name)) for name in METRICS},
+            "schedule_lag": dataclasses.asdict(m.schedule_lag),
+            "dispatch_lag": dataclasses.asdict(m.dispatch_lag),
+            "codec_figures": _codec_dict(result.codec_figures, m.ttft.mean),
+            "client": health_dict(result.client_health),  # the client-bottleneck guard (loadgen/guard.py)
+            # generated_text is left out here: generated_texts has it.
+            "records": [{k: v for k, v in dataclasses.asdict(r).items() if k != "generated_text"} for r in records],
+            "metadata": {**(sysinfo or {}), "flags": result.flags, **result.extra},
+        }
+    )
+    return jsonable(doc)
+
+
+def default_result_path(
+    result: BenchmarkResult,
+    result_dir: str | os.PathLike[str] = DEFAULT_RESULT_DIR,
+    filename: str | None = None,
+) -> Path:
+    """results/<codec-or-backend>-<YYYYmmdd-HHMMSS>.json unless a filename is given.
+
+    A default name that already exists gets a -1, -2, ... suffix.
+    """
+    directory = Path(result_dir)
+    if filename:
+        return directory / filename
+    stem = f"{result.codec or result.backend}-{result.started_at.strftime('%Y%m%d-%H%M%S')}"
+    path = directory / f"{stem}.json"
+    n = 1
+    while path.exists():
+        path = directory / f"{stem}-{n}.json"
+        n += 1
+    return path
+
+
+def save_run(
+    result: BenchmarkResult,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    result_dir: str | os.PathLike[str] = DEFAULT_RESULT_DIR,
+    filename: str | None = None,
+    sysinfo: dict[str, Any] | None = None,
+) -> Path:
+    """Write the JSON file (atomically) and return its path.
+
+    ``path`` wins over ``result_dir``/``filename``; sysinfo is collected
+    when not given.
+    """
+    target = Path(path) if path is not None else default_result_path(result, result_dir, filename)
+    write_json(target, run_document(result, sysinfo if sysinfo is not None else collect_sysinfo()))
+    return target
+
+
+# ------------------------------------------------------------------ reading
+
+
+class ResultsError(ValueError):
+    """A result file is missing, unreadable or not what it should be."""
+
+
+# ------------------------------------------------------------------ files
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a file; ResultsError naming the file for anything else."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise ResultsError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ResultsError(f"{path}: is a folder, expected a JSON file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ResultsError(f"{path}: cannot read: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ResultsError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ResultsError(f"{path}: expected a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def is_compare(doc: dict[str, Any]) -> bool:
+    return isinstance(doc.get("table"), dict) and isinstance(doc.get("runs"), list)
+
+
+def is_run(doc: dict[str, Any]) -> bool:
+    # benchmark_serving files have ttfts/completed too; wirebench's add records.
+    return "records" in doc or ("ttfts" in doc and "completed" in doc)
+
+
+def load_run(path: PathLike) -> dict[str, Any]:
+    """One run file as a dict (exactly the JSON); ResultsError if it is not one."""
+    p = Path(path)
+    doc = read_json(p)
+    if is_compare(doc):
+        raise ResultsError(f"{p}: is a compare file, not a run file (runs_frame/requests_frame accept it)")
+    if not is_run(doc):
+        raise ResultsError(f"{p}: not a run file (no 'records' nor benchmark_serving's 'ttfts'/'completed')")
+    return doc
+
+
+def load_compare(path: PathLike) -> dict[str, Any]:
+    """One compare-*.json as a dict; ResultsError if it is not one."""
+    p = Path(path)
+    doc = read_json(p)
+    if not is_compare(doc):
+        what = "a run file" if is_run(doc) else "not a compare file"
+        raise ResultsError(f"{p}: {what}; expected the compare-*.json of `bench run` (keys 'table' and 'runs')")
+    if not isinstance(doc.get("codecs"), list):
+        doc["codecs"] = list(doc["table"])
+    return doc
+
+
+def load_micro(path: PathLike) -> list[dict[str, Any]]:
+    """A ``bench micro --json`` document: the list of cell objects."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ResultsError(f"{p}: cannot read a micro document: {exc}") from None
+    if not isinstance(doc, list) or not all(isinstance(c, dict) and "codec" in c for c in doc):
+        raise ResultsError(f"{p}: not a micro document (a JSON list of cells with 'codec')")
+    return doc
+
+
+@dataclass
+class RunEntry:
+    """One run of a source: where its file is (None for a run that saved none) and what it is.
+
+    ``figures`` are the run's summary figures (``run_figures``): from its run
+    file when there is one, else as a compare document embedded them (compact
+    baselines carry figures, not files); None when neither exists.
+    """
+
+    codec: str
+    round: int | None
+    status: str
+    message: str
+    path: Path | None
+    doc: dict[str, Any] | None
+    figures: dict[str, float] | None = None
+
+
+def resolve_result_file(result_file: str, compare_path: Path) -> Path:
+    """A compare file's ``result_file``: as written if absolute or existing,
+    else relative to the compare file's folder, else its name in that folder
+    (a results folder that was moved or copied as a whole)."""
+    given = Path(result_file)
+    folder = compare_path.parent
+    candidates = [given] if given.is_absolute() else [given, folder / given]
+    candidates.append(folder / given.name)
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    tried = ", ".join(str(c) for c in dict.fromkeys(candidates))
+    raise ResultsError(f"{compare_path}: result file {result_file!r} not found (tried {tried})")
+
+
+def _entry_from_run(path: Path, doc: dict[str, Any]) -> RunEntry:
+    flags = (doc.get("metadata") or {}).get("flags") or {}
+    # bench run labels its arms (the same codec twice in an A/A run): the label wins.
+    codec = flags.get("arm") or doc.get("codec") or flags.get("codec") or "unknown"
+    rnd = flags.get("round")
+    if rnd is None:
+        match = _ROUND_IN_NAME.search(path.name)
+        rnd = int(match.group(1)) if match else None
+    return RunEntry(str(codec), rnd, _run_status(doc), "", path, doc, run_figures(doc))
+
+
+def _run_status(doc: dict[str, Any]) -> str:
+    """bench run's status words, for a run file read on its own."""
+    if doc.get("interrupted"):
+        return "interrupted"
+    return "failures" if doc.get("failed") else "ok"
+
+
+def _entries_from_compare(path: Path, doc: dict[str, Any]) -> list[RunEntry]:
+    """The runs a compare document lists. A run's figures come from its run file, or, when
+    that file is absent and the document embeds them (compare 2, compact baselines), from there."""
+    entries = []
+    for i, run in enumerate(doc["runs"]):
+        if not isinstance(run, dict) or "codec" not in run:
+            raise ResultsError(f"{path}: runs[{i}] is not a run entry (no 'codec')")
+        file = run.get("result_file")
+        embedded = run.get("figures") if isinstance(run.get("figures"), dict) else None
+        run_path = run_doc = None
+        if file:
+            try:
+                run_path = resolve_result_file(file, path)
+            except ResultsError:
+                if embedded is None:
+                    raise
+        if run_path is not None:
+            run_doc = load_run(run_path)
+        figures = run_figures(run_doc) if run_doc is not None else _figures_of(embedded)
+        entries.append(
+            RunEntry(
+                str(run["codec"]),
+                run.get("round"),
+                str(run.get("status") or "ok"),
+                str(run.get("message") or ""),
+                run_path,
+                run_doc,
+                figures,
+            )
+        )
+    return entries
+
+
+def _figures_of(embedded: dict[str, Any] | None) -> dict[str, float] | None:
+    return None if embedded is None else {str(k): as_float(v) for k, v in embedded.items()}
+
+
+def collect_runs(source: Source) -> list[RunEntry]:
+    """Every run a source names, each file loaded once, in the order given."""
+    items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+    if not items:
+        raise ResultsError("no result files given")
+    entries: list[RunEntry] = []
+    seen: set[Path] = set()
+
+    def add(entry: RunEntry) -> None:
+        if entry.path is not None:
+            key = entry.path.resolve()
+            if key in seen:
+                return
+            seen.add(key)
+        entries.append(entry)
+
+    for item in items:
+        p = Path(item)
+        if p.is_dir():
+            for child in sorted(p.glob("*.json")):
+                if child.name.startswith("."):
+                    continue
+                doc = read_json(child)
+                if is_run(doc) and not is_compare(doc):
+                    add(_entry_from_run(child, doc))
+            continue
+        doc = read_json(p)
+        if is_compare(doc):
+            for entry in _entries_from_compare(p, doc):
+                add(entry)
+        elif is_run(doc):
+            add(_entry_from_run(p, doc))
+        else:
+            raise ResultsError(f"{p}: neither a run file nor a compare file")
+    return entries
+
+
+def as_float(value: Any) -> float:
+    """A JSON figure as a float: null → NaN, "inf"/"-inf" → ±inf."""
+    if value is None:
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def run_figures(doc: dict[str, Any]) -> dict[str, float]:
+    """Every summary figure of a run document, flat: ``mean_ttft_ms``, ``p99_chunk_itl_ms``,
+    ``request_encode_us``, ... (NaN where the document lacks it). The one reader of figures:
+    tables, comparisons, the CI gate and ``results.runs_frame`` all use it."""
+    out: dict[str, float] = {
+        "num_prompts": as_float(doc.get("num_prompts")),
+        "completed": as_float(doc.get("completed")),
+        "failed": as_float(doc.get("failed")),
+        "duration_s": as_float(doc.get("duration")),
+        "request_rate": as_float(doc.get("request_rate")),
+    }
+    for key in ("request_throughput", "request_goodput", "output_throughput", "total_token_throughput"):
+        out[key] = as_float(doc.get(key))
+    metrics = doc.get("metrics")
+    for name in METRICS:
+        stats = metrics.get(name) if isinstance(metrics, dict) else None
+        if isinstance(stats, dict):
+            # {"mean_ms", "median_ms", "std_ms", "p99_ms", ...} → mean_ttft_ms, ...
+            for key, value in stats.items():
+                if key.endswith("_ms"):
+                    out[f"{key[:-3]}_{name}_ms"] = as_float(value)
+        else:
+            # benchmark_serving's flat keys, present for the selected metrics only.
+            prefix = re.compile(rf"^(mean|median|std|p[\d.]+)_{name}_ms$")
+            for key, value in doc.items():
+                if prefix.match(key):
+                    out[key] = as_float(value)
+    for which in ("schedule_lag", "dispatch_lag"):
+        lag = doc.get(which)
+        if isinstance(lag, dict):
+            for key in ("mean_ms", "p99_ms", "max_ms"):
+                out[f"{which}_{key}"] = as_float(lag.get(key))
+    codec = doc.get("codec_figures")
+    if isinstance(codec, dict):
+        for direction in DIRECTIONS:
+            figures = codec.get(direction) or {}
+            for key in DIRECTION_FIELDS:
+                out[f"{direction}_{key}"] = as_float(figures.get(key))  # request_encode_us, ...
+        out["first_token_path_us"] = as_float(codec.get("first_token_path_us"))
+        out["ttft_share"] = as_float(codec.get("ttft_share"))
+    return out

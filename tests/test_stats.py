@@ -1,0 +1,314 @@
+"""harness.stats: t distribution, Holm, paired/Welch comparisons and verdicts (pure functions, fast)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+
+from harness.stats import (
+    DEFAULT_MARGIN_PCT,
+    DEFAULT_ROUNDS,
+    MIN_ROUNDS,
+    Figure,
+    PairStats,
+    compare_arms,
+    holm,
+    judge,
+    mde_pct,
+    rounds_needed,
+    t_ppf,
+    t_sf,
+)
+
+# --- Student t ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("q", "df", "expected"),
+    [
+        (0.975, 1, 12.706),
+        (0.975, 2, 4.303),
+        (0.975, 4, 2.776),
+        (0.975, 9, 2.262),
+        (0.975, 29, 2.045),
+        (0.95, 2, 2.920),
+        (0.995, 10, 3.169),
+        (0.999, 5, 5.893),
+        (0.9, 120, 1.289),
+    ],
+)
+def test_t_ppf_matches_table_values(q: float, df: int, expected: float) -> None:
+    assert t_ppf(q, df) == pytest.approx(expected, abs=6e-4)
+    assert t_ppf(1 - q, df) == pytest.approx(-expected, abs=6e-4)
+
+
+def test_t_sf_known_values_and_closed_forms() -> None:
+    assert t_sf(2.0, 10) == pytest.approx(0.036694017385370, rel=1e-10)
+    assert t_sf(0.0, 3) == 0.5
+    assert t_sf(math.inf, 3) == 0.0
+    for x in (0.1, 1.0, 3.0, 40.0):
+        assert t_sf(x, 1) == pytest.approx(0.5 - math.atan(x) / math.pi, rel=1e-10)  # Cauchy
+        assert t_sf(x, 2) == pytest.approx(0.5 - x / (2 * math.sqrt(2 + x * x)), rel=1e-10)
+        assert t_sf(-x, 7) == pytest.approx(1 - t_sf(x, 7), rel=1e-12)
+
+
+@pytest.mark.parametrize("df", [0.7, 1.0, 2.5, 3.0, 7.3, 15.8, 60.0, 1e4])
+def test_t_ppf_inverts_t_sf_for_any_df(df: float) -> None:
+    for q in (1e-6, 0.01, 0.2, 0.6, 0.975, 0.9977, 1 - 1e-7):
+        x = t_ppf(q, df)
+        tail = t_sf(-x, df) if q < 0.5 else t_sf(x, df)
+        assert tail == pytest.approx(min(q, 1 - q), rel=1e-9)
+
+
+def test_t_ppf_edges_and_large_df() -> None:
+    assert t_ppf(0.5, 4) == 0.0
+    assert t_ppf(1.0, 4) == math.inf and t_ppf(0.0, 4) == -math.inf
+    assert t_ppf(0.975, 1e9) == pytest.approx(1.959964, abs=1e-6)
+    assert t_ppf(0.975, 3.5) < t_ppf(0.975, 3)  # fewer df, heavier tails
+    with pytest.raises(ValueError):
+        t_ppf(0.9, 0)
+    with pytest.raises(ValueError):
+        t_ppf(1.5, 3)
+
+
+# --- Holm -----------------------------------------------------------------------------------------
+
+
+def test_holm_textbook_example() -> None:
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+
+
+def test_holm_monotone_clipped_and_empty() -> None:
+    assert holm([]) == []
+    assert holm([0.5, 0.9, 0.2]) == pytest.approx([1.0, 1.0, 0.6])
+    p = [0.001, 0.02, 0.019, 0.3, 0.04]
+    adj = holm(p)
+    order = sorted(range(len(p)), key=p.__getitem__)
+    assert all(adj[a] <= adj[b] for a, b in itertools.pairwise(order))
+    assert all(x >= y for x, y in zip(adj, p, strict=True))
+
+
+# --- compare_arms ---------------------------------------------------------------------------------
+
+
+def test_paired_ratio_ci_and_p_value() -> None:
+    a = [100.0, 102.0, 98.0, 101.0, 99.0]
+    b = [104.0, 107.0, 101.0, 106.0, 102.0]
+    s = compare_arms(a, b, paired=True)
+    d = [math.log(y / x) for x, y in zip(a, b, strict=True)]
+    mean, sd = float(np.mean(d)), float(np.std(d, ddof=1))
+    assert (s.n_a, s.n_b, s.df, s.paired) == (5, 5, 4.0, True)
+    assert s.ratio == pytest.approx(math.exp(mean))
+    assert s.sd_log == pytest.approx(sd)
+    half = 2.776445105 * sd / math.sqrt(5)
+    assert (s.ci_low, s.ci_high) == pytest.approx((math.exp(mean - half), math.exp(mean + half)))
+    assert s.p_value == pytest.approx(2 * t_sf(mean / (sd / math.sqrt(5)), 4))
+
+
+def test_paired_needs_equal_lengths() -> None:
+    with pytest.raises(ValueError, match="same number of rounds"):
+        compare_arms([1.0, 2.0, 3.0], [1.0, 2.0], paired=True)
+
+
+def test_welch_on_logs() -> None:
+    rng = np.random.default_rng(3)
+    a = list(np.exp(rng.normal(0.0, 0.03, 6)))
+    b = list(np.exp(rng.normal(0.1, 0.06, 9)))
+    s = compare_arms(a, b, paired=False)
+    va, vb = np.var(np.log(a), ddof=1) / 6, np.var(np.log(b), ddof=1) / 9
+    assert s.se_log == pytest.approx(math.sqrt(va + vb))
+    assert s.df == pytest.approx((va + vb) ** 2 / (va**2 / 5 + vb**2 / 8))
+    assert 5 < s.df < 13
+    assert s.ratio == pytest.approx(math.exp(np.mean(np.log(b)) - np.mean(np.log(a))))
+    # Equal n and equal spread: Welch df is the pooled 2n - 2.
+    same = compare_arms([1.0, 2.0, 3.0], [2.0, 4.0, 6.0], paired=False)
+    assert same.df == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("bad", [math.nan, 0.0, -1.0, math.inf])
+def test_bad_values_are_not_comparable(bad: float) -> None:
+    s = compare_arms([1.0, 1.1, bad], [1.0, 1.2, 1.1], paired=True)
+    assert not s.comparable and s.reason
+    assert math.isnan(s.ratio) and math.isnan(s.p_value)
+
+
+# --- judge ----------------------------------------------------------------------------------------
+
+
+def _arms(n: int, change: float, noise: float, seed: int = 0) -> tuple[list[float], list[float]]:
+    rng = np.random.default_rng(seed)
+    a = 20.0 * np.exp(rng.normal(0, noise, n))
+    b = 20.0 * (1 + change) * np.exp(rng.normal(0, noise, n))
+    return a.tolist(), b.tolist()
+
+
+def _one(a: list[float], b: list[float], higher: bool = False, **kw: Any):
+    return judge([compare_arms(a, b, paired=True)], higher_is_better=[higher], **kw)[0]
+
+
+def test_clear_effect_direction_follows_the_figure() -> None:
+    a, b = _arms(8, 0.10, 0.01)
+    latency = _one(a, b, higher=False)
+    assert latency.verdict == "slower"
+    assert 7 < latency.change_pct < 13 and latency.ci_low_pct > 0 and latency.p_adjusted < 0.05
+    assert re.fullmatch(r"slower by \+\d+\.\d% \[\+\d+\.\d%, \+\d+\.\d%\]", latency.text)
+    assert _one(a, b, higher=True).verdict == "faster"  # B higher throughput
+    assert _one(b, a, higher=False).verdict == "faster"  # B lower latency
+    assert _one(b, a, higher=True).verdict == "slower"  # B lower throughput
+    assert _one(b, a).text.startswith("faster by -")
+
+
+def test_significant_but_small_difference_says_within_margin() -> None:
+    a, b = _arms(10, 0.01, 0.001)
+    v = _one(a, b)
+    assert v.verdict == "slower"
+    assert v.text.endswith(f"within ±{DEFAULT_MARGIN_PCT:g}%")
+
+
+def test_identical_arms_are_equivalent() -> None:
+    a = [20.0, 21.0, 19.5, 20.4, 20.1]
+    v = _one(a, list(a))
+    assert v.verdict == "equivalent"
+    assert (v.change_pct, v.p_value) == (0.0, 1.0)
+    assert v.text == f"equivalent within ±{DEFAULT_MARGIN_PCT:g}% (+0.0% [+0.0%, +0.0%])"
+    a, b = _arms(8, 0.0, 0.003, seed=4)
+    assert _one(a, b, margin_pct=3.0).text.startswith("equivalent within ±3% (")
+
+
+def test_noisy_small_n_is_inconclusive_with_rounds_needed() -> None:
+    a, b = _arms(4, 0.03, 0.05, seed=1)
+    v = _one(a, b)
+    assert v.verdict == "inconclusive"
+    assert v.rounds_needed is not None and v.rounds_needed > v.n_rounds == 4
+    assert v.mde_pct > abs(v.change_pct)
+    assert re.fullmatch(
+        r"inconclusive: [+-]\d+\.\d% \[[+-]\d+\.\d%, [+-]\d+\.\d%\]; "
+        r"≈\d+ rounds would resolve (±5%|the difference)",
+        v.text,
+    )
+
+
+def test_too_few_rounds() -> None:
+    a, b = _arms(2, 0.2, 0.01)
+    v = _one(a, b)
+    assert v.verdict == "too few rounds"
+    assert v.text == f"too few rounds for a verdict (2 < {MIN_ROUNDS})"
+    assert v.change_pct == pytest.approx(20, abs=5) and math.isnan(v.p_adjusted)
+
+
+def test_empty_and_single_rounds_are_too_few() -> None:
+    assert _one([], []).verdict == "too few rounds"
+    assert _one([1.0], [2.0]).text == f"too few rounds for a verdict (1 < {MIN_ROUNDS})"
+    assert judge([compare_arms([1.0], [2.0, 3.0, 4.0], paired=False)], higher_is_better=[False])[0].n_rounds == 1
+
+
+def test_not_comparable_are_left_out_of_the_holm_family() -> None:
+    a, b = _arms(6, 0.05, 0.02)
+    good = compare_arms(a, b, paired=True)
+    family = [good, compare_arms([*a[:5], math.nan], b, paired=True), None, compare_arms(a[:2], b[:2], paired=True)]
+    verdicts = judge(family, higher_is_better=[False] * 4)
+    assert [v.verdict for v in verdicts[1:]] == ["not comparable", "not comparable", "too few rounds"]
+    assert verdicts[0].p_adjusted == pytest.approx(good.p_value)  # a family of one
+    assert verdicts[2].text == "not comparable: missing on one side"
+    assert "nan" in verdicts[1].text
+
+
+def test_holm_applies_across_the_family() -> None:
+    a, b = _arms(6, 0.05, 0.02)
+    s = compare_arms(a, b, paired=True)
+    alone = judge([s], higher_is_better=[False])[0]
+    among_nulls = judge(
+        [s] + [compare_arms(*_arms(6, 0.0, 0.02, seed=k), paired=True) for k in range(1, 11)],
+        higher_is_better=[False] * 11,
+    )[0]
+    assert among_nulls.p_adjusted == pytest.approx(min(1.0, 11 * s.p_value))
+    assert alone.p_adjusted == pytest.approx(s.p_value)
+
+
+def test_unpaired_verdicts() -> None:
+    a, _ = _arms(5, 0.0, 0.01, seed=2)
+    _, b = _arms(9, 0.15, 0.01, seed=3)
+    v = judge([compare_arms(a, b, paired=False)], higher_is_better=[False])[0]
+    assert v.verdict == "slower" and v.n_rounds == 5
+
+
+def test_judge_rejects_bad_arguments() -> None:
+    s = compare_arms([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], paired=True)
+    with pytest.raises(ValueError):
+        judge([s], higher_is_better=[])
+    with pytest.raises(ValueError):
+        judge([s], higher_is_better=[False], min_rounds=1)
+
+
+def test_figure_spec() -> None:
+    f = Figure("output_throughput", "out tok/s", higher_is_better=True)
+    assert (f.key, f.label, f.higher_is_better) == ("output_throughput", "out tok/s", True)
+    assert Figure("mean_ttft_ms", "TTFT mean").higher_is_better is False
+
+
+# --- rounds needed and MDE ------------------------------------------------------------------------
+
+
+def test_rounds_needed_is_the_first_n_that_resolves() -> None:
+    sd, level = 0.04, 0.05 / 11
+    n, outcome = rounds_needed(0.0, sd, n_now=5, level=level, margin_pct=3.0, power=0.5)
+    assert outcome == "equivalence"
+    hw = [t_ppf(0.975, k - 1) * sd / math.sqrt(k) for k in (n - 1, n)]
+    assert hw[1] < math.log(1.03) <= hw[0]
+    n, outcome = rounds_needed(0.08, sd, n_now=5, level=level, margin_pct=3.0, power=0.5)
+    assert outcome == "difference"
+    hw = [t_ppf(1 - level / 2, k - 1) * sd / math.sqrt(k) for k in (n - 1, n)]
+    assert hw[1] < 0.08 <= hw[0]
+    # Power 0.8 asks for more rounds than "the CI just resolves".
+    assert rounds_needed(0.08, sd, n_now=5, level=level, power=0.8)[0] > n
+    assert rounds_needed(math.log(1.03), 0.5, n_now=5, level=level, margin_pct=3.0) == (None, None)
+
+
+def test_mde_shrinks_with_rounds() -> None:
+    mdes = [mde_pct(0.03, n, level=0.05 / 11) for n in (3, 5, 8, 20)]
+    assert all(x > y > 0 for x, y in itertools.pairwise(mdes))
+    assert math.isnan(mde_pct(0.03, 1))
+
+
+# --- Monte-Carlo properties (seeded, so deterministic) ----------------------------------------------
+
+
+def _families(rng: np.random.Generator, sims: int, n: int, effect: np.ndarray, sigma: float) -> list[list]:
+    """Independent log-normal noise per figure, arm and round: the hardest case for Holm's family-wise rate."""
+    figures = len(effect)
+    a = np.exp(rng.normal(0, sigma, (sims, figures, n)))
+    b = np.exp(rng.normal(0, sigma, (sims, figures, n)) + effect[None, :, None])
+    return [
+        judge(
+            [compare_arms(x, y, paired=True) for x, y in zip(ta.tolist(), tb.tolist(), strict=True)],
+            higher_is_better=[False] * figures,
+        )
+        for ta, tb in zip(a, b, strict=True)
+    ]
+
+
+def test_family_wise_false_positive_rate_of_aa_tables() -> None:
+    rng = np.random.default_rng(20240601)
+    families = _families(rng, 400, 5, np.zeros(11), 0.03)
+    fwer = np.mean([any(v.verdict in ("slower", "faster") for v in vs) for vs in families])
+    assert fwer <= 0.08
+
+
+def test_power_at_default_rounds_for_a_three_sigma_change() -> None:
+    rng = np.random.default_rng(20240602)
+    sigma = 0.03
+    effect = np.zeros(11)
+    effect[0] = 3 * sigma
+    families = _families(rng, 400, DEFAULT_ROUNDS, effect, sigma)
+    power = np.mean([vs[0].verdict == "slower" for vs in families])
+    assert power >= 0.7
+
+
+def test_pair_stats_n_rounds() -> None:
+    s = PairStats(4, 7, False, 0.0, 0.1, 0.2, 8.0, 1.0, 0.9, 1.1, 0.5)
+    assert s.n_rounds == 4 and s.comparable
