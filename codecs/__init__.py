@@ -19,8 +19,10 @@ from .registry import (
     UnknownCodecError,
     available_codecs,
     check_codec_spec,
+    codecs_out_of_band,
     codecs_that_carry_multimodal,
     get_codec,
+    sends_out_of_band,
     unpickles_peer_data,
 )
 
@@ -37,7 +39,9 @@ __all__ = [
     "UnsupportedPayloadError",
     "available_codecs",
     "check_codec_spec",
+    "codecs_out_of_band",
     "codecs_that_carry_multimodal",
     "get_codec",
+    "sends_out_of_band",
     "unpickles_peer_data",
 ]

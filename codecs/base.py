@@ -77,6 +77,9 @@ class Codec(Protocol):
 
     Optional facts a codec class may state (the registry reads them with a default):
 
+    - ``out_of_band: ClassVar[bool]`` (default False): big buffers leave the
+      body as frames of their own (frame 1 on), which decode takes as views;
+      the shm transport needs it (it carries exactly those frames).
     - ``unpickles_peer_data: ClassVar[bool]`` (default False): decode runs
       code the sender chooses (pickle), so the codec must never face an
       untrusted peer; ``bench serve`` refuses it over non-loopback tcp.

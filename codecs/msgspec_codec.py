@@ -200,6 +200,7 @@ class MsgspecOobCodec(_MsgspecBase):
 
     name: ClassVar[str] = "msgspec-oob"
     carries_multimodal: ClassVar[bool] = True
+    out_of_band: ClassVar[bool] = True
 
     def __init__(self) -> None:
         super().__init__()

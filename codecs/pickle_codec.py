@@ -91,6 +91,7 @@ class PickleOobCodec:
 
     name: ClassVar[str] = "pickle-oob"
     carries_multimodal: ClassVar[bool] = True
+    out_of_band: ClassVar[bool] = True
     unpickles_peer_data: ClassVar[bool] = True
 
     def encode(self, msg: Any) -> Frames:

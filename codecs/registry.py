@@ -94,6 +94,15 @@ def check_codec_spec(name: str) -> str:
     return name
 
 
+def sends_out_of_band(name: str) -> bool:
+    """Whether the codec sends big buffers as frames of their own (its class says; default False)."""
+    return bool(getattr(codec_class(split_spec(name)[0]), "out_of_band", False))
+
+
+def codecs_out_of_band() -> list[str]:
+    return [name for name in available_codecs() if sends_out_of_band(name)]
+
+
 def unpickles_peer_data(name: str) -> bool:
     """Whether the codec's decode runs code the sender chooses (its class says; default False)."""
     return bool(getattr(codec_class(split_spec(name)[0]), "unpickles_peer_data", False))

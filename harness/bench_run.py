@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import re
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import stats
+from harness import table as text_table
 from harness.compare import (
     CODEC_FIGURES,
     LATENCY_FIGURES,
@@ -34,15 +37,25 @@ from harness.compare import (
     compare,
     compare_document,
     figures_table,
+    median_cell,
     verdict_lines,
 )
 from harness.documents import RunEntry, run_document, run_figures, save_run, write_json
 from harness.frontend.settings import default_model_name
+from harness.loadgen.arrivals import positive_rate
 from harness.loadgen.cli import flags_dict
 from harness.serve import add_model_arguments
 from harness.serve_process import ServerProcess
 from harness.stats import Figure
-from wirecodecs import UNSUPPORTED_PAYLOAD, UnknownCodecError, available_codecs, check_codec_spec
+from harness.transport import TRANSPORTS
+from wirecodecs import (
+    UNSUPPORTED_PAYLOAD,
+    UnknownCodecError,
+    available_codecs,
+    check_codec_spec,
+    codecs_out_of_band,
+    sends_out_of_band,
+)
 
 SERVER_READY_TIMEOUT_S = 300.0
 
@@ -58,6 +71,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "a repeated name is an A/A arm; options after + inject a known cost (pickle+request-delay=500us)",
     )
     p.add_argument(
+        "--transport",
+        default="zmq",
+        help="zmq, shm, or a comma list: every codec runs on every transport (interleaved in one table); "
+        "shm needs a codec with out-of-band frames (see bench serve --help)",
+    )
+    p.add_argument(
         "--repeat",
         type=int,
         default=1,
@@ -71,20 +90,94 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"equivalence margin of the verdicts in percent (default {stats.DEFAULT_MARGIN_PCT:g})",
     )
     p.add_argument("--server-log", default=None, help="append each server's output to this file")
+    p.add_argument(
+        "--arm-flags",
+        action="append",
+        default=[],
+        metavar="LABEL=FLAGS",
+        help="extra bench serve flags for one arm, e.g. --codec msgspec,msgspec --arm-flags 'msgspec#2=--no-spans' "
+        "(an A/B of a server setting); repeatable",
+    )
+    p.add_argument(
+        "--trace-file",
+        default=None,
+        metavar="PATH",
+        help="each server writes its request timelines as Chrome trace JSON: PATH with -<arm>-r<round> added",
+    )
     add_dataset_arguments(p)  # defines --seed: the workload, arrivals and model weights share it
     add_model_arguments(p)
     add_load_arguments(p)
     # A few untimed requests per server first, so one-off costs (allocator,
     # first model call) land outside every codec's measurement alike.
     p.set_defaults(warmup_requests=4)
+    # bench run's default rate is measured, not infinite (bench load keeps benchmark_serving's inf).
+    rate = p._option_string_actions["--request-rate"]
+    rate.type, rate.default = rate_or_auto, AUTO
+    rate.help = (
+        f"requests per second, 'inf' (all at once, benchmark_serving's default: a saturation test) or "
+        f"'auto' (default: {AUTO_LOAD:.0%} of the capacity a short probe at rate inf measures, so TTFT measures "
+        "serving, not a queue)"
+    )
+
+
+AUTO = "auto"
+AUTO_LOAD = 0.5  # --request-rate auto: this fraction of the measured capacity
+
+
+def rate_or_auto(text: str) -> float | str:
+    return AUTO if text == AUTO else positive_rate(text)
+
+
+def probe_capacity(arm: ArmSpec, args: argparse.Namespace, workload: list, tokenizer_id: str) -> float:
+    """Completed requests per second of a burst (rate inf) against ``arm``'s server: its capacity."""
+    n = min(len(workload), max(64, 2 * args.max_num_seqs))
+    saved = args.request_rate, args.save_result, args.trace_file
+    args.request_rate, args.save_result, args.trace_file = math.inf, False, None
+    try:
+        print(
+            f"\n[probe] {arm.label}: {n} requests at rate inf to measure capacity for --request-rate auto", flush=True
+        )
+        outcome = run_one(arm, -1, args, workload[:n], tokenizer_id)
+    finally:
+        args.request_rate, args.save_result, args.trace_file = saved
+    if outcome.result is None or not outcome.result.metrics.completed:
+        raise RuntimeError(f"the capacity probe failed: {outcome.status}: {outcome.message}")
+    return float(outcome.result.metrics.request_throughput)
 
 
 @dataclass(frozen=True)
 class ArmSpec:
-    """One arm of a run: the label in tables and file names, and the codec its server uses."""
+    """One arm of a run: the label in tables and file names, the codec and the transport its server uses."""
 
     label: str
     codec: str
+    transport: str = "zmq"
+
+    def unsupported(self) -> str | None:
+        """Why this arm cannot run at all (said in the table instead of starting a server), or None."""
+        if self.transport == "shm" and not sends_out_of_band(self.codec):
+            return (
+                f"--transport shm needs a codec with out-of-band frames ({', '.join(codecs_out_of_band())}); "
+                f"{self.codec} puts big buffers in its body"
+            )
+        return None
+
+
+def parse_arms(codec_spec: str, transport_spec: str = "zmq") -> list[ArmSpec]:
+    """Every codec × transport (codec-major); labels carry the transport when several are compared."""
+    transports = [t.strip() for t in transport_spec.split(",") if t.strip()]
+    bad = [t for t in transports if t not in TRANSPORTS]
+    if bad or not transports:
+        raise ValueError(
+            f"unknown transport(s) {', '.join(bad) or '(none given)'}; choose from {', '.join(TRANSPORTS)}"
+        )
+    transports = list(dict.fromkeys(transports))
+    arms = []
+    for codec_arm in parse_codecs(codec_spec):
+        for t in transports:
+            label = codec_arm.label if len(transports) == 1 else f"{codec_arm.label}/{t}"
+            arms.append(ArmSpec(label, codec_arm.codec, t))
+    return arms
 
 
 def parse_codecs(spec: str) -> list[ArmSpec]:
@@ -122,8 +215,31 @@ def server_flags(args: argparse.Namespace) -> list[str]:
         value = getattr(args, action.dest, None)
         if value is None or value == action.default:
             continue
-        flags += [action.option_strings[0], str(value)]
+        if action.nargs == 0:  # a switch such as --no-spans
+            flags.append(action.option_strings[0])
+        else:
+            flags += [action.option_strings[0], str(value)]
     return flags
+
+
+def parse_arm_flags(specs: list[str], arms: list[ArmSpec]) -> dict[str, list[str]]:
+    """``--arm-flags LABEL='--flag value'`` (repeatable): extra bench serve flags for one arm."""
+    labels = {a.label for a in arms}
+    out: dict[str, list[str]] = {}
+    for spec in specs:
+        label, sep, flags = spec.partition("=")
+        if not sep or label not in labels:
+            raise ValueError(
+                f"--arm-flags {spec!r}: expected LABEL=FLAGS with LABEL one of {', '.join(sorted(labels))}"
+            )
+        out.setdefault(label, []).extend(shlex.split(flags))
+    return out
+
+
+def trace_path(template: str, arm: ArmSpec, rnd: int) -> str:
+    """--trace-file for one run: the file name gets the arm's label and round (one trace per server)."""
+    path = Path(template)
+    return str(path.with_name(f"{path.stem}-{arm.label}-r{rnd}{path.suffix or '.json'}"))
 
 
 @dataclass
@@ -141,7 +257,16 @@ def run_one(arm: ArmSpec, rnd: int, args: argparse.Namespace, workload: list, to
     from harness.loadgen.runner import BenchmarkError, run_benchmark
 
     outcome = RunOutcome(arm, rnd)
-    server = ServerProcess(arm.codec, server_flags(args), args.server_log)
+    why = arm.unsupported()
+    if why is not None:
+        outcome.status, outcome.message = "unsupported", why
+        return outcome
+    flags = [*server_flags(args), *args.extra_flags.get(arm.label, [])]
+    if arm.transport != "zmq":
+        flags += ["--transport", arm.transport]
+    if args.trace_file:
+        flags += ["--trace-file", trace_path(args.trace_file, arm, rnd)]
+    server = ServerProcess(arm.codec, flags, args.server_log)
     try:
         base_url = server.wait_ready(SERVER_READY_TIMEOUT_S)
         model = args.served_model_name or default_model_name(args.model_preset)
@@ -204,6 +329,37 @@ SHOWN = (
 )
 
 
+# The IPC budget per arm (harness.spans): median over rounds of each run's p50 (µs).
+IPC_FIGURES = (
+    Figure("ipc_request_encode_p50_us", "req enc"),
+    Figure("ipc_request_wire_p50_us", "req wire"),
+    Figure("ipc_request_decode_p50_us", "req dec"),
+    Figure("ipc_request_queue_p50_us", "in queue"),
+    Figure("ipc_output_queue_p50_us", "out queue"),
+    Figure("ipc_output_encode_p50_us", "out enc"),
+    Figure("ipc_output_wire_p50_us", "out wire"),
+    Figure("ipc_output_decode_p50_us", "out dec"),
+    Figure("ipc_ipc_mean_us", "IPC mean"),
+    Figure("ipc_share_pct", "IPC % TTFT"),
+    Figure("loop_lag_p99_ms", "loop lag p99 ms"),
+)
+
+
+def ipc_lines(arm_list: list[Arm]) -> list[str]:
+    """The IPC budget table; nothing when no run had request timelines."""
+    if not any(math.isfinite(v) for a in arm_list for v in a.values("ipc_ipc_mean_us")):
+        return []
+    table = text_table.format_table(
+        ["arm", *(f.label for f in IPC_FIGURES)],
+        [[a.label, *(median_cell(a, f.key) for f in IPC_FIGURES)] for a in arm_list if a.measured],
+    )
+    note = (
+        "IPC budget, µs: p50 over each run's requests (first-token path), median over rounds; "
+        "wire = send → receive; IPC mean = the sum on a request's path to its first token"
+    )
+    return ["", *table, note]
+
+
 def to_entry(outcome: RunOutcome) -> RunEntry:
     """A run as the comparison sees it: its figures read from its run document."""
     figures = None
@@ -233,6 +389,7 @@ def format_report(arm_list: list[Arm], comparison: Comparison | None) -> str:
         "times in ms unless marked µs; µs columns are codec time per message from the server's /metrics; "
         "median over rounds ± half the range"
     )
+    lines += ipc_lines(arm_list)
     if comparison.cells:
         lines += ["", *verdict_lines(comparison)]
     return "\n".join(lines)
@@ -243,19 +400,24 @@ def main(args: argparse.Namespace) -> int:
     from harness.loadgen.runner import BenchmarkError, LoadSettings
 
     try:
-        arms = parse_codecs(args.codec)
+        arms = parse_arms(args.codec, args.transport)
+        args.extra_flags = parse_arm_flags(args.arm_flags, arms)
         if args.repeat < 1:
             raise ValueError("--repeat must be >= 1")
         if getattr(args, "images_per_request", 0) and args.endpoint == "/v1/completions":
             args.endpoint = "/v1/chat/completions"  # images only travel through chat
             print("bench run: image workload, using /v1/chat/completions")
-        LoadSettings.from_args(args)
+        # Validate every load flag now; an auto rate is resolved later, by the probe.
+        LoadSettings.from_args(argparse.Namespace(**{**vars(args), "request_rate": math.inf}))
         workload, tokenizer_id = load_workload(args)
         check_endpoint(workload, args.endpoint)
     except (ValueError, BenchmarkError, OSError) as exc:
         print(f"bench run: error: {exc}", file=sys.stderr)
         return 2
 
+    rate_note = resolve_rate(arms, args, workload, tokenizer_id)
+    if rate_note is None:
+        return 1
     outcomes, interrupted = run_rounds(arms, args, workload, tokenizer_id)
     arm_list, order = build_arms(outcomes, arms)
     measured = [a for a in arm_list if a.measured]
@@ -268,9 +430,8 @@ def main(args: argparse.Namespace) -> int:
         full = Comparison(arm_list, comparison.figures if comparison else [*LATENCY_FIGURES, *CODEC_FIGURES])
         if comparison is not None:
             full.cells, full.margin_pct = comparison.cells, comparison.margin_pct
-        doc = compare_document(
-            full, folder=path.parent, metadata={"flags": flags_dict(args)}, repeat=args.repeat, order=order
-        )
+        metadata = {"flags": flags_dict(args), "request_rate": rate_note}
+        doc = compare_document(full, folder=path.parent, metadata=metadata, repeat=args.repeat, order=order)
         write_json(path, doc, indent=2)
         print(f"Comparison saved to {path}")
     if interrupted:
@@ -278,6 +439,33 @@ def main(args: argparse.Namespace) -> int:
     if any(o.status in ("failures", "error") for o in outcomes):
         return 1
     return 0
+
+
+def resolve_rate(arms: list[ArmSpec], args: argparse.Namespace, workload: list, tokenizer_id: str) -> dict | None:
+    """Fix --request-rate for every arm and round; with auto, from a capacity probe of the first arm."""
+    if args.request_rate != AUTO:
+        return {"rate": args.request_rate, "auto": False}
+    errors = []
+    for arm in arms:  # the first arm that can serve the workload sizes the rate for all
+        if arm.unsupported() is not None:
+            continue
+        try:
+            capacity = probe_capacity(arm, args, workload, tokenizer_id)
+            break
+        except RuntimeError as exc:
+            errors.append(f"{arm.label}: {exc}")
+        except KeyboardInterrupt:
+            return None
+    else:
+        print(f"bench run: error: --request-rate auto: no arm could be probed: {'; '.join(errors)}", file=sys.stderr)
+        return None
+    args.request_rate = round(AUTO_LOAD * capacity, 2)
+    print(
+        f"\n[probe] capacity {capacity:.2f} req/s with {arm.label}: every arm runs at {args.request_rate:g} req/s "
+        f"({AUTO_LOAD:.0%} of it; pass --request-rate to choose, inf for a saturation test)",
+        flush=True,
+    )
+    return {"rate": args.request_rate, "auto": True, "capacity_req_s": capacity, "load": AUTO_LOAD, "probe": arm.label}
 
 
 def run_rounds(

@@ -40,10 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.loadgen.guard import health_dict
+from harness.loadgen.ipc import budget_figures
 from harness.loadgen.metrics import METRICS, MetricStats, chunk_itls, percentile_key
 from harness.loadgen.runner import BenchmarkResult
 from harness.loadgen.serverstats import CodecFigures
 from harness.loadgen.sysinfo import collect_sysinfo
+from harness.spans import IpcBudget
 
 RUN_SCHEMA = 1
 COMPARE_SCHEMA = 2
@@ -56,7 +58,15 @@ Source = PathLike | Iterable[PathLike]
 
 # Codec figure columns of runs_frame, in bench run's naming (request_encode_us, ...).
 DIRECTIONS = ("request", "output")
-DIRECTION_FIELDS = ("encode_us", "decode_us", "bytes_per_message", "frames_per_message", "messages")
+DIRECTION_FIELDS = (
+    "encode_us",
+    "decode_us",
+    "encode_cpu_us",
+    "decode_cpu_us",
+    "bytes_per_message",
+    "frames_per_message",
+    "messages",
+)
 CODEC_US_COLUMNS = tuple(f"{d}_{op}_us" for d in DIRECTIONS for op in ("encode", "decode"))
 
 # runs_frame always has these columns (NaN where unknown).
@@ -98,7 +108,7 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-def write_json(path: PathLike, doc: Any, indent: int = 1) -> Path:
+def write_json(path: PathLike, doc: Any, indent: int | None = 1) -> Path:
     """Write strict JSON atomically (a reader never sees half a file)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -133,6 +143,12 @@ def _codec_dict(figures: CodecFigures | None, mean_ttft_ms: float) -> dict[str, 
         "ttft_share": figures.ttft_share(mean_ttft_ms),
         "cells": {f"{d}.{op}": dataclasses.asdict(cell) for (d, op), cell in figures.cells.items()},
     }
+
+
+def _ipc_dict(budget: IpcBudget | None, mean_ttft_ms: float) -> dict[str, Any] | None:
+    if budget is None:
+        return None
+    return {**budget.to_dict(), "share_of_ttft": budget.share_of_ttft(mean_ttft_ms)}
 
 
 def run_document(result: BenchmarkResult, sysinfo: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -191,10 +207,11 @@ def run_document(result: BenchmarkResult, sysinfo: dict[str, Any] | None = None)
             "schedule_lag": dataclasses.asdict(m.schedule_lag),
             "dispatch_lag": dataclasses.asdict(m.dispatch_lag),
             "codec_figures": _codec_dict(result.codec_figures, m.ttft.mean),
+            "ipc": _ipc_dict(result.ipc, m.ttft.mean),
             "client": health_dict(result.client_health),  # the client-bottleneck guard (loadgen/guard.py)
             # generated_text is left out here: generated_texts has it.
             "records": [{k: v for k, v in dataclasses.asdict(r).items() if k != "generated_text"} for r in records],
-            "metadata": {**(sysinfo or {}), "flags": result.flags, **result.extra},
+            "metadata": {**(sysinfo or {}), "flags": result.flags, "engine": result.engine, **result.extra},
         }
     )
     return jsonable(doc)
@@ -486,4 +503,9 @@ def run_figures(doc: dict[str, Any]) -> dict[str, float]:
                 out[f"{direction}_{key}"] = as_float(figures.get(key))  # request_encode_us, ...
         out["first_token_path_us"] = as_float(codec.get("first_token_path_us"))
         out["ttft_share"] = as_float(codec.get("ttft_share"))
+    ipc = doc.get("ipc")
+    if isinstance(ipc, dict):
+        out.update(budget_figures(ipc))  # ipc_request_wire_p50_us, ipc_ipc_mean_us, ...
+        out["ipc_share_pct"] = as_float(ipc.get("share_of_ttft")) * 100.0
+        out["loop_lag_p99_ms"] = as_float((ipc.get("loop_lag_ms") or {}).get("p99"))
     return out

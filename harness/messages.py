@@ -188,9 +188,10 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
 class CodecStats(msgspec.Struct, array_like=True, gc=False):
     """Cumulative codec counters of one side of the transport, for /metrics.
 
-    Times are in nanoseconds of ``time.perf_counter_ns``; ``count`` is the number
-    of messages. The engine reports its own in heartbeats (JSON, outside the
-    codec), so the figures being measured don't carry their own bookkeeping.
+    Times are in nanoseconds of ``time.monotonic_ns`` (wall) and
+    ``time.thread_time_ns`` (CPU); ``count`` is the number of messages. The
+    engine reports its own in heartbeats (JSON, outside the codec), so the
+    figures being measured don't carry their own bookkeeping.
     """
 
     decode_count: int = 0
@@ -201,6 +202,9 @@ class CodecStats(msgspec.Struct, array_like=True, gc=False):
     encode_ns: int = 0
     encode_bytes: int = 0
     encode_frames: int = 0
+    # Thread CPU time (time.thread_time_ns) in the same calls: wall minus CPU is waiting (GIL, cores).
+    decode_cpu_ns: int = 0
+    encode_cpu_ns: int = 0
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

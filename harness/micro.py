@@ -51,6 +51,7 @@ import torch
 from PIL import Image
 
 import wirecodecs
+from harness import delivery
 from harness.loadgen.sysinfo import collect_sysinfo
 from harness.messages import (
     EngineCoreOutput,
@@ -544,12 +545,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds per measurement, at least (default: %(default)s)",
     )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write a JSON list, one object per cell")
+    parser.add_argument(
+        "--transport",
+        metavar="X,Y",
+        default=None,
+        help=f"also time delivery to another process over these transports ({', '.join(delivery.TRANSPORTS)})",
+    )
+    parser.add_argument("--delivery-iterations", type=int, default=50, help="sends per delivery cell (default 50)")
 
 
 def main(args: argparse.Namespace) -> int:
     try:
         codecs = parse_names(args.codec, wirecodecs.available_codecs(), "codec")
         payloads = parse_names(args.payload, list(PAYLOADS), "payload")
+        transports = parse_names(args.transport, list(delivery.TRANSPORTS), "transport") if args.transport else []
         if args.min_iterations < 1:
             raise ValueError(f"--min-iterations must be at least 1, got {args.min_iterations}")
         if not args.min_time >= 0:
@@ -565,10 +574,52 @@ def main(args: argparse.Namespace) -> int:
     finally:
         torch.set_num_threads(threads)
 
+    if transports:
+        records += _run_delivery(codecs, payloads, transports, args.delivery_iterations)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(records, indent=1) + "\n")
     return 0
+
+
+DELIVERY_HEADERS = ["codec", "payload", "transport", "p50 µs", "p99 µs", "memcpy µs", "ratio"]
+
+
+def _run_delivery(codecs: list[str], payloads: list[str], transports: list[str], iterations: int) -> list[dict]:
+    """The delivery table (harness.delivery): each codec × transport × payload against one memcpy."""
+    print(
+        f"\ndelivery: encode → send → receive in another process → decode, {iterations} one-at-a-time sends; "
+        "ratio = p50 / memcpy p50"
+    )
+    widths = [12, 17, 11, 11, 11, 10, 8]
+    head = format_line(DELIVERY_HEADERS, widths, left=3)
+    print(head)
+    print("-" * len(head))
+    records = []
+    for payload in payloads:
+        msg_builder = PAYLOADS[payload]
+        memcpy = time_memcpy(payload_nbytes(msg_builder()), 50, 0.1)
+        for codec in codecs:
+            for transport_name in transports:
+                d = delivery.measure(codec, transport_name, payload, msg_builder(), iterations=iterations)
+                if d.status != "ok":
+                    row = [codec, payload, transport_name, f"{d.status}: {d.reason}"]
+                else:
+                    ratio = d.p50_us / memcpy.p50_us if memcpy.p50_us > 0 else float("nan")
+                    row = [
+                        codec,
+                        payload,
+                        transport_name,
+                        _us(d.p50_us),
+                        _us(d.p99_us),
+                        _us(memcpy.p50_us),
+                        _ratio_text(ratio),
+                    ]
+                print(format_line(row, widths, left=3), flush=True)
+                records.append(
+                    {"kind": "delivery", **vars(d), "memcpy_p50_us": memcpy.p50_us, "schema_version": SCHEMA_VERSION}
+                )
+    return records
 
 
 def _run(codecs: list[str], payloads: list[str], min_iterations: int, min_time_s: float) -> list[dict]:

@@ -10,6 +10,7 @@ Codec figures are per direction and operation:
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from dataclasses import dataclass
@@ -29,6 +30,15 @@ GENERATION_TOKENS = PREFIX + "generation_tokens_total"
 REQUESTS_RUNNING = PREFIX + "requests_running"  # gauge
 ENGINE_HEALTHY = PREFIX + "engine_healthy"  # gauge 1/0
 CODEC_INFO = PREFIX + "codec_info"  # gauge 1 with label codec=NAME
+ENGINE_INFO = PREFIX + "engine_info"  # gauge 1 with labels device, dtype, preset, params, ... (harness.runs_on)
+ENGINE_REQUESTS = PREFIX + "engine_requests"  # gauge, label state=running|waiting
+
+# Histograms (seconds), each with labels (see harness.spans for what a span is).
+IPC_SECONDS = PREFIX + "ipc_seconds"  # direction=request|output, span=encode|wire|decode|queue
+CODEC_CPU_SECONDS = PREFIX + "codec_cpu_seconds"  # direction, op: thread CPU time of a codec call
+FIRST_TOKEN_IPC_SECONDS = PREFIX + "first_token_ipc_seconds"  # IPC on a request's first-token path
+LOOP_LAG_SECONDS = PREFIX + "frontend_loop_lag_seconds"  # how late the frontend's event loop runs callbacks
+CODEC_CPU_SECONDS_TOTAL = PREFIX + "codec_cpu_seconds_total"
 
 HELP = {
     CODEC_MESSAGES: ("counter", "Messages encoded or decoded by the codec."),
@@ -41,7 +51,51 @@ HELP = {
     REQUESTS_RUNNING: ("gauge", "Requests in flight in the frontend."),
     ENGINE_HEALTHY: ("gauge", "1 while the engine process is alive and answering."),
     CODEC_INFO: ("gauge", "The codec this server uses (value 1)."),
+    ENGINE_INFO: ("gauge", "What the engine runs on: device, dtype, model, KV capacity, SDPA kernels (value 1)."),
+    ENGINE_REQUESTS: ("gauge", "Requests the engine holds, by state, as of its latest heartbeat."),
+    CODEC_CPU_SECONDS_TOTAL: ("counter", "Thread CPU seconds in the codec's encode or decode."),
+    IPC_SECONDS: ("histogram", "IPC spans of requests and output batches: encode, wire (send to receive), decode."),
+    CODEC_CPU_SECONDS: ("histogram", "Thread CPU time of codec calls on the traced requests and batches."),
+    FIRST_TOKEN_IPC_SECONDS: ("histogram", "All IPC spans on a request's path to its first token, summed."),
+    LOOP_LAG_SECONDS: ("histogram", "How late the frontend's event loop ran a 10 ms timer."),
 }
+
+# Log-spaced bucket bounds from 1 µs to 10 s, three per decade.
+BUCKETS_S: tuple[float, ...] = tuple(m * 10.0**e for e in range(-6, 1) for m in (1.0, 2.5, 5.0)) + (10.0,)
+
+
+class Histogram:
+    """A Prometheus histogram per label set: cumulative buckets, sum and count (seconds)."""
+
+    def __init__(self, name: str, buckets: tuple[float, ...] = BUCKETS_S) -> None:
+        self.name = name
+        self.buckets = buckets
+        self._series: dict[tuple[tuple[str, str], ...], list[float]] = {}  # counts per bucket, +Inf, sum
+
+    def observe(self, seconds: float, **labels: str) -> None:
+        if not math.isfinite(seconds):
+            return
+        key = tuple(sorted(labels.items()))
+        counts = self._series.get(key)
+        if counts is None:
+            counts = self._series[key] = [0.0] * (len(self.buckets) + 2)
+        i = bisect.bisect_left(self.buckets, seconds)
+        counts[i] += 1  # index len(buckets) is +Inf
+        counts[-1] += seconds
+
+    def render(self) -> list[str]:
+        kind, help_text = HELP.get(self.name, ("histogram", self.name))
+        lines = [f"# HELP {self.name} {help_text}", f"# TYPE {self.name} histogram"]
+        for key, counts in self._series.items():
+            labels = dict(key)
+            running = 0.0
+            for bound, n in zip((*self.buckets, math.inf), counts[:-1]):
+                running += n
+                le = "+Inf" if math.isinf(bound) else f"{bound:.6g}"
+                lines.append(f"{self.name}_bucket{_labels({**labels, 'le': le})} {running:.9g}")
+            lines.append(f"{self.name}_sum{_labels(labels)} {counts[-1]:.9g}")
+            lines.append(f"{self.name}_count{_labels(labels)} {running:.9g}")
+        return lines
 
 
 def _labels(labels: dict[str, str]) -> str:
@@ -83,6 +137,13 @@ def codec_samples(frontend: CodecStats, engine: CodecStats) -> dict[str, list[tu
         out[CODEC_SECONDS].append((labels, ns / 1e9))
         out[CODEC_BYTES].append((labels, nbytes))
         out[CODEC_FRAMES].append((labels, frames))
+    cpu = [
+        ("request", "encode", frontend.encode_cpu_ns),
+        ("request", "decode", engine.decode_cpu_ns),
+        ("output", "encode", engine.encode_cpu_ns),
+        ("output", "decode", frontend.decode_cpu_ns),
+    ]
+    out[CODEC_CPU_SECONDS_TOTAL] = [({"direction": d, "op": op}, ns / 1e9) for d, op, ns in cpu]
     return out
 
 
@@ -116,6 +177,7 @@ class CodecCell:
     seconds: float
     bytes: float
     frames: float
+    cpu_seconds: float = 0.0  # thread CPU time in the same calls (NaN from a server that does not report it)
 
     def minus(self, before: CodecCell) -> CodecCell:
         return CodecCell(
@@ -123,11 +185,16 @@ class CodecCell:
             self.seconds - before.seconds,
             self.bytes - before.bytes,
             self.frames - before.frames,
+            self.cpu_seconds - before.cpu_seconds,
         )
 
     @property
     def us_per_message(self) -> float:
         return self.seconds * 1e6 / self.messages if self.messages else math.nan
+
+    @property
+    def cpu_us_per_message(self) -> float:
+        return self.cpu_seconds * 1e6 / self.messages if self.messages else math.nan
 
     @property
     def bytes_per_message(self) -> float:
@@ -149,5 +216,6 @@ def codec_cells(values: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> 
                 values.get((CODEC_SECONDS, key), 0.0),
                 values.get((CODEC_BYTES, key), 0.0),
                 values.get((CODEC_FRAMES, key), 0.0),
+                values.get((CODEC_CPU_SECONDS_TOTAL, key), math.nan),
             )
     return cells

@@ -6,23 +6,29 @@ Two one-way PUSH/PULL channels, both bound by the engine:
 
 Every message is ``[envelope, *codec frames]``. The envelope is one byte of
 message kind, followed for ADD by the request id in UTF-8, so the engine can
-answer a request whose body it cannot decode with an error for that id.
-Ready and heartbeat messages carry JSON bytes, not codec frames: they are not
+answer a request whose body it cannot decode with an error for that id, and
+for OUTPUTS by the batch's sequence number (8 bytes, little endian), which
+joins the two processes' timestamps of a batch (``harness.spans``). Ready,
+heartbeat and spans messages carry JSON bytes, not codec frames: they are not
 part of what is being measured.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import shutil
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
+import msgspec
 import zmq
 
+from harness.curve import CurveKeys
 from harness.messages import CodecStats
 from wirecodecs import Frame
 
@@ -30,14 +36,25 @@ from wirecodecs import Frame
 ADD = 0x00
 ABORT = 0x01
 SHUTDOWN = 0x02
+ADD_SHM = 0x03  # an ADD whose frame 1 is a JSON table of frames that travel in shared memory (harness.shm)
 OUTPUTS = 0x10
 READY = 0x11
 HEARTBEAT = 0x12
+SPANS = 0x13  # the engine's timestamps (harness.spans), JSON
+RELEASE = 0x14  # shared-memory blocks the engine no longer views, JSON (harness.shm)
+# Flag on an ADD/ADD_SHM kind: the message's last frame is the request's digest (--verify, harness.integrity).
+VERIFIED = 0x80
+
+TRANSPORTS = ("zmq", "shm")
 
 # The engine's output thread sends a heartbeat when it has been quiet this
-# long; the frontend declares the engine dead after HEARTBEAT_TIMEOUT_S of silence.
+# long; the frontend calls the engine stalled after STALL_TIMEOUT_S of silence
+# (bench serve --engine-stall-timeout) and takes it back when it answers again.
 HEARTBEAT_INTERVAL_S = 0.25
-HEARTBEAT_TIMEOUT_S = 2.0
+STALL_TIMEOUT_S = 2.0
+
+
+IPC_PREFIX = "wirebench-"
 
 
 @dataclass(frozen=True)
@@ -46,22 +63,58 @@ class EngineAddresses:
     output: str
     # Private directory of the ipc sockets, removed at shutdown (None for tcp).
     ipc_dir: str | None = None
+    # CURVE keys of an authenticated tcp link (harness.curve); None: unauthenticated.
+    curve: CurveKeys | None = None
 
     @classmethod
     def private_ipc(cls) -> EngineAddresses:
         # mkdtemp creates the directory with mode 0700: other users can't connect.
-        path = tempfile.mkdtemp(prefix="wirebench-")
+        # The pid in its name lets a later start remove it if this process dies unclean.
+        path = tempfile.mkdtemp(prefix=f"{IPC_PREFIX}{os.getpid()}-")
         return cls(f"ipc://{path}/input", f"ipc://{path}/output", path)
 
     @classmethod
-    def tcp(cls, host: str, port: int) -> EngineAddresses:
+    def tcp(cls, host: str, port: int, curve: CurveKeys | None = None) -> EngineAddresses:
         """Input on ``port``, output on ``port + 1``."""
         host_part = f"[{host}]" if ":" in host else host
-        return cls(f"tcp://{host_part}:{port}", f"tcp://{host_part}:{port + 1}")
+        return cls(f"tcp://{host_part}:{port}", f"tcp://{host_part}:{port + 1}", curve=curve)
+
+    @property
+    def authenticated(self) -> bool:
+        return self.curve is not None
 
     def cleanup(self) -> None:
         if self.ipc_dir:
             shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+
+def prepare_socket(sock: zmq.Socket, address: str) -> None:
+    """Options every link socket needs: IPv6 for a bracketed tcp host (ZeroMQ has it off by default)."""
+    if address.startswith("tcp://["):
+        sock.setsockopt(zmq.IPV6, 1)
+
+
+def remove_stale_ipc_dirs() -> list[str]:
+    """Remove this user's ipc socket directories whose creating process is gone (killed: it could not clean up)."""
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob(f"{IPC_PREFIX}*"):
+        pid_text = path.name[len(IPC_PREFIX) :].split("-", 1)[0]
+        if not pid_text.isdigit() or not path.is_dir() or path.stat().st_uid != os.getuid():
+            continue
+        if not _pid_alive(int(pid_text)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
 
 
 def is_loopback(address: str) -> bool:
@@ -95,32 +148,52 @@ class CodecCounters:
     def __init__(self) -> None:
         self.stats = CodecStats()
 
-    def add_encode(self, started_ns: int, frames: Sequence[Frame]) -> None:
+    def add_encode(self, clock: CodecClock, frames: Sequence[Frame]) -> None:
         s = self.stats
-        s.encode_ns += time.perf_counter_ns() - started_ns
+        s.encode_ns += clock.wall_ns
+        s.encode_cpu_ns += clock.cpu_ns
         s.encode_count += 1
         s.encode_bytes += frames_nbytes(frames)
         s.encode_frames += len(frames)
 
-    def add_decode(self, started_ns: int, frames: Sequence[Frame]) -> None:
+    def add_decode(self, clock: CodecClock, frames: Sequence[Frame]) -> None:
         s = self.stats
-        s.decode_ns += time.perf_counter_ns() - started_ns
+        s.decode_ns += clock.wall_ns
+        s.decode_cpu_ns += clock.cpu_ns
         s.decode_count += 1
         s.decode_bytes += frames_nbytes(frames)
         s.decode_frames += len(frames)
 
     def snapshot(self) -> CodecStats:
-        s = self.stats
-        return CodecStats(
-            s.decode_count,
-            s.decode_ns,
-            s.decode_bytes,
-            s.decode_frames,
-            s.encode_count,
-            s.encode_ns,
-            s.encode_bytes,
-            s.encode_frames,
-        )
+        return msgspec.structs.replace(self.stats)
+
+
+class CodecClock:
+    """Wall and CPU time of one codec call: ``start()`` before it, ``stop()`` after.
+
+    Wall is CLOCK_MONOTONIC (``time.monotonic_ns``, one clock for both
+    processes on a host, so spans can join); CPU is this thread's
+    (``time.thread_time_ns``): the two differ by what the thread waited for.
+    """
+
+    __slots__ = ("start_ns", "end_ns", "cpu_start", "cpu_ns")
+
+    def __init__(self) -> None:
+        self.start_ns = self.end_ns = self.cpu_start = self.cpu_ns = 0
+
+    def start(self) -> CodecClock:
+        self.cpu_start = time.thread_time_ns()
+        self.start_ns = time.monotonic_ns()
+        return self
+
+    def stop(self) -> CodecClock:
+        self.end_ns = time.monotonic_ns()
+        self.cpu_ns = time.thread_time_ns() - self.cpu_start
+        return self
+
+    @property
+    def wall_ns(self) -> int:
+        return self.end_ns - self.start_ns
 
 
 def envelope(kind: int, request_id: str | None = None) -> bytes:
@@ -128,9 +201,23 @@ def envelope(kind: int, request_id: str | None = None) -> bytes:
     return head + request_id.encode() if request_id else head
 
 
+def output_envelope(seq: int) -> bytes:
+    return bytes((OUTPUTS,)) + seq.to_bytes(8, "little")
+
+
+def output_seq(frame: Frame) -> int:
+    """The batch sequence number of an OUTPUTS envelope (-1 when it carries none)."""
+    raw = frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
+    return int.from_bytes(raw[1:9], "little") if len(raw) == 9 else -1
+
+
 def open_envelope(frame: Frame) -> tuple[int, str | None]:
-    """(kind, request id or None); raises ValueError on an empty or non-UTF-8 envelope."""
+    """(kind, request id or None); raises ValueError on an empty or non-UTF-8 envelope.
+
+    A VERIFIED flag stays on the kind (test it with ``& VERIFIED``)."""
     raw = frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
     if not raw:
         raise ValueError("empty envelope frame")
+    if raw[0] in (OUTPUTS, RELEASE):
+        return raw[0], None
     return raw[0], (raw[1:].decode() if len(raw) > 1 else None)

@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> None:
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, cfg.vocab_size, (a.prefill_len,), generator=g).to(device)
     tok = torch.randint(0, cfg.vocab_size, (a.batch,), generator=g).to(device)
-    slots = torch.arange(a.batch, device=device)
-    positions = torch.full((a.batch,), a.kv_len - 1, device=device)
+    slots = list(range(a.batch))  # host lists, as the engine passes them: no device read-back
+    positions = [a.kv_len - 1] * a.batch
     with torch.inference_mode():
         pre = median_ms(lambda: model.prefill(model.embed(prompt), 0, 0), device, a.iters)
         dec = median_ms(lambda: model.decode(model.embed(tok), slots, positions), device, a.iters)

@@ -12,7 +12,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from harness.frontend.engine_client import EngineDeadError, RequestRejectedError
+from harness.frontend.timeline import Timelines
 from harness.messages import CodecStats, EngineCoreOutput, EngineCoreRequest, FinishReason
+from harness.spans import FrontPoints
 
 
 class FakeEngine:
@@ -27,6 +29,8 @@ class FakeEngine:
     """
 
     codec_name = "fake"
+    # No engine process, so no engine half of the request timelines.
+    timelines = Timelines(enabled=False)
 
     def __init__(
         self,
@@ -57,6 +61,10 @@ class FakeEngine:
     def dead_reason(self) -> str | None:
         return self._dead_reason
 
+    @property
+    def state(self) -> str:
+        return "ok" if self._dead_reason is None else "dead"
+
     def frontend_codec_stats(self) -> CodecStats:
         return self._front
 
@@ -69,7 +77,9 @@ class FakeEngine:
     async def abort(self, request_ids: list[str]) -> None:
         self.aborted.extend(request_ids)
 
-    async def generate(self, request: EngineCoreRequest) -> AsyncIterator[EngineCoreOutput]:
+    async def generate(
+        self, request: EngineCoreRequest, points: FrontPoints | None = None
+    ) -> AsyncIterator[EngineCoreOutput]:
         if self._dead_reason is not None:
             raise EngineDeadError(self._dead_reason)
         if self.refuse_mm is not None and any(self.refuse_mm(x) for x in request.mm_inputs or []):

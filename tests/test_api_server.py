@@ -419,7 +419,7 @@ async def test_codec_rejection_is_400_with_its_message():
 class FailingEngine(FakeEngine):
     """An engine that fails while serving (a step error): the server's fault, not the client's."""
 
-    async def generate(self, request: EngineCoreRequest):
+    async def generate(self, request: EngineCoreRequest, points=None):
         yield EngineCoreOutput(
             request.request_id,
             [],

@@ -387,3 +387,75 @@ def test_remote_engine_death_is_noticed_by_heartbeat():
     finally:
         engine.kill()
         engine.wait()
+
+
+def test_request_timelines_are_ordered_add_up_and_make_a_trace(tmp_path):
+    """A real request through both processes: its timeline's points are in path order, its spans
+    add up to the IPC total, /metrics has the span histograms, and --trace-file writes trace events."""
+    trace = tmp_path / "trace.json"
+    server = start_serve("--trace-file", str(trace), codec="msgspec-oob")
+    try:
+
+        async def scenario():
+            rids = []
+            for _ in range(3):
+                chunks, done = await stream_completion(
+                    server.base_url, {"model": MODEL, "prompt": "Winter's breath", "max_tokens": 6, "ignore_eos": True}
+                )
+                assert done
+                rids.append(chunks[0]["id"])
+            await asyncio.sleep(0.6)  # the engine ships its timestamps within 50 ms, or when idle
+            status, text = await get_text(server.base_url, "/v1/wirebench/spans")
+            _, metrics_text = await get_text(server.base_url, "/metrics")
+            return rids, status, json.loads(text), metrics_text
+
+        rids, status, spans, metrics_text = asyncio.run(scenario())
+    finally:
+        server.stop()
+    assert status == 200 and spans["available"]
+    by_id = {t["request_id"]: t for t in spans["requests"]}
+    assert set(rids) <= set(by_id)
+    for rid in rids:
+        t = by_id[rid]
+        f, e, b = t["front"], t["engine"], t["first_batch"]
+        path = [
+            f["http_received"],
+            f["prepared"],
+            f["encode_start"],
+            f["encode_end"],
+            e["received"],
+            e["decode_end"],
+            e["added"],
+            e["first_scheduled"],
+            e["first_sampled"],
+            b["encode_start"],
+            b["encode_end"],
+            f["first_output_received"],
+            f["first_output_decoded"],
+            f["first_sse_written"],
+        ]
+        assert all(p > 0 for p in path) and path == sorted(path), t
+        s = t["spans_us"]
+        parts = [s[f"{d}.{w}"] for d in ("request", "output") for w in ("encode", "wire", "decode", "queue")]
+        assert s["ipc"] == pytest.approx(sum(parts))
+        assert s["ipc"] < s["server.ttft"]  # IPC is a part of the server's time to the first chunk
+    assert spans["batches"] and all(b["received"] >= b["encode_end"] > 0 for b in spans["batches"])
+    assert 'wirebench_ipc_seconds_bucket{direction="request",le="+Inf",span="wire"}' in metrics_text
+    assert "wirebench_frontend_loop_lag_seconds_count" in metrics_text
+    assert metric(metrics_text, "wirebench_codec_cpu_seconds_total", direction="request", op="encode") > 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["ph"] for e in events} == {"M", "X"}
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert sorted(names.values()) == ["busy loop", "event loop", "input thread", "output thread"]
+    slices = {e["name"] for e in events if e["ph"] == "X"}
+    assert {
+        "request encode",
+        "request wire",
+        "request decode",
+        "input queue",
+        "step",
+        "output encode",
+        "output wire",
+        "output decode",
+    } <= slices
+    assert all(e["dur"] >= 0 and e["ts"] > 0 for e in events if e["ph"] == "X")

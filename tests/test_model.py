@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from harness.engine.device import resolve_dtype
-from harness.engine.model import PRESETS, build_model, get_model_config
+from harness.engine.model import PRESETS, Chunk, StepPlan, build_model, get_model_config
 from harness.engine.sampler import Sampler, SampleRow
 from harness.engine.vision import build_vision_encoder, check_mm_input, to_pixels
 from harness.messages import SamplingParams
@@ -70,6 +70,38 @@ def test_batched_ragged_decode_equals_per_sequence(model):
         # ...and equals a one-shot prefill of the whole sequence.
         ref = model.prefill(model.embed(seqs[slot]), slot=5, start=0)
         torch.testing.assert_close(batched[i], ref, atol=ATOL, rtol=1e-4)
+
+
+@torch.inference_mode()
+def test_one_step_of_decodes_and_chunks_equals_each_sequence_alone(model):
+    """forward_step: decode rows, a chunk from 0 and a chunk after a cached prefix, in one pass."""
+    seqs = {s: _tokens(40, seed=20 + s) for s in range(4)}
+    ref = {}
+    for s in range(4):
+        ref[s] = model.prefill(model.embed(seqs[s]), slot=5, start=0, all_logits=True)  # [40, V]
+    for s, n in ((0, 30), (1, 12), (3, 10)):  # what each slot has cached
+        model.prefill(model.embed(seqs[s][:n]), slot=s, start=0)
+    plan = StepPlan([1, 0], [12, 30], [Chunk(2, 0, 17), Chunk(3, 10, 25)])
+    ids = torch.cat([seqs[1][12:13], seqs[0][30:31], seqs[2][:17], seqs[3][10:35]])
+    batch, _ = model.stage(plan)
+    logits = model.forward_step(model.embed(ids), batch)
+    assert logits.shape == (2 + 17 + 25, VOCAB)
+    expected = torch.cat([ref[1][12:13], ref[0][30:31], ref[2][:17], ref[3][10:35]])
+    torch.testing.assert_close(logits, expected, atol=ATOL, rtol=1e-4)
+    # Only the rows asked for go through the LM head.
+    rows = torch.tensor(plan.last_rows())
+    torch.testing.assert_close(model.forward_step(model.embed(ids), model.stage(plan)[0], rows), expected[rows])
+    with pytest.raises(ValueError, match="twice"):
+        model.stage(StepPlan([1], [3], [Chunk(1, 0, 4)]))
+
+
+def test_sdpa_backends_are_reported(model):
+    kinds = model.sdpa_backends()
+    assert set(kinds) == {"prefill", "prefill_cached", "decode"}
+    assert all(
+        k in {"flash_attention", "efficient_attention", "math", "cudnn_attention", "overrideable"}
+        for k in kinds.values()
+    )
 
 
 @torch.inference_mode()

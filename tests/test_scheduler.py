@@ -156,6 +156,42 @@ def test_admission_control_under_tiny_kv_cache():
         s.add_request(req("huge", n=95, max_tokens=10))
 
 
+def test_kv_capacity_defaults_to_what_the_cache_holds():
+    # None: max_num_seqs x max_model_len, so only max_num_seqs limits admission.
+    s = Scheduler(make_config(kv_cache_tokens=None, max_num_seqs=4, max_model_len=256, max_num_batched_tokens=1000))
+    assert s.admission_stats()["kv_cache_tokens"] == 4 * 256
+    for i in range(6):
+        s.add_request(req(f"r{i}", n=200, max_tokens=50))  # 250 each: four fill the cache exactly
+    out, _ = step(s)
+    assert len(out.new_requests) == 4
+    stats = s.admission_stats()
+    assert stats["admission_blocked_by"] == {"kv_cache": 0, "max_num_seqs": 1, "token_budget": 0}
+    # An explicit value is honoured, smaller or larger.
+    assert Scheduler(make_config(kv_cache_tokens=300)).admission_stats()["kv_cache_tokens"] == 300
+    with pytest.raises(ValueError, match="never fit in the KV cache of 200"):
+        Scheduler(make_config(kv_cache_tokens=200)).add_request(req("big", n=150, max_tokens=51))
+
+
+def test_admission_counters_say_what_kept_requests_waiting():
+    # KV: two of 40 fit in 100 while slots are free.
+    s = Scheduler(make_config(kv_cache_tokens=100, max_num_seqs=8))
+    for i in range(3):
+        s.add_request(req(f"k{i}", n=30, max_tokens=10))
+    step(s)
+    assert s.admission_stats()["admission_blocked_by"]["kv_cache"] == 1
+    assert s.admission_stats()["admission_blocked_steps"] == 1
+    # The token budget, not admission: the budget runs out on the first prompt.
+    s = Scheduler(make_config(max_num_batched_tokens=16, max_num_seqs=8))
+    s.add_request(req("t0", n=40))
+    s.add_request(req("t1", n=40))
+    step(s)
+    stats = s.admission_stats()
+    assert stats["admission_blocked_by"] == {"kv_cache": 0, "max_num_seqs": 0, "token_budget": 1}
+    assert stats["admission_blocked_steps"] == 0 and stats["waiting_peak"] == 2
+    run_all(s)
+    assert s.admission_stats()["steps"] > 1
+
+
 def test_abort_waiting_and_running_frees_kv_and_tells_executor():
     s = Scheduler(make_config(max_num_seqs=1))
     s.add_request(req("run", n=10, max_tokens=50))

@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from harness import transport
+from harness import curve, transport
 from harness.serve import check_transport_safety
 from harness.transport import EngineAddresses
 
@@ -42,13 +42,22 @@ def _args(codec, allow=False):
     return argparse.Namespace(codec=codec, allow_insecure_pickle=allow)
 
 
-def test_pickle_over_non_loopback_tcp_is_refused_without_flag():
-    remote = EngineAddresses.tcp("0.0.0.0", 6000)
+def test_pickle_over_tcp_needs_authentication_and_loopback_or_the_flag():
+    keys = curve.ephemeral()
+    remote = EngineAddresses.tcp("0.0.0.0", 6000, keys)
     assert "refusing codec 'pickle'" in check_transport_safety(_args("pickle"), remote)
     assert check_transport_safety(_args("pickle-oob"), remote) is not None
     assert check_transport_safety(_args("pickle", allow=True), remote) is None
     assert check_transport_safety(_args("msgspec-oob"), remote) is None
-    assert check_transport_safety(_args("pickle"), EngineAddresses.tcp("127.0.0.1", 6000)) is None
+    # Loopback: fine when CURVE-authenticated, refused when any local process could connect.
+    assert check_transport_safety(_args("pickle"), EngineAddresses.tcp("127.0.0.1", 6000, keys)) is None
+    unauthenticated = check_transport_safety(_args("pickle"), EngineAddresses.tcp("127.0.0.1", 6000))
+    assert unauthenticated is not None and "unauthenticated" in unauthenticated
+    ipc = EngineAddresses.private_ipc()
+    try:
+        assert check_transport_safety(_args("pickle"), ipc) is None
+    finally:
+        ipc.cleanup()
 
 
 def test_tcp_output_port_follows_input():

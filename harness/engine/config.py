@@ -30,12 +30,29 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int = 2048
-    # Total KV-cache capacity in tokens across all running sequences
-    # (admission control keeps prompt + max_tokens of running requests within it).
-    kv_cache_tokens: int = 65536
-    long_prefill_token_threshold: int = 512  # chunk prefills longer than this
+    # KV-cache tokens admission may reserve across running sequences (each
+    # request reserves prompt + max_tokens). None: what the preallocated cache
+    # holds, max_num_seqs x max_model_len (one slot of max_model_len per
+    # sequence), so max_num_seqs is the only admission limit. A smaller value
+    # admits fewer requests; the cache's memory does not change.
+    kv_cache_tokens: int | None = None
+    # Chunk prefills longer than this when other requests are running or
+    # waiting; above the default sonnet prompt (~550 tokens plus the chat
+    # template), so a prompt takes one pass. <= 0: no cap.
+    long_prefill_token_threshold: int = 1024
     # Multimodal: embeddings each image occupies at its placeholder.
     image_tokens: int = 16
+    # Record the engine's half of the request timelines (harness.spans) and ship them as JSON.
+    spans: bool = True
+    # torch.compile the dense parts of each layer (torch executor; compiles at start).
+    compile: bool = False
+
+    @property
+    def kv_capacity(self) -> int:
+        """KV tokens admission may reserve: ``kv_cache_tokens``, or max_num_seqs x max_model_len when None."""
+        if self.kv_cache_tokens is not None:
+            return self.kv_cache_tokens
+        return self.max_num_seqs * self.max_model_len
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

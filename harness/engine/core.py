@@ -9,6 +9,7 @@ from __future__ import annotations
 from harness.engine.config import EngineConfig
 from harness.engine.executor import make_executor
 from harness.engine.scheduler import Scheduler
+from harness.engine.step import SchedulerOutput
 from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
 
 
@@ -31,6 +32,8 @@ class EngineCore:
         self.scheduler = Scheduler(config)
         self.executor = make_executor(config)
         self.step_index = 0
+        # What the last step() scheduled (None before the first, or when it scheduled nothing).
+        self.last_step: SchedulerOutput | None = None
 
     def add_request(self, request: EngineCoreRequest) -> EngineCoreOutput | None:
         """Queue a request; an error output if it is invalid."""
@@ -48,10 +51,15 @@ class EngineCore:
 
     def step(self) -> list[EngineCoreOutput]:
         scheduled = self.scheduler.schedule()
+        self.last_step = scheduled if scheduled.total_num_tokens else None
         if not scheduled.total_num_tokens:
             return []
         result = self.executor.execute(scheduled)
         self.step_index += 1
+        for new in scheduled.new_requests:
+            # The executor has encoded its images: drop the payload now, not when the request ends,
+            # so its memory (shared memory included, harness.shm) is given back early.
+            new.request.mm_inputs = None
         return self.scheduler.update_from_output(scheduled, result)
 
     def fail_all(self, message: str) -> list[EngineCoreOutput]:

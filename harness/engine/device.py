@@ -1,8 +1,17 @@
-"""Where the engine runs: device and dtype from the config's words, and a sync for timing."""
+"""Where the engine runs: device and dtype from the config's words, whether that
+silently left a GPU unused, whether the model and its cache fit, and a sync for timing."""
 
 from __future__ import annotations
 
+import glob
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, replace
+
 import torch
+
+GIB = 1 << 30
 
 
 def resolve_device(device: str) -> torch.device:
@@ -27,6 +36,98 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype not in table:
         raise ValueError(f"unknown dtype {dtype!r}; choose auto or one of {sorted(table)}")
     return table[dtype]
+
+
+def visible_gpu() -> str | None:
+    """How a GPU shows itself to this machine, whatever torch thinks; None when none does.
+
+    ``nvidia-smi -L`` listing a GPU, or an NVIDIA device node (the same tests as
+    scripts/gpu_check.sh; ``WIREBENCH_NVIDIA_DEV_GLOB`` replaces the node glob).
+    """
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        gpus = [line.strip() for line in out.splitlines() if line.startswith("GPU ")]
+        if gpus:
+            return f"nvidia-smi -L lists {gpus[0]}" + (f" and {len(gpus) - 1} more" if len(gpus) > 1 else "")
+    nodes = sorted(glob.glob(os.environ.get("WIREBENCH_NVIDIA_DEV_GLOB", "/dev/nvidia[0-9]*")))
+    if nodes:
+        return f"device node {nodes[0]} exists"
+    return None
+
+
+def device_warning(requested: str, device: torch.device) -> str | None:
+    """A loud sentence when ``--device auto`` fell back to the CPU although a GPU is visible."""
+    if requested != "auto" or device.type != "cpu":
+        return None
+    gpu = visible_gpu()
+    if gpu is None:
+        return None
+    cuda = torch.version.cuda
+    build = f"a CUDA {cuda} build" if cuda else "a CPU-only build"
+    return (
+        f"--device auto fell back to the CPU although a GPU is visible ({gpu}): torch {torch.__version__} is "
+        f"{build} and torch.cuda.is_available() is False. These figures are CPU figures. Install a CUDA torch "
+        "(TORCH_SPEC=... scripts/setup.sh; scripts/gpu_check.sh says why torch cannot use the GPU), "
+        "or pass --device cpu to mean it."
+    )
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What the engine will hold on its device, in bytes (the workspace is an estimate)."""
+
+    weights: int
+    kv_cache: int
+    workspace: int
+    kv_tokens: int  # tokens the cache holds (max_num_seqs x max_model_len)
+    free: int | None = None  # free device memory before allocating (CUDA only)
+    total: int | None = None
+
+    @property
+    def needed(self) -> int:
+        return self.weights + self.kv_cache + self.workspace
+
+    def as_gib(self) -> dict[str, float]:
+        out = {"weights_gib": self.weights, "kv_cache_gib": self.kv_cache, "workspace_gib_estimate": self.workspace}
+        if self.free is not None and self.total is not None:
+            out.update(free_gib_at_start=self.free, total_gib=self.total)
+        return {k: round(v / GIB, 2) for k, v in out.items()}
+
+    def shortfall(self, where: str) -> str | None:
+        """Why it does not fit in ``free`` and what to lower; None when it fits (or free is unknown).
+
+        An error rather than a quiet clamp (vLLM's gpu_memory_utilization shrinks
+        its paged cache instead): here the cache is one slot of max_model_len per
+        sequence, so fitting it means changing --max-num-seqs or --max-model-len,
+        which a benchmark must report as the user set them, not as the engine chose.
+        """
+        if self.free is None or self.needed <= self.free:
+            return None
+        per_token = max(self.kv_cache // max(self.kv_tokens, 1), 1)
+        fits = max(self.free - self.weights - self.workspace, 0) // per_token
+        total = f" of {self.total / GIB:.1f} GiB" if self.total is not None else ""
+        return (
+            f"the engine needs {self.needed / GIB:.1f} GiB on {where} but {self.free / GIB:.1f} GiB{total} are "
+            f"free: weights {self.weights / GIB:.1f} GiB, KV cache {self.kv_cache / GIB:.1f} GiB "
+            f"({self.kv_tokens} tokens = max_num_seqs x max_model_len, {per_token // 1024} KiB a token), "
+            f"workspace ~{self.workspace / GIB:.1f} GiB. About {fits} KV tokens fit: lower --max-num-seqs or "
+            "--max-model-len so that their product is at most that."
+        )
+
+
+def check_fits(plan: MemoryPlan, device: torch.device) -> MemoryPlan:
+    """On CUDA: ``plan`` with the device's free memory filled in, or ValueError (``shortfall``)."""
+    if device.type != "cuda":
+        return plan
+    free, total = torch.cuda.mem_get_info(device)
+    plan = replace(plan, free=free, total=total)
+    error = plan.shortfall(str(device))
+    if error:
+        raise ValueError(error)
+    return plan
 
 
 def synchronize(device: torch.device) -> None:

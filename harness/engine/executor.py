@@ -1,8 +1,10 @@
 """Executors: run one scheduled step and return the sampled tokens.
 
 ``TorchExecutor`` runs the model of ``harness.engine.model`` (plus the vision encoder
-and sampler); ``SimExecutor`` runs no model and only spends the time a step is
-modelled to take. Both take a ``SchedulerOutput`` and return a
+and sampler): each step is one forward over its decode rows and every prefill
+chunk, fed by one non-blocking host-to-device copy and read back by one
+device-to-host copy of the sampled ids. ``SimExecutor`` runs no model and only
+spends the time a step is modelled to take. Both take a ``SchedulerOutput`` and return a
 ``ModelRunnerOutput``, so the engine loop does not know which it has.
 
 Per-request state (sampling params, seeded generator, image embeddings and,
@@ -15,6 +17,7 @@ instead of failing the step for everyone.
 
 from __future__ import annotations
 
+import logging
 import time
 import zlib
 from dataclasses import asdict, dataclass, field
@@ -24,12 +27,23 @@ import torch
 from torch import Tensor
 
 from harness.engine.config import EngineConfig
-from harness.engine.device import resolve_device, resolve_dtype, synchronize
-from harness.engine.model import build_model, get_model_config
+from harness.engine.device import MemoryPlan, check_fits, device_warning, resolve_device, resolve_dtype, synchronize
+from harness.engine.model import (
+    Chunk,
+    StepPlan,
+    build_model,
+    count_params,
+    get_model_config,
+    kv_bytes_per_token,
+    workspace_bytes,
+)
 from harness.engine.sampler import Sampler, SampleRow, uses_penalties
+from harness.engine.staging import Stager
 from harness.engine.step import ModelRunnerOutput, NewRequest, ScheduledChunk, SchedulerOutput
 from harness.engine.vision import build_vision_encoder, to_pixels
 from harness.messages import SamplingParams
+
+log = logging.getLogger("wirebench.engine")
 
 
 class Executor(Protocol):
@@ -78,39 +92,88 @@ class _TorchState:
 
 
 class TorchExecutor:
+    """The model, vision encoder and sampler on one device; one ``forward_step`` per engine step.
+
+    A step's decode rows and every prefill chunk (of any number of requests)
+    run as one batch; all of the step's integer inputs reach the device in one
+    non-blocking copy (``harness.engine.staging``), images as their raw bytes;
+    the sampled ids come back in one copy, the step's only host sync.
+    """
+
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = resolve_device(config.device)
+        self.device_warning = device_warning(config.device, self.device)
+        if self.device_warning:
+            log.warning("%s", self.device_warning)
         if self.device.type == "cpu":
             torch.set_num_threads(config.num_threads)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model_config = get_model_config(config.model_preset, config.vocab_size)
-        self.model = build_model(
-            self.model_config, config.max_num_seqs, config.max_model_len, self.device, self.dtype, config.seed
-        )
-        self.vision = build_vision_encoder(
-            self.model_config.vision_dim,
-            self.model_config.dim,
-            config.image_tokens,
+        mc = self.model_config
+        cache_tokens = config.max_num_seqs * config.max_model_len
+        self.memory = check_fits(
+            MemoryPlan(
+                weights=count_params(mc) * self.dtype.itemsize,
+                kv_cache=cache_tokens * kv_bytes_per_token(mc, self.dtype),
+                workspace=workspace_bytes(
+                    mc, self.dtype, config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len
+                ),
+                kv_tokens=cache_tokens,
+            ),
             self.device,
-            self.dtype,
-            config.seed + 1,
         )
-        self.sampler = Sampler(config.vocab_size, config.seed, self.device)
+        self.model = build_model(mc, config.max_num_seqs, config.max_model_len, self.device, self.dtype, config.seed)
+        self.vision = build_vision_encoder(
+            mc.vision_dim, mc.dim, config.image_tokens, self.device, self.dtype, config.seed + 1
+        )
+        self.stager = Stager(self.device)
+        self.sampler = Sampler(config.vocab_size, config.seed, self.device, self.stager)
         self.states: dict[str, _TorchState] = {}
+        self.sdpa = self.model.sdpa_backends()
+        self.compile_s: float | None = None
+        if config.compile:
+            started = time.perf_counter()
+            self.model.enable_compile()
+            self._warm_up()
+            self.compile_s = time.perf_counter() - started
+        synchronize(self.device)
+
+    def _warm_up(self) -> None:
+        """Compile now rather than in the first requests' TTFT: 1 row, then 2 and 3 (dynamic rows)."""
+        with torch.inference_mode():
+            for n in (1, 2, 3):
+                plan = StepPlan(chunks=[Chunk(0, 0, n)])  # slot 0's cache is rewritten before any request reads it
+                batch, (ids,) = self.model.stage(plan, [0] * n)
+                self.model.forward_step(self.model.embed(ids), batch)
         synchronize(self.device)
 
     def info(self) -> dict[str, Any]:
-        return {
+        cfg = self.config
+        info: dict[str, Any] = {
             "executor": "torch",
             "device": str(self.device),
+            "device_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             "dtype": str(self.dtype).removeprefix("torch."),
-            "model_preset": self.config.model_preset,
+            "model_preset": cfg.model_preset,
             "model": asdict(self.model_config),
             "num_params": sum(p.numel() for p in self.model.parameters()),
+            **limits_info(cfg),
+            "kv_cache_bytes": self.model.kv_cache_bytes,
+            "memory": self.memory.as_gib(),
+            "sdpa": self.sdpa,
+            "compile": cfg.compile,
             "torch_threads": torch.get_num_threads(),
             "torch_version": torch.__version__,
         }
+        if self.compile_s is not None:
+            info["compile_s"] = round(self.compile_s, 1)
+        if self.device_warning:
+            info["device_warning"] = self.device_warning
+        if self.device.type == "cuda" and "math" in self.sdpa.values():
+            slow = ", ".join(k for k, v in self.sdpa.items() if v == "math")
+            info["sdpa_warning"] = f"SDPA runs its math fallback for {slow}: attention scores are materialized"
+        return info
 
     def _new_state(self, nr: NewRequest) -> _TorchState:
         params = nr.request.sampling_params
@@ -118,12 +181,14 @@ class TorchExecutor:
         if uses_penalties(params):
             st.prompt_ids, st.output_ids = nr.request.prompt_token_ids, []
         for item, pr in zip(nr.request.mm_inputs or [], nr.request.mm_placeholders or [], strict=True):
-            st.images.append((pr.offset, self.vision.encode(item)))  # computed once per request
+            # Computed once per request; raw pixels cross to the device and are converted there.
+            st.images.append((pr.offset, self.vision.encode(item, self.stager.tensor)))
         return st
 
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         t0 = time.perf_counter()
         errors: dict[str, str] = {}
+        sampled: dict[str, int] = {}
         with torch.inference_mode():
             for rid in sched.finished_req_ids:
                 self.states.pop(rid, None)
@@ -132,33 +197,41 @@ class TorchExecutor:
                     self.states[nr.request_id] = self._new_state(nr)
                 except Exception as exc:  # bad payload: fail this request, not the step
                     errors[nr.request_id] = _error_text(exc)
-
-            logit_rows: list[Tensor] = []
-            sample_chunks: list[ScheduledChunk] = []
             decodes = [c for c in sched.decodes if c.request_id in self.states]
-            if decodes:
-                dev = self.device
-                tokens = torch.tensor([c.token_ids[0] for c in decodes], device=dev)
-                slots = torch.tensor([c.slot for c in decodes], device=dev)
-                positions = torch.tensor([c.start_pos for c in decodes], device=dev)
-                logit_rows.append(self.model.decode(self.model.embed(tokens), slots, positions))  # [B, V]
-                sample_chunks.extend(decodes)
-            for c in sched.prefills:
-                st = self.states.get(c.request_id)
-                if st is None:
-                    continue
-                x = self.model.embed(torch.tensor(c.token_ids, device=self.device))  # [T, dim]
-                splice_images(x, c.start_pos, st.images)
-                last = self.model.prefill(x, c.slot, c.start_pos)  # [V]
-                if c.sample:
-                    logit_rows.append(last[None])
-                    sample_chunks.append(c)
-
-            rows = [self._sample_row(c) for c in sample_chunks]
-            tokens_out = self.sampler.sample(torch.cat(logit_rows), rows) if rows else []
-            synchronize(self.device)
-        sampled = {c.request_id: t for c, t in zip(sample_chunks, tokens_out, strict=True)}
+            prefills = [c for c in sched.prefills if c.request_id in self.states]
+            if decodes or prefills:
+                sampled = self._run(decodes, prefills)
+            if not sampled:  # nothing fetched: wait here, so the step's time covers its kernels
+                synchronize(self.device)
         return ModelRunnerOutput(sampled, errors, time.perf_counter() - t0)
+
+    def _run(self, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk]) -> dict[str, int]:
+        """One forward over decode rows then prefill chunks; sample where a chunk reaches the end."""
+        plan = StepPlan(
+            [c.slot for c in decodes],
+            [c.start_pos for c in decodes],
+            [Chunk(c.slot, c.start_pos, len(c.token_ids)) for c in prefills],
+        )
+        token_ids = [c.token_ids[0] for c in decodes]
+        for c in prefills:
+            token_ids.extend(c.token_ids)
+        last = plan.last_rows()
+        sample_chunks = decodes + [c for c in prefills if c.sample]
+        rows = list(range(len(decodes))) + [r for r, c in zip(last, prefills, strict=True) if c.sample]
+        every_row = len(rows) == plan.n_rows  # a pure decode step: no row selection
+        batch, (ids, row_idx) = self.model.stage(plan, token_ids, [] if every_row else rows)
+        x = self.model.embed(ids)  # [N, dim]
+        at = plan.n_decode
+        for c in prefills:
+            images = self.states[c.request_id].images
+            if images:
+                splice_images(x[at : at + len(c.token_ids)], c.start_pos, images)
+            at += len(c.token_ids)
+        logits = self.model.forward_step(x, batch, None if every_row else row_idx)
+        if not sample_chunks:
+            return {}
+        tokens = self.sampler.sample_tensor(logits, [self._sample_row(c) for c in sample_chunks])
+        return dict(zip((c.request_id for c in sample_chunks), self.stager.fetch(tokens), strict=True))
 
     def _sample_row(self, c: ScheduledChunk) -> SampleRow:
         st = self.states[c.request_id]
@@ -175,6 +248,21 @@ class TorchExecutor:
             prompt_token_ids=st.prompt_ids,
             output_token_ids=st.output_ids,
         )
+
+
+def limits_info(config: EngineConfig) -> dict[str, Any]:
+    """The engine's admission limits, for its info dict (both executors)."""
+    return {
+        "max_num_seqs": config.max_num_seqs,
+        "max_model_len": config.max_model_len,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "long_prefill_token_threshold": config.long_prefill_token_threshold,
+        # What admission may reserve (prompt + max_tokens per request) ...
+        "kv_cache_tokens": config.kv_capacity,
+        "kv_cache_tokens_set": config.kv_cache_tokens is not None,
+        # ... and what that allows at the worst case of a whole max_model_len each.
+        "max_seqs_at_max_model_len": min(config.max_num_seqs, config.kv_capacity // config.max_model_len),
+    }
 
 
 def _splitmix64(x: int) -> int:
@@ -228,6 +316,7 @@ class SimExecutor:
             "executor": "sim",
             "sim_step_fixed_ms": self.config.sim_step_fixed_ms,
             "sim_step_per_token_ms": self.config.sim_step_per_token_ms,
+            **limits_info(self.config),
         }
 
     def _new_state(self, nr: NewRequest) -> _SimState:

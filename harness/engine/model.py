@@ -7,30 +7,56 @@ the model only has to cost what a real one of its shape costs.
 The KV cache is preallocated: per layer, K and V buffers of shape
 [max_num_seqs, n_kv_heads, max_model_len, head_dim]. Each running sequence owns
 one *slot* (an index into the first dimension) for its lifetime; the scheduler
-hands slots out. Two entry points:
+hands slots out.
 
-- ``prefill``: a chunk of one sequence at positions [start, start+T), attending
-  to its cached prefix plus itself causally (chunked prefill is just several
-  calls with increasing ``start``).
-- ``decode``: B sequences x 1 token each, at different positions (ragged KV
-  lengths handled with a padding mask).
+One engine step is one ``forward_step`` over the step's token rows: first one
+row per decoding sequence, then the prefill chunks of any number of sequences,
+concatenated (varlen). Every norm, projection and MLP runs once over all rows
+(where the FLOPs and most kernel launches are); only attention is per group:
+
+- decode rows attend together over a view of the cache's first slots (ragged
+  lengths through one mask, no gather of the cache);
+- a prefill chunk that starts at position 0 attends to itself with
+  ``is_causal=True`` and no mask, which keeps the flash kernel eligible;
+- a chunk that continues a cached prefix attends to the cache with a causal
+  mask offset by its start (the efficient kernel takes masks).
+
+``StepPlan`` is the step's layout in host ints (slots, positions, chunk
+lengths): everything the model needs to size its work is known on the host,
+so a step never reads a device value back (see ``harness.engine.opcount``).
+``prefill`` and ``decode`` are one-sequence / one-token conveniences over
+``forward_step`` for tests and ``scripts/model_bench.py``.
+
+``enable_compile`` runs the dense parts of every layer (norm, QKV projection
+and rotary; output projection, residuals and MLP) through ``torch.compile``:
+one graph shared by all layers, dynamic in the number of rows, so decode,
+prefill and mixed steps reuse it. Attention and the cache writes stay eager.
 
 Vocabulary: the embedding/LM-head width is ``max(preset vocab, tokenizer vocab)``
 so a llama-8b-shaped head costs what it should, while the sampler only ever
-picks ids below the tokenizer's vocab (see ``harness.sampler``).
+picks ids below the tokenizer's vocab (see ``harness.engine.sampler``).
 
-Shape legend: T tokens of a chunk, B batch, H query heads, K kv heads,
-G = H // K query heads per kv head, D head dim, L cached length, V vocab.
+Shape legend: T tokens of a chunk, N rows of a step, B decode rows, H query
+heads, K kv heads, G = H // K query heads per kv head, D head dim, L cached
+length, S slots attended by the decode rows, V vocab.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from harness.engine.staging import Stager
+
+# enable_gqa (torch >= 2.5) lets SDPA read K/V heads shared by G query heads
+# without copying them G times.
+_SDPA_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2] if p.isdigit()) >= (2, 5)
+_HAS_RMS_NORM = hasattr(F, "rms_norm")
 
 
 @dataclass(frozen=True)
@@ -78,6 +104,46 @@ def get_model_config(preset: str, tokenizer_vocab: int) -> ModelConfig:
     return replace(cfg, vocab_size=max(cfg.vocab_size, tokenizer_vocab))
 
 
+def count_params(cfg: ModelConfig) -> int:
+    """Parameters of a ``Transformer`` of ``cfg`` (untied embedding and LM head, as Llama 3)."""
+    kv_dim = cfg.n_kv_heads * cfg.head_dim
+    attn = cfg.dim * (cfg.dim + 2 * kv_dim) + cfg.dim * cfg.dim
+    ffn = cfg.dim * 2 * cfg.ffn_dim + cfg.ffn_dim * cfg.dim
+    return 2 * cfg.vocab_size * cfg.dim + cfg.n_layers * (attn + ffn + 2 * cfg.dim) + cfg.dim
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """K and V of one token in every layer."""
+    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * dtype.itemsize
+
+
+def workspace_bytes(cfg: ModelConfig, dtype: torch.dtype, max_rows: int, max_seqs: int, max_len: int) -> int:
+    """A generous estimate of a step's temporaries beyond weights and cache.
+
+    Activations of ``max_rows`` rows (residual, norm, QKV, the MLP's fused
+    gate/up and its product), the sampler's float32 and int64 copies of up to
+    ``max_seqs`` rows of logits, attention scores should SDPA fall back to its
+    math kernel for a prefill chunk of ``max_rows`` tokens against ``max_len``
+    keys, and 1 GiB of allocator slack.
+    """
+    e = dtype.itemsize
+    kv_dim = cfg.n_kv_heads * cfg.head_dim
+    activations = max_rows * (4 * cfg.dim + (cfg.dim + 2 * kv_dim) + 3 * cfg.ffn_dim) * e
+    sampler = max_seqs * cfg.vocab_size * 32
+    scores = cfg.n_heads * min(max_rows, max_len) * max_len * 4
+    return activations + sampler + scores + (1 << 30)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """Normalise in float32 for bf16 stability, cast back, then scale."""
+    xf = x.float()
+    if _HAS_RMS_NORM:
+        xf = F.rms_norm(xf, (xf.shape[-1],), eps=eps)
+    else:  # torch < 2.4
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return xf.type_as(x) * weight
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float, **factory: Any) -> None:
         super().__init__()
@@ -85,10 +151,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, **factory))
 
     def forward(self, x: Tensor) -> Tensor:
-        # Normalise in float32 for bf16 stability, then cast back.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return xf.type_as(x) * self.weight
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_tables(head_dim: int, max_len: int, theta: float, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -109,27 +172,146 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).type_as(x)
 
 
+# -- one step's layout -------------------------------------------------------------
+
+
 @dataclass(frozen=True)
-class PrefillBatch:
-    """One chunk of one sequence: positions [start, start+T) of the sequence in ``slot``."""
+class Chunk:
+    """A prefill chunk: ``length`` tokens of the sequence in ``slot`` at positions [start, start+length)."""
 
     slot: int
     start: int
-    cos: Tensor  # [T, D/2] rotary tables at the chunk's positions
-    sin: Tensor
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
+@dataclass
+class StepPlan:
+    """The layout of a step's rows in host ints: B decode rows, then each chunk's rows.
+
+    Decode row b is the newest token of the sequence in ``decode_slots[b]``, at
+    ``decode_positions[b]`` (it attends to positions [0, decode_positions[b]]).
+    """
+
+    decode_slots: list[int] = field(default_factory=list)
+    decode_positions: list[int] = field(default_factory=list)
+    chunks: list[Chunk] = field(default_factory=list)
+
+    @property
+    def n_decode(self) -> int:
+        return len(self.decode_slots)
+
+    @property
+    def n_rows(self) -> int:
+        return self.n_decode + sum(c.length for c in self.chunks)
+
+    @property
+    def n_slots(self) -> int:
+        """Decode attention runs over slots [0, n_slots): a view of the cache, not a gather."""
+        return max(self.decode_slots) + 1 if self.decode_slots else 0
+
+    @property
+    def max_len(self) -> int:
+        """The longest KV length among the decode rows."""
+        return max(self.decode_positions) + 1 if self.decode_positions else 0
+
+    def index_lists(self) -> tuple[list[int], list[int], list[int]]:
+        """(slot of each row, position of each row, keys each of the first n_slots slots may see).
+
+        The first two say where each row's K/V goes in the cache; the third is
+        the decode rows' ragged lengths (1 for a slot with no decode row: its
+        dummy query sees one key and is dropped).
+        """
+        slots = list(self.decode_slots)
+        positions = list(self.decode_positions)
+        for c in self.chunks:
+            slots.extend([c.slot] * c.length)
+            positions.extend(range(c.start, c.end))
+        lengths = [1] * self.n_slots
+        for s, p in zip(self.decode_slots, self.decode_positions, strict=True):
+            lengths[s] = p + 1
+        return slots, positions, lengths
+
+    def last_rows(self) -> list[int]:
+        """The row of each chunk's last token."""
+        rows, at = [], self.n_decode
+        for c in self.chunks:
+            at += c.length
+            rows.append(at - 1)
+        return rows
+
+    def check(self, max_num_seqs: int, max_model_len: int) -> None:
+        if len(self.decode_slots) != len(self.decode_positions):
+            raise ValueError(f"{len(self.decode_slots)} decode slots but {len(self.decode_positions)} positions")
+        for c in self.chunks:
+            if c.length <= 0 or c.start < 0 or c.end > max_model_len:
+                raise ValueError(f"prefill chunk [{c.start}, {c.end}) outside [0, {max_model_len})")
+        for p in self.decode_positions:
+            if not 0 <= p < max_model_len:
+                raise ValueError(f"decode position {p} outside [0, {max_model_len})")
+        every = self.decode_slots + [c.slot for c in self.chunks]
+        for s in every:
+            if not 0 <= s < max_num_seqs:
+                raise ValueError(f"slot {s} outside [0, {max_num_seqs})")
+        if len(set(every)) != len(every):
+            raise ValueError("a slot appears twice in one step")
 
 
 @dataclass(frozen=True)
-class DecodeBatch:
-    """One new token for each of B sequences, at ``positions[b]`` in ``slots[b]``."""
+class StepBatch:
+    """What every layer needs for one step, built once per step (``Transformer.make_batch``)."""
 
-    slots: Tensor  # [B]
-    positions: Tensor  # [B]
-    cos: Tensor  # [B, D/2]
+    plan: StepPlan
+    slot_rows: Tensor  # [N] cache slot of each row
+    pos_rows: Tensor  # [N] position of each row
+    cos: Tensor  # [N, D/2] rotary tables at the rows' positions
     sin: Tensor
-    n_slots: int  # attend over slots [0, n_slots): a view of the cache, not a gather
-    lengths_all: Tensor  # [n_slots] keys each slot row may see (1 for rows not in the batch)
-    max_len: int  # longest KV length in the batch
+    decode_slots: Tensor  # [B]
+    decode_mask: Tensor | None  # [S, 1, 1, L]: key j visible to slot s's query
+    chunk_masks: tuple[Tensor | None, ...]  # per chunk: None (starts at 0: is_causal) or [G*T, end]
+
+
+# -- the layers ----------------------------------------------------------------------
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+
+
+def _sdpa_gqa_causal(q: Tensor, k: Tensor, v: Tensor, group: int) -> Tensor:
+    """Causal self-attention, q [1, H, T, D] over k/v [1, K, T, D]."""
+    if _SDPA_GQA:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=group > 1)
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+DenseIn = Callable[..., tuple[Tensor, Tensor, Tensor]]
+DenseOut = Callable[..., Tensor]
+
+
+def _dense_fns(cfg: ModelConfig) -> tuple[DenseIn, DenseOut]:
+    """A layer's dense parts as pure functions of its weights (one compiled graph serves every layer)."""
+    n_heads, n_kv, head_dim, eps = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.norm_eps
+    qk_width = (n_heads + n_kv) * head_dim
+
+    def attn_in(x: Tensor, norm_w: Tensor, wqkv: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        # x [N, dim] -> q [N, H, D], k/v [N, K, D], rotary applied to q and k in one go.
+        n = x.shape[0]
+        qkv = F.linear(rms_norm(x, norm_w, eps), wqkv)
+        qk = apply_rope(qkv[:, :qk_width].reshape(n, n_heads + n_kv, head_dim), cos, sin)
+        return qk[:, :n_heads], qk[:, n_heads:], qkv[:, qk_width:].reshape(n, n_kv, head_dim)
+
+    def attn_out_ffn(x: Tensor, attn: Tensor, wo: Tensor, norm_w: Tensor, w13: Tensor, w2: Tensor) -> Tensor:
+        x = x + F.linear(attn, wo)
+        gate, up = F.linear(rms_norm(x, norm_w, eps), w13).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, w2)
+
+    return attn_in, attn_out_ffn
 
 
 class Attention(nn.Module):
@@ -148,63 +330,54 @@ class Attention(nn.Module):
         self.register_buffer("k_cache", torch.zeros(shape, **factory), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape, **factory), persistent=False)
 
-    def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        # x: [N, dim] -> q [N, H, D], k/v [N, K, D], rotary applied to q and k.
-        n = x.shape[0]
-        kv_dim = self.n_kv * self.head_dim
-        q, k, v = self.wqkv(x).split([self.n_heads * self.head_dim, kv_dim, kv_dim], dim=-1)
-        q = apply_rope(q.view(n, self.n_heads, self.head_dim), cos, sin)
-        k = apply_rope(k.view(n, self.n_kv, self.head_dim), cos, sin)
-        return q, k, v.view(n, self.n_kv, self.head_dim)
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, batch: StepBatch) -> Tensor:
+        """Write the rows' K/V into the cache, attend; q [N, H, D], k/v [N, K, D] -> [N, H*D]."""
+        self.k_cache[batch.slot_rows, :, batch.pos_rows] = k
+        self.v_cache[batch.slot_rows, :, batch.pos_rows] = v
+        plan = batch.plan
+        parts = []
+        row = plan.n_decode
+        if row:
+            parts.append(self._decode(q[:row], batch))
+        for c, mask in zip(plan.chunks, batch.chunk_masks, strict=True):
+            sl = slice(row, row + c.length)
+            parts.append(self._chunk(q[sl], k[sl], v[sl], c, mask))
+            row += c.length
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def forward(self, x: Tensor, batch: PrefillBatch | DecodeBatch) -> Tensor:
-        if isinstance(batch, PrefillBatch):
-            return self._prefill(x, batch)
-        return self._decode(x, batch)
-
-    def _prefill(self, x: Tensor, batch: PrefillBatch) -> Tensor:
-        # x: [T, dim] for positions [start, start+T) of the sequence in `slot`.
-        slot, start = batch.slot, batch.start
-        t = x.shape[0]
-        end = start + t
-        q, k, v = self._qkv(x, batch.cos, batch.sin)
-        self.k_cache[slot, :, start:end] = k.transpose(0, 1)  # [K, T, D]
-        self.v_cache[slot, :, start:end] = v.transpose(0, 1)
-        keys = self.k_cache[slot, :, :end]  # [K, L=end, D]
-        values = self.v_cache[slot, :, :end]
+    def _chunk(self, q: Tensor, k: Tensor, v: Tensor, c: Chunk, mask: Tensor | None) -> Tensor:
+        t = c.length
+        if mask is None:
+            # From position 0 the chunk is all the keys there are: plain causal
+            # self-attention on the fresh K/V, no mask, no read of the cache.
+            out = _sdpa_gqa_causal(
+                q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], self.group
+            )
+            return out[0].transpose(0, 1).reshape(t, -1)
+        keys = self.k_cache[c.slot, :, : c.end]  # [K, L=end, D]
+        values = self.v_cache[c.slot, :, : c.end]
         # GQA without repeating K/V: fold each kv head's G query heads into the
         # query length: q [T, H, D] -> [K, G*T, D], row g*T + i is query i of head g.
-        q = (
-            q.view(t, self.n_kv, self.group, self.head_dim)
-            .permute(1, 2, 0, 3)
-            .reshape(self.n_kv, self.group * t, self.head_dim)
-        )
-        # Causal with an offset: query i (position start+i) sees keys j <= start+i.
-        pos_q = torch.arange(start, end, device=x.device)
-        mask = torch.arange(end, device=x.device)[None, :] <= pos_q[:, None]  # [T, L]
-        mask = mask.repeat(self.group, 1)  # [G*T, L]
-        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask)[0]
+        qf = q.reshape(t, self.n_kv, self.group, self.head_dim).permute(1, 2, 0, 3)
+        qf = qf.reshape(self.n_kv, self.group * t, self.head_dim)
+        out = _sdpa(qf[None], keys[None], values[None], mask)[0]
         # [K, G*T, D] -> [T, H*D]
-        out = out.view(self.n_kv, self.group, t, self.head_dim).permute(2, 0, 1, 3).reshape(t, -1)
-        return self.wo(out)
+        return out.view(self.n_kv, self.group, t, self.head_dim).permute(2, 0, 1, 3).reshape(t, -1)
 
-    def _decode(self, x: Tensor, batch: DecodeBatch) -> Tensor:
-        # x: [B, dim]; one new token per sequence at positions[b] in slots[b].
-        b = x.shape[0]
-        slots, positions, n_slots, max_len = batch.slots, batch.positions, batch.n_slots, batch.max_len
-        q, k, v = self._qkv(x, batch.cos, batch.sin)  # q [B, H, D], k/v [B, K, D]
-        self.k_cache[slots, :, positions] = k
-        self.v_cache[slots, :, positions] = v
-        # Attend over a view of the first n_slots slots instead of gathering
-        # them (no copy of the cache): rows of slots not in the batch get a
-        # dummy query and a one-key mask, and are dropped afterwards.
+    def _decode(self, q: Tensor, batch: StepBatch) -> Tensor:
+        # q [B, H, D]: one new token per sequence. Attend over a view of the
+        # first n_slots slots instead of gathering them (no copy of the cache):
+        # rows of slots not in the batch get a dummy query and a one-key mask,
+        # and are dropped afterwards.
+        b = q.shape[0]
+        plan, slots = batch.plan, batch.decode_slots
+        n_slots, max_len = plan.n_slots, plan.max_len
         keys = self.k_cache[:n_slots, :, :max_len]  # [S, K, L, D]
         values = self.v_cache[:n_slots, :, :max_len]
         q_all = q.new_zeros(n_slots, self.n_kv, self.group, self.head_dim)
-        q_all[slots] = q.view(b, self.n_kv, self.group, self.head_dim)
-        mask = torch.arange(max_len, device=x.device)[None, :] < batch.lengths_all[:, None]  # [S, L]
-        out = F.scaled_dot_product_attention(q_all, keys, values, attn_mask=mask[:, None, None, :])
-        return self.wo(out[slots].reshape(b, -1))  # [S, K, G, D] -> [B, H*D]
+        q_all[slots] = q.reshape(b, self.n_kv, self.group, self.head_dim)
+        out = _sdpa(q_all, keys, values, batch.decode_mask)
+        return out[slots].reshape(b, -1)  # [S, K, G, D] -> [B, H*D]
 
 
 class FeedForward(nn.Module):
@@ -212,10 +385,6 @@ class FeedForward(nn.Module):
         super().__init__()
         self.w13 = nn.Linear(cfg.dim, 2 * cfg.ffn_dim, bias=False, **factory)  # gate and up, fused
         self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False, **factory)
-
-    def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.w13(x).chunk(2, dim=-1)
-        return self.w2(F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -226,9 +395,10 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps, **factory)
         self.ffn = FeedForward(cfg, **factory)
 
-    def forward(self, x: Tensor, batch: PrefillBatch | DecodeBatch) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), batch)
-        return x + self.ffn(self.ffn_norm(x))
+    def forward(self, x: Tensor, batch: StepBatch, attn_in: DenseIn, attn_out_ffn: DenseOut) -> Tensor:
+        q, k, v = attn_in(x, self.attn_norm.weight, self.attn.wqkv.weight, batch.cos, batch.sin)
+        a = self.attn(q, k, v, batch)
+        return attn_out_ffn(x, a, self.attn.wo.weight, self.ffn_norm.weight, self.ffn.w13.weight, self.ffn.w2.weight)
 
 
 class Transformer(nn.Module):
@@ -253,6 +423,9 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(cfg.head_dim, max_model_len, cfg.rope_theta, device)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self._attn_in, self._attn_out_ffn = _dense_fns(cfg)
+        self.compiled = False
+        self._stager = Stager(device)
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
@@ -279,9 +452,71 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.output.weight.dtype
 
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(b.numel() * b.element_size() for name, b in self.named_buffers() if name.endswith("_cache"))
+
+    def enable_compile(self, **options: Any) -> None:
+        """Run each layer's dense parts through ``torch.compile`` (one graph for all layers, dynamic rows)."""
+        attn_in, attn_out_ffn = _dense_fns(self.cfg)
+        self._attn_in = torch.compile(attn_in, **options)
+        self._attn_out_ffn = torch.compile(attn_out_ffn, **options)
+        self.compiled = True
+
     def embed(self, token_ids: Tensor) -> Tensor:
         """[N] int64 -> [N, dim]."""
         return self.tok_embeddings(token_ids)
+
+    def make_batch(self, plan: StepPlan, slot_rows: Tensor, pos_rows: Tensor, lengths: Tensor) -> StepBatch:
+        """Per-step tensors from the plan and its ``index_lists`` already on the device.
+
+        Dispatches only device ops (aranges, compares, gathers): no value is read back.
+        """
+        plan.check(self.max_num_seqs, self.max_model_len)
+        dev = self.device
+        decode_mask = None
+        if plan.n_decode:
+            decode_mask = (torch.arange(plan.max_len, device=dev)[None, :] < lengths[:, None])[:, None, None, :]
+        group = self.cfg.n_heads // self.cfg.n_kv_heads
+        masks: list[Tensor | None] = []
+        for c in plan.chunks:
+            if c.start == 0:
+                masks.append(None)
+                continue
+            # Query i (position start+i) sees keys j <= start+i; rows repeat per folded head.
+            q_pos = torch.arange(c.start, c.end, device=dev)
+            mask = torch.arange(c.end, device=dev)[None, :] <= q_pos[:, None]  # [T, L]
+            masks.append(mask.repeat(group, 1))  # [G*T, L]
+        return StepBatch(
+            plan,
+            slot_rows,
+            pos_rows,
+            self.rope_cos[pos_rows],
+            self.rope_sin[pos_rows],
+            slot_rows[: plan.n_decode],
+            decode_mask,
+            tuple(masks),
+        )
+
+    def forward_step(self, x: Tensor, batch: StepBatch, rows: Tensor | None = None) -> Tensor:
+        """Run one step: x [N, dim] embeddings of the plan's rows -> float32 logits.
+
+        Logits of ``rows`` only (an index tensor), or of every row when None:
+        the LM head runs only where logits are used.
+        """
+        if x.shape[0] != batch.plan.n_rows:
+            raise ValueError(f"{x.shape[0]} input rows for a plan of {batch.plan.n_rows}")
+        for layer in self.layers:
+            x = layer(x, batch, self._attn_in, self._attn_out_ffn)
+        if rows is not None:
+            x = x.index_select(0, rows)
+        return self.output(self.norm(x)).float()
+
+    def stage(self, plan: StepPlan, *extra: list[int]) -> tuple[StepBatch, list[Tensor]]:
+        """The plan's batch plus ``extra`` int lists on the device, in one host-to-device transfer."""
+        slots, positions, lengths = plan.index_lists()
+        staged = self._stager.ints(slots, positions, lengths, *extra)
+        return self.make_batch(plan, staged[0], staged[1], staged[2]), staged[3:]
 
     def prefill(self, x: Tensor, slot: int, start: int, all_logits: bool = False) -> Tensor:
         """Run a chunk of one sequence; fills its KV cache at [start, start+T).
@@ -291,37 +526,70 @@ class Transformer(nn.Module):
         or [T, V] for every position when ``all_logits``.
         """
         t = x.shape[0]
-        if t == 0 or start < 0 or start + t > self.max_model_len:
-            raise ValueError(f"prefill chunk [{start}, {start + t}) outside [0, {self.max_model_len})")
-        if not 0 <= slot < self.max_num_seqs:
-            raise ValueError(f"slot {slot} outside [0, {self.max_num_seqs})")
-        batch = PrefillBatch(slot, start, self.rope_cos[start : start + t], self.rope_sin[start : start + t])
-        for layer in self.layers:
-            x = layer(x, batch)
-        h = x if all_logits else x[-1]  # the LM head only where logits are used
-        return self.output(self.norm(h)).float()
+        plan = StepPlan(chunks=[Chunk(slot, start, t)])
+        plan.check(self.max_num_seqs, self.max_model_len)
+        batch, _ = self.stage(plan)
+        if all_logits:
+            return self.forward_step(x, batch)
+        return self.forward_step(x, batch, torch.arange(t - 1, t, device=self.device))[0]
 
-    def decode(self, x: Tensor, slots: Tensor, positions: Tensor) -> Tensor:
+    def decode(self, x: Tensor, slots: Tensor | list[int], positions: Tensor | list[int]) -> Tensor:
         """One token for each of B sequences.
 
         x: [B, dim] embeddings of each sequence's newest token; slots, positions:
-        [B] int64 (distinct slots; the token sits at ``positions[b]`` and
-        attends to the sequence's positions [0, positions[b]]).
+        B distinct slots and the positions of their new tokens (each attends to
+        its sequence's positions [0, positions[b]]). Tensors are read back to
+        the host here (a sync); the engine passes lists through ``forward_step``.
         Returns logits [B, V] in float32.
         """
-        slots = slots.to(self.device)
-        positions = positions.to(self.device)
-        # Host-side sizes, computed once for all layers (one sync here, not per layer).
-        n_slots = int(slots.max()) + 1
-        max_len = int(positions.max()) + 1
-        lengths_all = torch.ones(n_slots, dtype=torch.long, device=self.device)  # dummy rows see one key
-        lengths_all[slots] = positions + 1
-        batch = DecodeBatch(
-            slots, positions, self.rope_cos[positions], self.rope_sin[positions], n_slots, lengths_all, max_len
-        )
-        for layer in self.layers:
-            x = layer(x, batch)
-        return self.output(self.norm(x)).float()
+        s = slots.tolist() if isinstance(slots, Tensor) else list(slots)
+        p = positions.tolist() if isinstance(positions, Tensor) else list(positions)
+        batch, _ = self.stage(StepPlan(s, p))
+        return self.forward_step(x, batch)
+
+    def sdpa_backends(self) -> dict[str, str]:
+        """The SDPA kernel torch picks for each attention call this model makes (on its device and dtype).
+
+        ``prefill``: a chunk from position 0 (is_causal, no mask); ``prefill_cached``:
+        a chunk after a cached prefix (mask); ``decode``: the decode rows (mask).
+        'math' on CUDA means the slow fallback that materializes the scores.
+        """
+        try:
+            from torch.nn.attention import SDPBackend
+
+            choose = torch._fused_sdp_choice
+        except (ImportError, AttributeError):
+            return {"prefill": "unknown", "prefill_cached": "unknown", "decode": "unknown"}
+        cfg, dev, dt = self.cfg, self.device, self.dtype
+        h, k, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        g, t = h // k, 16
+        first = self.layers[0]
+        assert isinstance(first, Block)
+        cache = first.attn.k_cache
+        n_len = min(2 * t, self.max_model_len)
+        n_slots = min(4, self.max_num_seqs)
+
+        def name(*args: Any, **kwargs: Any) -> str:
+            try:
+                return SDPBackend(choose(*args, **kwargs)).name.lower()
+            except Exception:  # a private API: never fail the engine over a report
+                return "unknown"
+
+        q = torch.zeros(1, h, t, d, device=dev, dtype=dt)
+        kv = torch.zeros(1, k, t, d, device=dev, dtype=dt)
+        gqa = {"enable_gqa": g > 1} if _SDPA_GQA else {}
+        if not _SDPA_GQA:
+            kv = kv.repeat_interleave(g, dim=1)
+        prefill = name(q, kv, kv, None, 0.0, True, **gqa)
+        qf = torch.zeros(1, k, g * t, d, device=dev, dtype=dt)
+        keys = cache[0, :, :n_len][None]
+        mask = torch.ones(g * t, n_len, device=dev, dtype=torch.bool)
+        cached = name(qf, keys, keys, mask, 0.0, False)
+        qd = torch.zeros(n_slots, k, g, d, device=dev, dtype=dt)
+        keys = cache[:n_slots, :, :n_len]
+        mask = torch.ones(n_slots, 1, 1, n_len, device=dev, dtype=torch.bool)
+        decode = name(qd, keys, keys, mask, 0.0, False)
+        return {"prefill": prefill, "prefill_cached": cached, "decode": decode}
 
 
 def build_model(

@@ -2,7 +2,8 @@
 
   input thread   recv_multipart(copy=False) → codec.decode → input queue
   busy loop      drain the queue, then one engine step; outputs → output queue
-  output thread  codec.encode(EngineCoreOutputs) → send_multipart(copy=False)
+  output thread  codec.encode(EngineCoreOutputs) → send_multipart(copy=False);
+                 heartbeats and the engine's span timestamps (JSON) when due
 
 Socket I/O and codec work sit on their own threads, as in vLLM's engine core,
 so the model step overlaps them (torch releases the GIL in its kernels).
@@ -20,21 +21,37 @@ import queue
 import signal
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import zmq
 
-from harness import transport
+from harness import curve, transport
 from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore, error_output
+from harness.engine.timings import EngineTimings
+from harness.integrity import request_digest
 from harness.messages import EngineCoreAbort, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
-from harness.transport import CodecCounters, EngineAddresses
+from harness.shm import Handle, Mappings, ShmError
+from harness.spans import host_clock_id
+from harness.transport import CodecClock, CodecCounters, EngineAddresses
 from wirecodecs import CodecError, get_codec
 
 log = logging.getLogger("wirebench.engine")
 
 _STOP = object()  # sentinel through the queues
+
+
+def _frame_bytes(frame: Any) -> bytes:
+    return frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
+
+
+class _Release(NamedTuple):
+    """A shared-memory block the engine no longer views, on its way back to the sender."""
+
+    segment: str
+    block: int
+    generation: int
 
 
 class EngineProcess:
@@ -51,6 +68,17 @@ class EngineProcess:
         self.stopping = threading.Event()
         self.ctx: zmq.Context = zmq.Context()
         self._parent_checked = 0.0
+        # The engine's half of the request timelines; None with --no-spans.
+        self.timings: EngineTimings | None = EngineTimings() if config.spans else None
+        self._out_seq = 0
+        # Maps of the frontend's shared-memory arena (--transport shm); views release themselves.
+        self.mappings = Mappings(on_release=self._released)
+        # Tests only: WIREBENCH_FAULT=swap-shm-buffers hands each request the previous one's buffer,
+        # the race --verify exists to catch. Never set in normal use.
+        self._fault_swap = os.environ.get("WIREBENCH_FAULT") == "swap-shm-buffers"
+        self._previous_handle: Handle | None = None
+        # What the engine is holding now (busy loop writes, heartbeats read): requests running and waiting.
+        self.load: dict[str, int] = {"running": 0, "waiting": 0}
 
     # --- input thread -------------------------------------------------------
     def _input_loop(self, sock: zmq.Socket) -> None:
@@ -61,24 +89,41 @@ class EngineProcess:
                 if not poller.poll(100):
                     continue
                 frames = sock.recv_multipart(copy=False)
+                received = time.monotonic_ns()
                 try:
-                    self._handle_input(frames)
+                    self._handle_input(frames, received)
                 except Exception:  # a bad frame must never kill the engine
                     log.exception("dropped an undecodable input message")
         finally:
             sock.close()  # closed by the thread that owns it: zmq sockets aren't thread-safe
 
-    def _handle_input(self, frames: list[zmq.Frame]) -> None:
+    def _handle_input(self, frames: list[zmq.Frame], received_ns: int) -> None:
         kind, request_id = transport.open_envelope(frames[0])
         body = frames[1:]
+        digest = None
+        if kind & transport.VERIFIED and kind in (
+            transport.ADD | transport.VERIFIED,
+            transport.ADD_SHM | transport.VERIFIED,
+        ):
+            kind &= ~transport.VERIFIED
+            body, digest = body[:-1], _frame_bytes(body[-1]) if body else b""
         if kind == transport.SHUTDOWN:
             self.stopping.set()
             self.inputs.put(_STOP)
             return
+        if kind == transport.ADD_SHM:
+            try:
+                body = self._from_shm(body)
+            except (ShmError, ValueError) as exc:
+                if request_id is None:
+                    raise
+                self._send_outputs([error_output(request_id, f"request could not be received: {exc}")])
+                return
+            kind, received_ns = transport.ADD, time.monotonic_ns()  # received once its views exist
         msg_type: type | None = {transport.ADD: EngineCoreRequest, transport.ABORT: EngineCoreAbort}.get(kind)
         if msg_type is None:
             raise ValueError(f"unknown message kind {kind:#x}")
-        started = time.perf_counter_ns()
+        clock = CodecClock().start()
         try:
             msg: Any = self.codec_in.decode(body, msg_type)
         except CodecError as exc:
@@ -87,11 +132,48 @@ class EngineProcess:
             self._send_outputs([error_output(request_id, f"request could not be decoded: {exc}")])
             return
         if msg_type is EngineCoreRequest:
-            self.counters.add_decode(started, body)
+            clock.stop()
+            self.counters.add_decode(clock, body)
+            if self.timings is not None and request_id is not None:
+                self.timings.received(request_id, received_ns, clock.end_ns, clock.cpu_ns)
             if request_id is not None and msg.request_id != request_id:
                 self._send_outputs([error_output(request_id, "request id in body and envelope differ")])
                 return
+            if digest is not None and request_digest(msg) != digest:
+                self._send_outputs(
+                    [
+                        error_output(
+                            msg.request_id,
+                            "integrity check failed: the request's token ids or multimodal buffers are not what the "
+                            "frontend sent (--verify)",
+                            rejected=False,
+                        )
+                    ]
+                )
+                return
         self.inputs.put(msg)
+
+    def _from_shm(self, frames: list[Any]) -> list[Any]:
+        """An ADD_SHM's codec frames: the table's frames become views on the sender's shared memory."""
+        table = json.loads(frames[0].bytes if isinstance(frames[0], zmq.Frame) else frames[0])
+        body: list[Any] = list(frames[1:])
+        if not isinstance(table, list):
+            raise ValueError("the shared-memory table is not a list")
+        for entry in table:
+            index, *raw = entry
+            if not (isinstance(index, int) and 1 <= index < len(body)):
+                raise ValueError(f"shared-memory table names frame {index!r} of {len(body)}")
+            handle = Handle.from_list(raw)
+            if self._fault_swap:  # a deliberately broken transport, for tests (WIREBENCH_FAULT)
+                handle, self._previous_handle = self._previous_handle or handle, handle
+                if handle.length != self._previous_handle.length:
+                    handle = self._previous_handle
+            body[index] = self.mappings.view(handle)
+        return body
+
+    def _released(self, segment: str, block: int, generation: int) -> None:
+        """A shared-memory view died (its request's tensors are gone): tell the sender (output thread)."""
+        self.outputs.put(_Release(segment, block, generation))
 
     # --- output thread ------------------------------------------------------
     def _send(self, sock: zmq.Socket, frames: list[Any], copy: bool = True, give_up_s: float | None = None) -> bool:
@@ -116,17 +198,50 @@ class EngineProcess:
                     # The engine's codec counters travel in heartbeats (JSON, not
                     # the codec under test), so once idle the frontend has them all.
                     stats = msgspec.json.encode(self.counters.snapshot())
-                    self._send(sock, [transport.envelope(transport.HEARTBEAT), stats])
+                    status = json.dumps({**json.loads(ready[1]), **self.load}).encode()
+                    self._send(sock, [transport.envelope(transport.HEARTBEAT), stats, status])
+                    self._send_spans(sock, force=True)
                     continue
                 if item is _STOP:
                     return
-                self._send(sock, self._encode_outputs(item), copy=False)
+                if isinstance(item, _Release):
+                    self._send(sock, [transport.envelope(transport.RELEASE), json.dumps([list(item)]).encode()])
+                    continue
+                self._send_batch(sock, item)
+                self._send_spans(sock)
         finally:
             sock.close()
 
+    def _send_batch(self, sock: zmq.Socket, batch: EngineCoreOutputs) -> None:
+        seq = self._out_seq
+        self._out_seq += 1
+        clock = CodecClock().start()
+        frames = self._encode_outputs(batch)
+        clock.stop()
+        self._send(sock, [transport.output_envelope(seq), *frames], copy=False)
+        if self.timings is not None:
+            sent = time.monotonic_ns()
+            record = {
+                "seq": seq,
+                "step_index": batch.step_index,
+                "outputs": len(batch.outputs),
+                "encode_start": clock.start_ns,
+                "encode_end": clock.end_ns,
+                "encode_cpu": clock.cpu_ns,
+                "sent": sent,
+                "bytes": transport.frames_nbytes(frames),
+            }
+            self.timings.batch_sent(record, [o.request_id for o in batch.outputs])
+
+    def _send_spans(self, sock: zmq.Socket, force: bool = False) -> None:
+        ready = self.timings.take(force) if self.timings is not None else None
+        if ready is not None:
+            self._send(sock, [transport.envelope(transport.SPANS), msgspec.json.encode(ready)])
+
     def _encode_outputs(self, batch: EngineCoreOutputs) -> list[Any]:
+        """The batch's codec frames; a batch the codec cannot encode becomes error outputs for its requests."""
         batch.timestamp = time.time()
-        started = time.perf_counter_ns()
+        clock = CodecClock().start()
         try:
             frames = self.codec_out.encode(batch)
         except CodecError as exc:
@@ -138,8 +253,8 @@ class EngineProcess:
             )
             frames = self.codec_out.encode(batch)
         else:
-            self.counters.add_encode(started, frames)
-        return [transport.envelope(transport.OUTPUTS), *frames]
+            self.counters.add_encode(clock.stop(), frames)
+        return frames
 
     def _send_outputs(self, outputs: list[EngineCoreOutput], step_start: float = 0.0, step_index: int = 0) -> None:
         self.outputs.put(EngineCoreOutputs(outputs=outputs, step_index=step_index, step_start_time=step_start))
@@ -151,8 +266,12 @@ class EngineProcess:
                 error = core.add_request(item)
                 if error is not None:
                     self._send_outputs([error])
+                elif self.timings is not None:
+                    self.timings.added(item.request_id, time.monotonic_ns())
             elif isinstance(item, EngineCoreAbort):
                 core.abort(item.request_ids)
+                if self.timings is not None:
+                    self.timings.dropped(item.request_ids)
         except Exception as exc:  # e.g. a decoded request with a wrongly typed field
             log.exception("could not apply an input message")
             rid = getattr(item, "request_id", None)
@@ -172,6 +291,7 @@ class EngineProcess:
         while not self.stopping.is_set():
             if self._parent_gone():
                 log.error("the frontend process is gone; stopping")
+                self.mappings.unlink_all()  # its shared memory: nobody else is left to remove it
                 return
             # Block only when idle; otherwise take what arrived and step.
             try:
@@ -186,27 +306,56 @@ class EngineProcess:
                     item = self.inputs.get_nowait()
                 except queue.Empty:
                     item = None
+            self.load["running"], self.load["waiting"] = core.scheduler.num_running, core.scheduler.num_waiting
             if not core.has_work():
                 continue
             step_start = time.time()
+            start_ns = time.monotonic_ns()
             try:
                 outputs = core.step()
             except Exception as exc:
                 log.exception("engine step failed")
                 outputs = core.fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
+            if self.timings is not None and core.last_step is not None:
+                sampled = [o.request_id for o in outputs]
+                self.timings.step(
+                    core.step_index,
+                    start_ns,
+                    time.monotonic_ns(),
+                    core.last_step.total_num_tokens,
+                    [nr.request_id for nr in core.last_step.new_requests],
+                    sampled,
+                )
             if outputs:
                 self._send_outputs(outputs, step_start, core.step_index)
 
     def run(self) -> None:
         in_sock = self.ctx.socket(zmq.PULL)
         out_sock = self.ctx.socket(zmq.PUSH)
-        for sock in (in_sock, out_sock):
+        keys = self.addresses.curve
+        # Only our frontend's key gets through the CURVE handshake (harness.curve).
+        auth = curve.start_authenticator(self.ctx, keys) if keys is not None else None
+        for sock, address in ((in_sock, self.addresses.input), (out_sock, self.addresses.output)):
             sock.setsockopt(zmq.LINGER, 0)
+            transport.prepare_socket(sock, address)
+            if keys is not None:
+                curve.secure_server(sock, keys)
         # Sends time out instead of blocking while no frontend is connected,
         # so a stop request is always noticed.
         out_sock.setsockopt(zmq.SNDTIMEO, 200)
         in_sock.bind(self.addresses.input)
         out_sock.bind(self.addresses.output)
+        threads_done = True
+        try:
+            threads_done = self._serve(in_sock, out_sock)
+        finally:
+            if auth is not None:
+                auth.stop()  # before term(): its sockets live in this context
+            if threads_done:
+                self.ctx.term()
+
+    def _serve(self, in_sock: zmq.Socket, out_sock: zmq.Socket) -> bool:
+        """Run until stopped; whether every socket thread ended (then the context may be terminated)."""
         try:
             core = EngineCore(self.config)
         except Exception as exc:
@@ -215,9 +364,14 @@ class EngineProcess:
             self._send(out_sock, [transport.envelope(transport.READY), error], give_up_s=10)
             in_sock.close()
             out_sock.close()
-            self.ctx.term()
             raise SystemExit(1) from exc
-        info = {"pid": os.getpid(), "codec": self.config.codec, **core.executor.info()}
+        info = {
+            "pid": os.getpid(),
+            "codec": self.config.codec,
+            "clock": host_clock_id(),
+            "spans": self.config.spans,
+            **core.executor.info(),
+        }
         ready = [transport.envelope(transport.READY), json.dumps(info).encode()]
         threads = [
             threading.Thread(target=self._input_loop, args=(in_sock,), name="engine-input", daemon=True),
@@ -232,8 +386,7 @@ class EngineProcess:
             self.outputs.put(_STOP)
             for t in threads:
                 t.join(timeout=2)
-            if not any(t.is_alive() for t in threads):
-                self.ctx.term()
+        return not any(t.is_alive() for t in threads)
 
 
 def run_engine(

@@ -1,10 +1,20 @@
 """Token sampling: logit bias and penalties, then greedy, temperature, top-k,
-top-p and min-p, with seeds.
+top-p and min-p, with seeds; on the device, with no host sync.
 
-A request with ``SamplingParams.seed`` gets its own ``torch.Generator`` and is
-sampled on its own row alone, so its tokens do not depend on what else is in
-the batch. Unseeded requests share one engine generator (seeded from
-``EngineConfig.seed``) and are sampled in one batched call.
+Random rows are drawn by an exponential race: with E_i ~ Exp(1) independent,
+argmax_i p_i / E_i is distributed as the categorical p (the index of the
+smallest of the Exp(p_i) variables E_i / p_i). The noise is drawn for the whole
+vocabulary in token order, so a row's draw depends only on its probabilities
+and its generator, never on a read of a device value (``torch.multinomial``
+with a check of its inputs needs one per call).
+
+A request with ``SamplingParams.seed`` gets its own ``torch.Generator``, which
+draws its row's noise (one kernel per seeded row, no sync), so its tokens do
+not depend on what else is in the batch: every filter is applied per row, and
+a row with no filters comes out of the filter step bit-identical. Unseeded
+requests share one engine generator (seeded from ``EngineConfig.seed``) that
+draws all their noise at once. Rows whose probabilities are not finite (inf or
+NaN logits) fall back to greedy, chosen on the device with ``torch.where``.
 
 Only ids below ``vocab_size`` (the tokenizer's) are ever picked, even when the
 model's head is wider (see ``harness.engine.model``).
@@ -18,6 +28,10 @@ every token seen in the prompt or output into x / p when x > 0, else x * p;
 with default penalties and no bias skip all of this: the batch only pays for
 the rows that use them.
 
+Per-row parameters (temperatures, filters, row indices, suppressed and biased
+ids, token histories) cross to the device through ``harness.engine.staging``:
+pinned memory and non-blocking copies, never ``torch.tensor(list)``.
+
 Not implemented: logprobs (the frontend refuses them).
 """
 
@@ -26,9 +40,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from harness.engine.staging import Stager
 from harness.messages import SamplingParams
 
 _GREEDY_EPS = 1e-5
@@ -55,16 +71,21 @@ def uses_penalties(params: SamplingParams) -> bool:
     return params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
 
 
+def has_filters(params: SamplingParams) -> bool:
+    return params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0
+
+
 def _argmax(logits: Tensor) -> Tensor:
     """Greedy pick per row, with NaN logits treated as never chosen."""
     return logits.masked_fill(logits.isnan(), float("-inf")).argmax(dim=-1)
 
 
 class Sampler:
-    def __init__(self, vocab_size: int, seed: int, device: torch.device) -> None:
+    def __init__(self, vocab_size: int, seed: int, device: torch.device, stager: Stager | None = None) -> None:
         self.vocab_size = vocab_size
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.stager = stager or Stager(device)
 
     def request_generator(self, params: SamplingParams) -> torch.Generator | None:
         """A fresh generator for a seeded, non-greedy request; None otherwise."""
@@ -73,11 +94,21 @@ class Sampler:
         return torch.Generator(device=self.device).manual_seed(params.seed % (1 << 64))
 
     def sample(self, logits: Tensor, rows: list[SampleRow]) -> list[int]:
-        """logits: [N, >= vocab_size] -> N token ids."""
+        """logits: [N, >= vocab_size] -> N token ids on the host."""
         if logits.shape[0] != len(rows):
             raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sample rows")
         if not rows:
             return []
+        return self.stager.fetch(self.sample_tensor(logits, rows))
+
+    def sample_tensor(self, logits: Tensor, rows: list[SampleRow]) -> Tensor:
+        """logits: [N, >= vocab_size] -> [N] int64 token ids, left on the device.
+
+        Dispatches no op that reads a device value on the host; the caller
+        fetches the result once for the whole step.
+        """
+        if logits.shape[0] != len(rows) or not rows:
+            raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sample rows")
         logits = logits[:, : self.vocab_size].float()
         biased = [i for i, r in enumerate(rows) if r.params.logit_bias]
         penalized = [i for i, r in enumerate(rows) if uses_penalties(r.params)]
@@ -86,26 +117,78 @@ class Sampler:
             logits = self._with_logit_bias(logits, [rows[i] for i in biased], biased)
         if penalized:
             logits = self._with_penalties(logits, [rows[i] for i in penalized], penalized)
+        logits = self._with_suppressed(logits, rows)
+        rand = [i for i, r in enumerate(rows) if not is_greedy(r.params)]
+        if not rand:
+            return _argmax(logits)
+        # Shared-generator rows first, then each seeded row: the noise of the
+        # shared ones is one draw, each seeded row draws its own.
+        shared = [i for i in rand if rows[i].generator is None]
+        seeded = [i for i in rand if rows[i].generator is not None]
+        order = shared + seeded
+        params = [rows[i].params for i in order]
+        filters = any(has_filters(p) for p in params)
+        whole = order == list(range(len(rows)))
+        ints = self.stager.ints(
+            [] if whole else order, [p.top_k if p.top_k > 0 else self.vocab_size for p in params] if filters else []
+        )
+        floats = self.stager.floats(
+            [p.temperature for p in params],
+            # inf / 0 where a filter is off, so its comparisons are never true.
+            [p.top_p if p.top_p < 1.0 else float("inf") for p in params] if filters else [],
+            [p.min_p for p in params] if filters else [],
+        )
+        idx, top_k = ints
+        temps, top_p, min_p = floats
+        sub = logits if whole else logits.index_select(0, idx)
+        scaled = sub / temps[:, None]
+        probs = self._probs(scaled, top_k, top_p, min_p) if filters else torch.softmax(scaled, dim=-1)
+        noise = torch.empty_like(probs)
+        if shared:
+            noise[: len(shared)].exponential_(generator=self.generator)
+        for j, i in enumerate(seeded, start=len(shared)):
+            noise[j].exponential_(generator=rows[i].generator)
+        # Exp(1) may return 0: keep the ratio finite (a zero-probability token stays at 0).
+        picks = (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
+        usable = torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)
+        picks = torch.where(usable, picks, _argmax(sub))
+        if whole:
+            return picks
+        return _argmax(logits).index_copy_(0, idx, picks)
+
+    def _probs(self, logits: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Tensor:
+        """Softmax after top-k, then top-p and min-p, per row; in token order.
+
+        The filters are decided on the sorted row and applied as a mask in
+        token order, so a row with every filter off is left bit-identical.
+        """
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        ranks = torch.arange(sorted_logits.shape[-1], device=logits.device)[None, :]
+        beyond_k = ranks >= top_k[:, None]
+        probs = torch.softmax(sorted_logits.masked_fill(beyond_k, float("-inf")), dim=-1)
+        # top-p: drop a token when the mass before it already reaches top_p
+        # (the first token is always kept); min-p: drop tokens below min_p
+        # times the most likely one. Both on the top-k-renormalised mass.
+        drop = beyond_k | (probs.cumsum(dim=-1) - probs >= top_p[:, None])
+        drop |= probs < min_p[:, None] * probs[:, :1]
+        drop[:, 0].fill_(False)  # fill_, not a setitem of a Python scalar (which lifts it into a tensor)
+        drop = torch.zeros_like(drop).scatter_(1, order, drop)
+        return torch.softmax(logits.masked_fill(drop, float("-inf")), dim=-1)
+
+    def _with_suppressed(self, logits: Tensor, rows: list[SampleRow]) -> Tensor:
+        """A copy of logits with each row's suppressed ids at -inf (all of a row never)."""
+        at_row: list[int] = []
+        at_tok: list[int] = []
         for i, row in enumerate(rows):
             if row.suppress_token_ids:
                 ids = [t for t in row.suppress_token_ids if 0 <= t < self.vocab_size]
                 if len(ids) < self.vocab_size:  # never suppress everything
-                    logits[i, ids] = float("-inf")
-        out = torch.empty(len(rows), dtype=torch.long, device=logits.device)
-        greedy = [i for i, r in enumerate(rows) if is_greedy(r.params)]
-        if greedy:
-            idx = torch.tensor(greedy, device=logits.device)
-            out[idx] = _argmax(logits[idx])
-        rand = [i for i, r in enumerate(rows) if not is_greedy(r.params)]
-        shared = [i for i in rand if rows[i].generator is None]
-        if shared:
-            idx = torch.tensor(shared, device=logits.device)
-            out[idx] = self._sample_group(logits[idx], [rows[i].params for i in shared], self.generator)
-        for i in rand:
-            gen = rows[i].generator
-            if gen is not None:  # alone, filters included: independent of the batch
-                out[i] = self._sample_group(logits[i : i + 1], [rows[i].params], gen)[0]
-        return out.tolist()
+                    at_row += [i] * len(ids)
+                    at_tok += ids
+        if not at_row:
+            return logits
+        r, t = self.stager.ints(at_row, at_tok)
+        return logits.index_put((r, t), logits.new_full((), float("-inf")))
 
     def _with_logit_bias(self, logits: Tensor, rows: list[SampleRow], idx: list[int]) -> Tensor:
         """A copy of logits with rows[j]'s bias added on row idx[j] (ids outside the vocabulary ignored)."""
@@ -118,27 +201,25 @@ class Sampler:
                     at_row.append(j)
                     at_tok.append(tok)
                     vals.append(bias)
-        dev = logits.device
-        return logits.index_put(
-            (torch.tensor(at_row, dtype=torch.long, device=dev), torch.tensor(at_tok, dtype=torch.long, device=dev)),
-            torch.tensor(vals, device=dev, dtype=logits.dtype),
-            accumulate=True,
-        )
+        r, t = self.stager.ints(at_row, at_tok)
+        (v,) = self.stager.floats(vals)
+        return logits.index_put((r, t), v.to(logits.dtype), accumulate=True)
 
     def _flat_bins(self, id_lists: list[Sequence[int]], device: torch.device) -> Tensor:
         """Every list's ids as bins of one flat [len(id_lists) * vocab + 1] space, on ``device``.
 
-        List j's id t becomes j * vocab + t, so one bincount (or one scatter)
-        serves every row; ids outside the vocabulary go to the spare last bin,
-        which callers drop (filtering them out would force a device sync).
-        The ids are gathered on the CPU and cross to the device in one copy.
+        List j's id t becomes j * vocab + t, so one scatter serves every row;
+        ids outside the vocabulary go to the spare last bin, which callers
+        drop. Computed on the host (the ids are there) and sent in one
+        non-blocking copy.
         """
         vocab, n = self.vocab_size, len(id_lists)
-        parts = [torch.as_tensor(ids, dtype=torch.long) for ids in id_lists]
-        flat = torch.cat(parts)
-        row = torch.repeat_interleave(torch.arange(n), torch.tensor([len(p) for p in parts], dtype=torch.long))
+        parts = [np.asarray(ids, dtype=np.int64) for ids in id_lists]
+        flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        row = np.repeat(np.arange(n, dtype=np.int64), [len(p) for p in parts])
         keep = (flat >= 0) & (flat < vocab)
-        return torch.where(keep, row * vocab + flat, n * vocab).to(device)
+        (bins,) = self.stager.ints(np.where(keep, row * vocab + flat, n * vocab))
+        return bins if bins.device == device else bins.to(device)
 
     def _with_penalties(self, logits: Tensor, rows: list[SampleRow], idx: list[int]) -> Tensor:
         """logits with repetition, then presence and frequency penalties applied on rows ``idx``.
@@ -149,82 +230,32 @@ class Sampler:
         """
         dev, n, vocab = logits.device, len(rows), self.vocab_size
         whole = n == logits.shape[0]  # idx is increasing, so it is every row
-        at = None if whole else torch.tensor(idx, device=dev)
-        x = logits if at is None else logits[at]
+        at = None if whole else self.stager.ints(idx)[0]
+        x = logits if at is None else logits.index_select(0, at)
         out_bins = self._flat_bins([r.output_token_ids or () for r in rows], dev)
 
         def column(values: list[float]) -> Tensor:
-            return torch.tensor(values, device=dev, dtype=x.dtype)[:, None]
+            return self.stager.floats(values)[0].to(x.dtype)[:, None]
 
         rep = [r.params.repetition_penalty for r in rows]
         if any(p != 1.0 for p in rep):
             # Seen in the prompt or the output: a mask, so a scatter of True will do.
             seen = torch.zeros(n * vocab + 1, dtype=torch.bool, device=dev)
-            seen[out_bins] = True
-            seen[
-                self._flat_bins(
-                    [(r.prompt_token_ids or ()) if p != 1.0 else () for r, p in zip(rows, rep, strict=True)], dev
-                )
-            ] = True
+            prompt_bins = self._flat_bins(
+                [(r.prompt_token_ids or ()) if p != 1.0 else () for r, p in zip(rows, rep, strict=True)], dev
+            )
+            seen.index_fill_(0, out_bins, True).index_fill_(0, prompt_bins, True)
             seen = seen[:-1].view(n, vocab)
             r_col = column(rep)
             x = torch.where(seen, torch.where(x > 0, x / r_col, x * r_col), x)
         presence = [r.params.presence_penalty for r in rows]
         frequency = [r.params.frequency_penalty for r in rows]
         if any(presence) or any(frequency):
-            counts = torch.bincount(out_bins, minlength=n * vocab + 1)[:-1].view(n, vocab).to(x.dtype)
+            # A scatter-add, not bincount: bincount sizes its output from the data (a sync on CUDA).
+            counts = torch.zeros(n * vocab + 1, dtype=x.dtype, device=dev)
+            counts.index_add_(0, out_bins, torch.ones(out_bins.shape[0], dtype=x.dtype, device=dev))
+            counts = counts[:-1].view(n, vocab)
             # where(), not a product with (counts > 0): an inf/NaN penalty then
             # spoils only the tokens it applies to, not the whole row.
             x = x - torch.where(counts > 0, column(frequency) * counts + column(presence), 0.0)
         return x if at is None else logits.index_copy(0, at, x)
-
-    def _sample_group(self, logits: Tensor, params: list[SamplingParams], generator: torch.Generator) -> Tensor:
-        """One token per row from the filtered distribution, drawn with ``generator``."""
-        probs, order = self._filtered_probs(logits, params)
-        # A row with NaN/inf probabilities (e.g. inf or NaN logits) would make
-        # torch.multinomial raise and fail the whole step: it goes greedy instead.
-        usable = torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)
-        picks = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
-        if bool(usable.all()):
-            picks = torch.multinomial(probs, 1, generator=generator)[:, 0]
-        elif bool(usable.any()):
-            ok = usable.nonzero()[:, 0]
-            picks[ok] = torch.multinomial(probs[ok], 1, generator=generator)[:, 0]
-        # picks index the sorted order when filters were applied
-        tokens = picks if order is None else order.gather(1, picks[:, None])[:, 0]
-        bad = (~usable).nonzero()[:, 0]
-        if len(bad):
-            tokens[bad] = _argmax(logits[bad])
-        return tokens
-
-    def _filtered_probs(self, logits: Tensor, params: list[SamplingParams]) -> tuple[Tensor, Tensor | None]:
-        """Temperature, then top-k / top-p / min-p. Returns (probs [n, V], order or None).
-
-        When any filter is on, probs are in descending-logit order and ``order``
-        maps them back to token ids.
-        """
-        dev = logits.device
-        temps = torch.tensor([p.temperature for p in params], device=dev, dtype=torch.float32)
-        logits = logits / temps[:, None]
-        top_k = [p.top_k if p.top_k > 0 else 0 for p in params]
-        top_p = [p.top_p for p in params]
-        min_p = [p.min_p for p in params]
-        if not any(top_k) and all(p >= 1.0 for p in top_p) and not any(m > 0 for m in min_p):
-            return torch.softmax(logits, dim=-1), None
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        vocab = sorted_logits.shape[-1]
-        ranks = torch.arange(vocab, device=dev)[None, :]
-        k = torch.tensor([k if k else vocab for k in top_k], device=dev)
-        sorted_logits = sorted_logits.masked_fill(ranks >= k[:, None], float("-inf"))
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # top-p: drop a token when the mass before it already reaches top_p
-        # (the first token is always kept).
-        p = torch.tensor(top_p, device=dev, dtype=torch.float32)
-        mass_before = probs.cumsum(dim=-1) - probs
-        drop = mass_before >= p[:, None]
-        # min-p: drop tokens below min_p times the most likely one.
-        mp = torch.tensor(min_p, device=dev, dtype=torch.float32)
-        drop |= probs < (mp[:, None] * probs[:, :1])
-        drop[:, 0] = False
-        probs = probs.masked_fill(drop, 0.0)
-        return probs / probs.sum(dim=-1, keepdim=True), order

@@ -17,7 +17,15 @@ KV accounting reserves a request's whole ``prompt_len + max_tokens`` when it is
 admitted and frees it when it finishes or is aborted. Nothing is ever
 preempted and the cache can never overflow; a request that could never fit is
 rejected in ``add_request``. Each running request owns one KV *slot* (an index
-into the executor's per-slot cache buffers), handed out lowest-first.
+into the executor's per-slot cache buffers), handed out lowest-first. The
+capacity defaults to what those slots hold, ``max_num_seqs x max_model_len``
+(``EngineConfig.kv_capacity``), so by default only ``max_num_seqs`` limits
+admission. ``admission_stats()`` counts the steps that left requests waiting
+and why (KV, no free slot, or the token budget), so a TTFT that measures the
+admission queue shows as such.
+
+Prefill chunks of several requests in one step run as one batch in the
+executor (``harness.engine.model.forward_step``).
 
 Stop strings (``SamplingParams.stop``) are a detokenizer matter: the frontend
 checks them and aborts the request.
@@ -28,11 +36,14 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from harness.engine.config import EngineConfig
 from harness.engine.step import ModelRunnerOutput, NewRequest, ScheduledChunk, SchedulerOutput
 from harness.engine.vision import check_mm_input
 from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, validate_sampling_params
+
+BLOCKED_BY = ("kv_cache", "max_num_seqs", "token_budget")
 
 
 @dataclass
@@ -76,6 +87,12 @@ class Scheduler:
         self._step = 0
         # Chunk cap when others are present; <= 0 disables it.
         self._cap = config.long_prefill_token_threshold
+        self._kv_capacity = config.kv_capacity
+        # Steps that left requests waiting, by what stopped admission: "kv_cache"
+        # (the next request's reservation does not fit), "max_num_seqs" (no free
+        # slot) or "token_budget" (the step's tokens ran out first: not admission).
+        self.blocked_steps: dict[str, int] = dict.fromkeys(BLOCKED_BY, 0)
+        self.waiting_peak = 0
 
     # -- queries -----------------------------------------------------------
     @property
@@ -137,10 +154,10 @@ class Scheduler:
                 f"prompt of {n} tokens + max_tokens {max_tokens} = {n + max_tokens} exceeds "
                 f"max_model_len {cfg.max_model_len}"
             )
-        if n + max_tokens > cfg.kv_cache_tokens:
+        if n + max_tokens > self._kv_capacity:
             raise ValueError(
                 f"prompt of {n} tokens + max_tokens {max_tokens} = {n + max_tokens} can never fit "
-                f"in the KV cache of {cfg.kv_cache_tokens} tokens"
+                f"in the KV cache of {self._kv_capacity} tokens"
             )
         lo, hi = min(req.prompt_token_ids), max(req.prompt_token_ids)
         if lo < 0 or hi >= cfg.vocab_size:
@@ -203,9 +220,10 @@ class Scheduler:
                 out.prefills.append(self._chunk(r, rid, n))
                 budget -= n
         # 3. admit waiting requests (FCFS)
+        self.waiting_peak = max(self.waiting_peak, len(self.waiting))
         while self.waiting and budget > 0 and self._free_slots:
             r = self.requests[self.waiting[0]]
-            if self._kv_used + r.kv_reservation > cfg.kv_cache_tokens:
+            if self._kv_used + r.kv_reservation > self._kv_capacity:
                 break
             rid = self.waiting.popleft()
             r.slot = heapq.heappop(self._free_slots)
@@ -217,12 +235,32 @@ class Scheduler:
             out.prefills.append(self._chunk(r, rid, n))
             budget -= n
 
+        if self.waiting:
+            self.blocked_steps[self._blocked_by(budget)] += 1
         out.total_num_tokens = cfg.max_num_batched_tokens - budget
         if out.total_num_tokens:
             # Hand over finished ids only with a step the executor will run.
             out.finished_req_ids, self._finished_for_executor = self._finished_for_executor, []
             self._step += 1
         return out
+
+    def _blocked_by(self, budget: int) -> str:
+        if budget == 0:
+            return "token_budget"
+        if not self._free_slots:
+            return "max_num_seqs"
+        return "kv_cache"
+
+    def admission_stats(self) -> dict[str, Any]:
+        """How often admission, not the token budget, kept requests waiting (for the engine's info)."""
+        return {
+            "steps": self._step,
+            "admission_blocked_steps": self.blocked_steps["kv_cache"] + self.blocked_steps["max_num_seqs"],
+            "admission_blocked_by": dict(self.blocked_steps),
+            "waiting_peak": self.waiting_peak,
+            "kv_cache_tokens": self._kv_capacity,
+            "kv_tokens_used": self._kv_used,
+        }
 
     def _chunk_len(self, r: _Request, budget: int, others_present: bool) -> int:
         n = min(r.prompt_len - r.num_computed_tokens, budget)

@@ -15,6 +15,8 @@ Accepted inputs (one multimodal item of ``EngineCoreRequest.mm_inputs``):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -63,21 +65,48 @@ def check_mm_input(item: Any) -> None:
     raise ValueError(f"multimodal input must be a PIL image or a dict with 'pixel_values', got {_describe(item)}")
 
 
-def to_pixels(item: Any) -> Tensor:
-    """One input -> float32 CPU tensor [3, H, W] (not resized). Validates first."""
+@dataclass(frozen=True)
+class RawPixels:
+    """An input's pixels as they arrived, not yet converted (``to_float`` does that, on any device).
+
+    ``data``: a CPU tensor, [H, W, 3] uint8 for a PIL image (channels last, as
+    PIL stores them) or [3, H, W] as sent for pixel_values (uint8, or any float
+    dtype, bfloat16 included). Moving this to the GPU moves 1 byte per uint8
+    channel (2 for bf16), and the float conversion runs there.
+    """
+
+    data: Tensor
+    kind: str  # "pil": uint8 0..255 -> [-1, 1]; "uint8": 0..255 -> [0, 1]; "float": as is
+
+    def to_float(self, t: Tensor | None = None) -> Tensor:
+        """float32 [3, H, W] from ``data`` (or from ``t``, the same data on another device)."""
+        t = self.data if t is None else t
+        if self.kind == "pil":
+            return t.permute(2, 0, 1).float() / 127.5 - 1.0  # [0, 255] -> [-1, 1]
+        if self.kind == "uint8":
+            return t.float() / 255.0
+        return t.float()
+
+
+def raw_pixels(item: Any) -> RawPixels:
+    """One input -> its pixels on the CPU, unconverted (one copy at most). Validates first."""
     check_mm_input(item)
     if isinstance(item, dict):
         pv = item["pixel_values"]
         if isinstance(pv, np.ndarray):
             # np.array copies: the codec's buffer may be read-only, which torch warns about.
-            t = torch.from_numpy(np.array(pv, dtype=np.float32 if pv.dtype != np.uint8 else np.uint8))
+            t = torch.from_numpy(np.array(pv))
         else:
             t = pv.detach().cpu()
         t = t.reshape(t.shape[-3:])
-        return t.float() / 255.0 if t.dtype == torch.uint8 else t.float()
-    rgb = np.asarray(item.convert("RGB"), dtype=np.uint8)  # [H, W, 3]
-    t = torch.from_numpy(rgb.copy()).permute(2, 0, 1).float()
-    return t / 127.5 - 1.0  # [0, 255] -> [-1, 1]
+        return RawPixels(t, "uint8" if t.dtype == torch.uint8 else "float")
+    rgb = item if item.mode == "RGB" else item.convert("RGB")
+    return RawPixels(torch.from_numpy(np.array(rgb, dtype=np.uint8)), "pil")  # [H, W, 3], a fresh copy
+
+
+def to_pixels(item: Any) -> Tensor:
+    """One input -> float32 CPU tensor [3, H, W] (not resized). Validates first."""
+    return raw_pixels(item).to_float()
 
 
 class VisionEncoder(nn.Module):
@@ -125,8 +154,12 @@ class VisionEncoder(nn.Module):
         # Unit RMS per row, the scale of the token embeddings it stands in for.
         return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)).to(w.dtype)
 
-    def encode(self, item: Any) -> Tensor:
-        return self(to_pixels(item))
+    def encode(self, item: Any, to_device: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+        """Embeddings of one input: its raw pixels go to the device (``to_device``, e.g. a pinned
+        non-blocking copy) unconverted, and become float32 there."""
+        raw = raw_pixels(item)
+        data = to_device(raw.data) if to_device is not None else raw.data.to(self.proj.weight.device)
+        return self(raw.to_float(data))
 
 
 def build_vision_encoder(

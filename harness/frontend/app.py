@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP frontend: routes, error mapping and the app factory.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming SSE
-or not), ``GET /v1/models``, ``GET /health``, ``GET /metrics``.
+or not), ``GET /v1/models``, ``GET /health``, ``GET /metrics``, and
+``GET /v1/wirebench/spans`` (each request's IPC timeline, ``harness.spans``).
 
 A request goes: parse and prepare (``inputs``: tokenize, decode images, build
 the ``EngineCoreRequest``) → the engine client (codec + transport) → relay the
@@ -43,11 +44,13 @@ from aiohttp import web
 from harness import prom
 from harness.frontend import outputs
 from harness.frontend.engine_client import EngineClient, EngineDeadError, EngineRequestError, RequestRejectedError
+from harness.frontend.images import TensorAlloc
 from harness.frontend.inputs import Prepared, prepare_chat, prepare_completion
 from harness.frontend.metrics import FrontendMetrics
 from harness.frontend.protocol import ProtocolError, error_body
 from harness.frontend.settings import FrontendSettings
 from harness.messages import EngineCoreOutput
+from harness.spans import FrontPoints
 from harness.tokenizer import TextTokenizer
 
 log = logging.getLogger("wirebench.frontend")
@@ -94,13 +97,13 @@ def _sse(obj: Any) -> bytes:
 # --- serving one request -----------------------------------------------------------
 
 
-async def _run(request: web.Request, prep: Prepared) -> web.StreamResponse:
+async def _run(request: web.Request, prep: Prepared, points: FrontPoints) -> web.StreamResponse:
     app = request.app
     engine, metrics = app[ENGINE], app[METRICS]
     relay = outputs.Relay(app[TOKENIZER], prep)
     outcome = "failed"
     metrics.running += 1
-    gen: AsyncIterator[EngineCoreOutput] = engine.generate(prep.request)
+    gen: AsyncIterator[EngineCoreOutput] = engine.generate(prep.request, points)
     try:
         try:
             first = await anext(gen, None)
@@ -118,7 +121,7 @@ async def _run(request: web.Request, prep: Prepared) -> web.StreamResponse:
             body, status, outcome = mapped
             return json_response(body, status)
         sse = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        outcome = await _stream(request, sse, prep, relay, first, gen)
+        outcome = await _stream(request, sse, prep, relay, first, gen, points)
         return sse
     except asyncio.CancelledError:
         outcome = "aborted"  # the client went away (handler_cancellation)
@@ -137,6 +140,7 @@ async def _stream(
     relay: outputs.Relay,
     first: EngineCoreOutput,
     gen: AsyncIterator[EngineCoreOutput],
+    points: FrontPoints,
 ) -> str:
     """Send one SSE chunk per engine output; return the request's outcome."""
     try:
@@ -144,6 +148,9 @@ async def _stream(
         try:
             async for chunk in outputs.stream(prep, relay, first, gen):
                 await resp.write(_sse(chunk))
+                if not points.first_sse_written:
+                    points.first_sse_written = time.monotonic_ns()
+                    request.app[ENGINE].timelines.front_finished(prep.request.request_id)
         except (ConnectionResetError, asyncio.CancelledError):
             raise
         except Exception as exc:
@@ -178,29 +185,45 @@ async def _close(gen: AsyncIterator[EngineCoreOutput], rid: str) -> None:
 
 
 async def _read_json(request: web.Request) -> Any:
+    """The JSON body: only ``application/json`` (415 otherwise: a browser's cross-site form post, which
+    needs no CORS preflight, never gets in), received within body_timeout_s (408), within the size
+    limit (413), parsed with bounded nesting (400)."""
+    settings = request.app[SETTINGS]
+    if request.content_type != "application/json":
+        shown = request.content_type or "none"
+        raise ProtocolError(f"the request body must be application/json, got {shown}", status=415)
     try:
-        raw = await request.read()
+        raw = await asyncio.wait_for(request.read(), settings.body_timeout_s)
     except web.HTTPRequestEntityTooLarge:
-        limit = request.app[SETTINGS].max_request_bytes
+        limit = settings.max_request_bytes
         raise ProtocolError(f"the request body is larger than the limit of {limit} bytes", status=413) from None
+    except TimeoutError:
+        raise ProtocolError(
+            f"the request body did not arrive within {settings.body_timeout_s:g} s", status=408
+        ) from None
     try:
         return msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError("the request body's JSON is nested too deeply") from None
 
 
-Prepare = Callable[[Any, TextTokenizer, FrontendSettings], Awaitable[Prepared]]
+Prepare = Callable[[Any, TextTokenizer, FrontendSettings, TensorAlloc | None], Awaitable[Prepared]]
 
 
 def _generation_handler(prepare: Prepare) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handler(request: web.Request) -> web.StreamResponse:
         app = request.app
+        points = FrontPoints(http_received=time.monotonic_ns())
         try:
-            prep = await prepare(await _read_json(request), app[TOKENIZER], app[SETTINGS])
+            alloc = getattr(app[ENGINE], "tensor_alloc", None)  # the shm transport builds tensors in place
+            prep = await prepare(await _read_json(request), app[TOKENIZER], app[SETTINGS], alloc)
         except ProtocolError as exc:
             app[METRICS].requests["rejected"] += 1
             return error_response(exc.message, exc.status, exc.param)
-        return await _run(request, prep)
+        points.prepared = time.monotonic_ns()
+        return await _run(request, prep, points)
 
     return handler
 
@@ -224,15 +247,36 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
+    """200 {"status": "ok"}, or 503 with "stalled" (taken back when it answers) or "dead", and why."""
     engine = request.app[ENGINE]
     if engine.is_healthy:
         return json_response({"status": "ok"})
-    return json_response({"status": "unhealthy", "reason": engine.dead_reason}, 503)
+    return json_response({"status": engine.state, "reason": engine.dead_reason}, 503)
+
+
+async def spans_handler(request: web.Request) -> web.Response:
+    """Joined request timelines and output batches after the given cursors (harness.spans)."""
+    try:
+        since = {k: int(request.query.get(f"since_{k}", "0")) for k in ("request", "batch", "lag")}
+    except ValueError:
+        return error_response("since_request, since_batch and since_lag must be integers", 400)
+    timelines = request.app[ENGINE].timelines
+    return json_response(timelines.snapshot(since["request"], since["batch"], since["lag"]))
+
+
+async def _watch_loop_lag(app: web.Application) -> AsyncIterator[None]:
+    """cleanup_ctx: the event-loop lag gauge runs while the app does."""
+    task = asyncio.create_task(app[ENGINE].timelines.watch_loop_lag(), name="loop-lag")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
     app = request.app
     text = prom.render(app[METRICS].samples(app[ENGINE]))
+    text += "\n".join(line for h in app[ENGINE].timelines.histograms() for line in h.render()) + "\n"
     return web.Response(text=text, content_type="text/plain", charset="utf-8", headers={"X-Prometheus-Format": "0.0.4"})
 
 
@@ -268,4 +312,6 @@ def build_app(engine: EngineClient, tokenizer: TextTokenizer, settings: Frontend
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/v1/wirebench/spans", spans_handler)
+    app.cleanup_ctx.append(_watch_loop_lag)
     return app

@@ -7,9 +7,15 @@ to the engine process over ZeroMQ through the selected codec.
 Requests are encoded on the event loop and sent with ``copy=False`` (pyzmq
 still copies frames under its copy threshold, where that is cheaper). One
 reader task decodes every output batch and routes each output to its
-request's queue. A monitor task turns a dead engine (process gone, or no
-message for ``HEARTBEAT_TIMEOUT_S``) into ``EngineDeadError`` for every
-request in flight.
+request's queue. A monitor task watches the engine, in three states:
+
+- ok: messages (outputs, heartbeats every 0.25 s) arrive;
+- stalled: nothing for the stall timeout (``STALL_TIMEOUT_S``, ``bench serve
+  --engine-stall-timeout``): every request in flight fails with
+  ``EngineDeadError`` and is aborted in the engine; the first message that
+  arrives again makes the engine ok again (a paused, swapping or restarted
+  remote engine is taken back; ZeroMQ reconnects by itself);
+- dead: the spawned engine process exited, or this frontend shuts down. Final.
 """
 
 from __future__ import annotations
@@ -20,13 +26,16 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 import zmq
 import zmq.asyncio
 
-from harness import transport
+from harness import curve, transport
+from harness.frontend.shm_sender import ShmSender
+from harness.frontend.timeline import Timelines
+from harness.integrity import request_digest
 from harness.messages import (
     CodecStats,
     EngineCoreAbort,
@@ -35,10 +44,15 @@ from harness.messages import (
     EngineCoreRequest,
     FinishReason,
 )
-from harness.transport import CodecCounters, EngineAddresses
+from harness.shm import Handle, ShmError
+from harness.spans import FrontPoints, host_clock_id
+from harness.transport import CodecClock, CodecCounters, EngineAddresses
 from wirecodecs import CodecError, EncodeError, get_codec
 
 log = logging.getLogger("wirebench.frontend")
+
+# The engine as the frontend sees it (GET /health reports it).
+OK, STALLED, DEAD = "ok", "stalled", "dead"
 
 
 class EngineDeadError(RuntimeError):
@@ -63,13 +77,18 @@ class EngineRequestError(RuntimeError):
 
 class EngineClient(Protocol):
     codec_name: str
+    # The request timelines of both processes (harness.spans); disabled where not recorded.
+    timelines: Timelines
 
-    def generate(self, request: EngineCoreRequest) -> AsyncIterator[EngineCoreOutput]:
+    def generate(
+        self, request: EngineCoreRequest, points: FrontPoints | None = None
+    ) -> AsyncIterator[EngineCoreOutput]:
         """Send the request; yield its outputs as they arrive, the last with finished=True.
 
         Raises RequestRejectedError (nothing was queued, or the engine sent back an
         error output) or EngineDeadError. Closing the iterator early (client
-        disconnect) aborts the request in the engine.
+        disconnect) aborts the request in the engine. ``points``: the request's
+        frontend timestamps so far; the client adds encode, send and first output.
         """
         ...
 
@@ -80,6 +99,11 @@ class EngineClient(Protocol):
 
     @property
     def dead_reason(self) -> str | None: ...
+
+    @property
+    def state(self) -> str:
+        """ "ok", "stalled" or "dead" (see ZmqEngineClient)."""
+        ...
 
     # Cumulative codec counters: this process's (request encode, output decode)
     # and the engine's latest report (request decode, output encode).
@@ -94,8 +118,11 @@ class ZmqEngineClient:
         codec_name: str,
         addresses: EngineAddresses,
         is_process_alive: Callable[[], bool] | None = None,
-        heartbeat_timeout_s: float = transport.HEARTBEAT_TIMEOUT_S,
+        heartbeat_timeout_s: float = transport.STALL_TIMEOUT_S,
         owns_engine: bool = True,
+        spans: bool = True,
+        shm: ShmSender | None = None,
+        verify: bool = False,
     ) -> None:
         self.codec_name = codec_name
         self._encoder = get_codec(codec_name)
@@ -111,6 +138,10 @@ class ZmqEngineClient:
         self._output = self._ctx.socket(zmq.PULL)
         for sock in (self._input, self._output):
             sock.setsockopt(zmq.LINGER, 0)
+        for sock, address in ((self._input, addresses.input), (self._output, addresses.output)):
+            transport.prepare_socket(sock, address)
+            if addresses.curve is not None:
+                curve.secure_client(sock, addresses.curve)
         self._input.connect(addresses.input)
         self._output.connect(addresses.output)
         self._queues: dict[str, asyncio.Queue[EngineCoreOutput | Exception]] = {}
@@ -118,8 +149,19 @@ class ZmqEngineClient:
         self._engine_stats = CodecStats()
         self._last_message = time.monotonic()
         self._dead_reason: str | None = None
+        self._state = OK
+        self._abandoned: set[str] = set()  # failed during a stall: aborted in the engine
         self._tasks: list[asyncio.Task] = []
         self.engine_info: dict = {}
+        # Requests the engine holds, from its latest heartbeat (sent when it is idle or between outputs).
+        self.engine_load: dict[str, int] = {"running": 0, "waiting": 0}
+        self.timelines = Timelines(enabled=spans)
+        # --transport shm: big frames travel through this sender's arena (harness.shm), None over zmq.
+        self._shm = shm
+        # --verify: each request carries its digest (harness.integrity), checked by the engine.
+        self._verify = verify
+        # Pixel tensors built straight into the arena travel without a copy.
+        self.tensor_alloc = shm.tensor if shm is not None else None
 
     # --- lifecycle ----------------------------------------------------------
     async def wait_ready(self, timeout_s: float, accept_heartbeat: bool = False) -> dict:
@@ -143,11 +185,23 @@ class ZmqEngineClient:
                     if "error" in info:
                         raise EngineDeadError(f"engine failed to start: {info['error']}")
                     self.engine_info = info
+                    self._check_clock(info)
                     self._last_message = time.monotonic()
                     return info
                 if kind == transport.HEARTBEAT and accept_heartbeat:
+                    # Heartbeats repeat the engine's info (frame 2) for a frontend that missed READY.
+                    info = json.loads(frames[2]) if len(frames) > 2 else {}
+                    self.engine_info = {**info, "joined": "running engine"}
+                    self._check_clock(info)
                     self._last_message = time.monotonic()
-                    return {"joined": "running engine"}
+                    return self.engine_info
+
+    def _check_clock(self, info: dict) -> None:
+        """Spans need one clock: the engine must run on this host and record them."""
+        if not info.get("spans", False):
+            self.timelines.disable("the engine records no spans (--no-spans)")
+        elif info.get("clock") != host_clock_id():
+            self.timelines.disable("the engine runs on another host: its monotonic clock is not this host's")
 
     def start(self) -> None:
         """Start the reader and monitor tasks (call after wait_ready, on the serving loop)."""
@@ -158,7 +212,7 @@ class ZmqEngineClient:
 
     async def shutdown(self) -> None:
         """Fail what is in flight, ask the engine to stop, then close the sockets."""
-        if self._dead_reason is None:
+        if self._state != DEAD:
             self._declare_dead("the server is shutting down", expected=True)
         if self._owns_engine:
             with contextlib.suppress(zmq.ZMQError):
@@ -170,11 +224,18 @@ class ZmqEngineClient:
         self._input.close(linger=1000)
         self._output.close()
         self._ctx.term()
+        if self._shm is not None:
+            self._shm.close()
 
     # --- EngineClient -------------------------------------------------------
     @property
     def is_healthy(self) -> bool:
-        return self._dead_reason is None
+        return self._state == OK
+
+    @property
+    def state(self) -> str:
+        """ok, stalled (no message for the stall timeout; taken back when one arrives) or dead."""
+        return self._state
 
     @property
     def dead_reason(self) -> str | None:
@@ -186,23 +247,45 @@ class ZmqEngineClient:
     def engine_codec_stats(self) -> CodecStats:
         return self._engine_stats
 
-    async def generate(self, request: EngineCoreRequest) -> AsyncIterator[EngineCoreOutput]:
-        if self._dead_reason is not None:
-            raise EngineDeadError(self._dead_reason)
+    async def generate(
+        self, request: EngineCoreRequest, points: FrontPoints | None = None
+    ) -> AsyncIterator[EngineCoreOutput]:
+        if self._state != OK:
+            raise EngineDeadError(self._dead_reason or "the engine is not available")
         rid = request.request_id
         if rid in self._queues:
             raise RequestRejectedError(f"request id {rid!r} is already in flight")
-        started = time.perf_counter_ns()
+        clock = CodecClock().start()
         try:
             frames = self._encoder.encode(request)
         except EncodeError as exc:
             raise RequestRejectedError(str(exc), code=exc.code) from exc
-        self._counters.add_encode(started, frames)
+        self._counters.add_encode(clock.stop(), frames)
+        message: list[Any] = [transport.envelope(transport.ADD, rid), *frames]
+        held: list[Handle] = []
+        if self._shm is not None:
+            try:
+                message, held = await self._shm.message(rid, frames)
+            except ShmError as exc:
+                raise EngineDeadError(f"shared memory: {exc}") from exc
+        if self._verify:  # the digest travels outside the codec: flagged kind, one last frame
+            message[0] = bytes((message[0][0] | transport.VERIFIED,)) + message[0][1:]
+            big = bool(request.mm_inputs)  # hashing megabytes of pixels leaves the event loop
+            message.append(await asyncio.to_thread(request_digest, request) if big else request_digest(request))
         q: asyncio.Queue[EngineCoreOutput | Exception] = asyncio.Queue()
         self._queues[rid] = q
         finished = False
         try:
-            await self._input.send_multipart([transport.envelope(transport.ADD, rid), *frames], copy=False)
+            try:
+                await self._input.send_multipart(message, copy=False)
+            except BaseException:
+                if self._shm is not None:
+                    self._shm.unsent(held)  # the engine never saw these blocks
+                raise
+            if points is not None and self.timelines.enabled:
+                points.encode_start, points.encode_end, points.encode_cpu = clock.start_ns, clock.end_ns, clock.cpu_ns
+                points.sent = time.monotonic_ns()
+                self.timelines.track(rid, points)
             while not finished:
                 item = await q.get()
                 if isinstance(item, Exception):
@@ -220,7 +303,8 @@ class ZmqEngineClient:
                 yield item
         finally:
             self._queues.pop(rid, None)
-            if not finished and self._dead_reason is None:
+            self.timelines.front_finished(rid)
+            if not finished and self._state == OK:
                 await self._send_abort([rid])
 
     async def abort(self, request_ids: list[str]) -> None:
@@ -229,7 +313,7 @@ class ZmqEngineClient:
             q = self._queues.get(rid)
             if q is not None:
                 q.put_nowait(RequestRejectedError(f"request {rid} was aborted"))
-        if self._dead_reason is None:
+        if self._state == OK:
             await self._send_abort(request_ids)
 
     async def _send_abort(self, request_ids: list[str]) -> None:
@@ -240,50 +324,99 @@ class ZmqEngineClient:
     async def _read_outputs(self) -> None:
         while True:
             frames = await self._output.recv_multipart(copy=False)
+            received = time.monotonic_ns()
             self._last_message = time.monotonic()
+            if self._state == STALLED:
+                self._recover()
             kind = None
             try:
                 kind, _ = transport.open_envelope(frames[0])
                 if kind == transport.HEARTBEAT and len(frames) > 1:
                     self._engine_stats = msgspec.json.decode(frames[1].buffer, type=CodecStats)
+                    if len(frames) > 2:
+                        status = json.loads(frames[2].bytes)
+                        self.engine_load = {k: int(status.get(k, 0)) for k in ("running", "waiting")}
+                elif kind == transport.SPANS and len(frames) > 1:
+                    self.timelines.engine_spans(json.loads(frames[1].bytes))
+                elif kind == transport.RELEASE and len(frames) > 1 and self._shm is not None:
+                    self._shm.released(json.loads(frames[1].bytes))
                 if kind != transport.OUTPUTS:
                     continue
                 body = frames[1:]
-                started = time.perf_counter_ns()
+                clock = CodecClock().start()
                 batch = self._decoder.decode(body, EngineCoreOutputs)
-                self._counters.add_decode(started, body)
+                self._counters.add_decode(clock.stop(), body)
             except (CodecError, ValueError, msgspec.DecodeError) as exc:
                 log.error("undecodable message from the engine: %s", exc)
                 if kind == transport.OUTPUTS:
                     self._fail_in_flight(f"an output batch from the engine could not be decoded: {exc}")
                 continue
+            if self.timelines.enabled:
+                self._stamp_first_outputs(batch, transport.output_seq(frames[0]), received, clock)
             for output in batch.outputs:
                 q = self._queues.get(output.request_id)
                 if q is not None:
                     q.put_nowait(output)
 
+    def _stamp_first_outputs(self, batch: EngineCoreOutputs, seq: int, received: int, clock: CodecClock) -> None:
+        self.timelines.batch_received(seq, received, clock.end_ns, clock.cpu_ns)
+        for output in batch.outputs:
+            points = self.timelines.front_points(output.request_id)
+            if points is not None and points.first_output_seq < 0:
+                points.first_output_received, points.first_output_decoded = received, clock.end_ns
+                points.first_output_decode_cpu, points.first_output_seq = clock.cpu_ns, seq
+
     async def _monitor(self) -> None:
         last_tick = time.monotonic()
-        while self._dead_reason is None:
+        while self._state != DEAD:
             await asyncio.sleep(0.1)
             now = time.monotonic()
             # If this loop itself was held up, heartbeats may be waiting unread:
             # silence only counts when messages are really not arriving.
-            stalled, last_tick = now - last_tick > 1.0, now
+            held_up, last_tick = now - last_tick > 1.0, now
             if self._is_process_alive is not None and not self._is_process_alive():
                 self._declare_dead("the engine process exited")
             elif (
-                not stalled
+                self._state == OK
+                and not held_up
                 and now - self._last_message > self._heartbeat_timeout_s
                 and not int(self._output.get(zmq.EVENTS)) & zmq.POLLIN
             ):
-                self._declare_dead(f"no message from the engine for {self._heartbeat_timeout_s:.1f} s")
+                self._declare_stalled(f"no message from the engine for {self._heartbeat_timeout_s:.1f} s")
 
     def _declare_dead(self, reason: str, expected: bool = False) -> None:
+        """For good: the engine process exited, or this frontend is shutting down."""
         log.log(logging.INFO if expected else logging.ERROR, "engine is unavailable: %s", reason)
-        self._dead_reason = reason
+        self._state, self._dead_reason = DEAD, reason
         for q in self._queues.values():
             q.put_nowait(EngineDeadError(reason))
+
+    def _declare_stalled(self, reason: str) -> None:
+        """The engine went quiet (paused, swapping, a remote one restarting): fail what is in flight
+        now, and abort it there so it does not compute for nobody once it answers again."""
+        log.error("engine is unavailable: %s", reason)
+        self._state, self._dead_reason = STALLED, reason
+        self._abandoned.update(self._queues)
+        for q in self._queues.values():
+            q.put_nowait(EngineDeadError(reason))
+        self._abort_abandoned()
+
+    def _recover(self) -> None:
+        """A message arrived from a stalled engine: it is back; take it back."""
+        log.warning("engine answers again after: %s", self._dead_reason)
+        self._state, self._dead_reason = OK, None
+        self._abort_abandoned()
+
+    def _abort_abandoned(self) -> None:
+        """Abort the requests failed during a stall (queued for the engine if it is paused)."""
+        if not self._abandoned:
+            return
+        frames = self._encoder.encode(EngineCoreAbort(request_ids=sorted(self._abandoned)))
+        try:
+            self._input.send_multipart([transport.envelope(transport.ABORT), *frames], flags=zmq.NOBLOCK)
+            self._abandoned.clear()
+        except zmq.ZMQError:  # no peer to queue it for: retried when the engine answers again
+            pass
 
     def _fail_in_flight(self, reason: str) -> None:
         """Outputs for unknown requests were lost: end every request in flight (they get aborted)."""

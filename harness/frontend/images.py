@@ -1,8 +1,8 @@
 """Turn a chat request's image data URLs into the engine's multimodal inputs.
 
-``decode_data_url`` refuses malformed, undecodable or oversized input with a
-``ValueError`` saying what was wrong; ``process_image_url`` then gives the
-engine-bound form.
+``open_data_url`` refuses malformed, undecodable or oversized input with a
+``ValueError`` saying what was wrong (sizes from the header, before any pixel
+is decoded); ``process_image`` then decodes and gives the engine-bound form.
 
 Two payload shapes, because what a frontend sends for an image is exactly what
 the codecs are compared on:
@@ -25,6 +25,7 @@ import hashlib
 import io
 import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -72,32 +73,47 @@ def torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
-def pixel_values(image: Image.Image, size: int, dtype: str = "float16") -> Any:
-    """Resize to size×size, scale to [0, 1], normalise; a torch tensor [1, 3, size, size]."""
+# Where a pixel tensor is built: (shape, torch dtype) → an empty tensor, e.g. in the shm arena.
+TensorAlloc = Callable[[tuple[int, ...], Any], Any]
+
+
+def pixel_values(image: Image.Image, size: int, dtype: str = "float16", alloc: TensorAlloc | None = None) -> Any:
+    """Resize to size×size, scale to [0, 1], normalise; a torch tensor [1, 3, size, size].
+
+    ``alloc`` gives the tensor's memory (the shm transport's arena, so the frame
+    that carries it needs no copy); by default torch allocates.
+    """
     import torch
 
     rgb = image.convert("RGB").resize((size, size), Image.Resampling.BICUBIC)
     arr = np.asarray(rgb, dtype=np.float32) / 255.0  # [S, S, 3]
     arr = (arr - CLIP_MEAN) / CLIP_STD
-    chw = np.ascontiguousarray(arr.transpose(2, 0, 1))  # [3, S, S]
-    return torch.from_numpy(chw).unsqueeze(0).to(torch_dtype(dtype)).contiguous()
+    chw = torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1))).unsqueeze(0)  # [1, 3, S, S]
+    if alloc is None:
+        return chw.to(torch_dtype(dtype)).contiguous()
+    out = alloc((1, 3, size, size), torch_dtype(dtype))
+    out.copy_(chw)  # the same conversion, written straight into the given memory
+    return out
 
 
-def to_mm_input(image: Image.Image, payload: MmPayload, size: int, dtype: str) -> Any:
+def to_mm_input(image: Image.Image, payload: MmPayload, size: int, dtype: str, alloc: TensorAlloc | None = None) -> Any:
     """The engine-bound form of one decoded image."""
     if payload == "pil":
         return image
     if payload == "tensor":
-        return {"pixel_values": pixel_values(image, size, dtype)}
+        return {"pixel_values": pixel_values(image, size, dtype, alloc)}
     raise ValueError(f"unknown mm payload {payload!r}; choose one of {', '.join(MM_PAYLOADS)}")
 
 
-def process_image_url(url: str, *, max_bytes: int, payload: MmPayload, size: int, dtype: str) -> ProcessedImage:
-    """Decode one data URL and convert it; ValueError with a clear message on bad input."""
+def process_image(
+    image: Image.Image, *, payload: MmPayload, size: int, dtype: str, alloc: TensorAlloc | None = None
+) -> ProcessedImage:
+    """Decode an opened image's pixels and convert them; ValueError with a clear message on bad input."""
+    load_pixels(image)
     # A plain RGB image, as vLLM's image loader hands on: one mode for every
     # codec to carry, and no file object or PNG metadata riding along.
-    image = decode_data_url(url, max_bytes).convert("RGB")
-    return ProcessedImage(to_mm_input(image, payload, size, dtype), image_hash(image))
+    rgb = image.convert("RGB")
+    return ProcessedImage(to_mm_input(rgb, payload, size, dtype, alloc), image_hash(rgb))
 
 
 def decode_data_url(
@@ -105,12 +121,35 @@ def decode_data_url(
     max_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
     max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> Image.Image:
-    """Decode a base64 image data URL into a loaded PIL image.
+    """Decode a base64 image data URL into a loaded PIL image (``open_data_url``, then the pixels)."""
+    img = open_data_url(url, max_bytes, max_pixels)
+    load_pixels(img)
+    return img
+
+
+def load_pixels(img: Image.Image) -> None:
+    """Decode the pixels of an image ``open_data_url`` opened; ValueError on truncated or corrupt data."""
+    with warnings.catch_warnings():
+        # We enforce our own pixel limit; PIL's bomb warning is noise here.
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            img.load()
+        except Exception as exc:  # truncated or corrupt pixel data
+            raise ValueError(f"image data could not be decoded ({img.format or 'image'}): {exc}") from exc
+
+
+def open_data_url(
+    url: str,
+    max_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> Image.Image:
+    """Open a base64 image data URL: its header is read and its size checked, its pixels not yet decoded.
 
     Raises ValueError when the URL is not a base64 ``data:image/...`` URL, the
     payload is larger than ``max_bytes`` decoded bytes (checked before
     decoding), the bytes are not an image PIL can read, or the image has more
-    than ``max_pixels`` pixels (checked before pixels are decoded).
+    than ``max_pixels`` pixels (checked from the header, before any pixel is
+    decoded: a 128-byte PNG can claim 4096×4096).
     """
     if not isinstance(url, str):
         raise ValueError(f"image URL must be a string, got {type(url).__name__}")
@@ -145,8 +184,4 @@ def decode_data_url(
         w, h = img.size
         if w * h > max_pixels:
             raise ValueError(f"image is too large: {w}x{h} pixels, limit {max_pixels}")
-        try:
-            img.load()
-        except Exception as exc:  # truncated or corrupt pixel data
-            raise ValueError(f"image data could not be decoded ({mime}): {exc}") from exc
     return img

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.frontend import protocol
-from harness.frontend.images import ProcessedImage, process_image_url
+from harness.frontend.images import ProcessedImage, TensorAlloc, open_data_url, process_image
 from harness.frontend.protocol import ProtocolError, StreamOptions
 from harness.frontend.settings import FrontendSettings
 from harness.messages import EngineCoreRequest, PlaceholderRange, SamplingParams
@@ -78,7 +78,7 @@ def _image_token_id(tokenizer: TextTokenizer, settings: FrontendSettings) -> int
     return FALLBACK_IMAGE_TOKEN_ID if tid is None else tid
 
 
-def _tokenize_with_markers(tokenizer: TextTokenizer, text: str, n_images: int) -> tuple[list[int], list[int]]:
+async def _tokenize_with_markers(tokenizer: TextTokenizer, text: str, n_images: int) -> tuple[list[int], list[int]]:
     """Token ids of ``text`` and the index of each image marker in them.
 
     With an image token in the vocabulary the marker tokenizes to it and is
@@ -89,7 +89,7 @@ def _tokenize_with_markers(tokenizer: TextTokenizer, text: str, n_images: int) -
     marker_id = tokenizer.image_token_id
     marker = getattr(tokenizer, "image_marker", DEFAULT_IMAGE_MARKER)
     if marker_id is not None:
-        ids = list(tokenizer.encode(text))
+        ids = await tokenize(tokenizer, text)
         positions = [i for i, t in enumerate(ids) if t == marker_id]
     else:
         pieces = text.split(marker)
@@ -99,7 +99,7 @@ def _tokenize_with_markers(tokenizer: TextTokenizer, text: str, n_images: int) -
                 positions.append(len(ids))
                 ids.append(FALLBACK_IMAGE_TOKEN_ID)
             if piece:
-                ids.extend(tokenizer.encode(piece))
+                ids.extend(await tokenize(tokenizer, piece))
     if len(positions) != n_images:
         raise ProtocolError(
             f"the prompt has {len(positions)} image markers for {n_images} images; "
@@ -149,12 +149,37 @@ def _engine_request(
     )
 
 
-async def prepare_completion(body: Any, tokenizer: TextTokenizer, settings: FrontendSettings) -> Prepared:
+# Tokenizing longer texts than this runs in a worker thread (tokenizers' batch
+# encode releases the GIL), so a big prompt does not hold up every live stream.
+OFF_LOOP_CHARS = 8192
+
+
+def _check_prompt_size(text: str, settings: FrontendSettings, param: str) -> None:
+    """Refuse a prompt over max_prompt_bytes before any tokenization (UTF-8 is 1-4 bytes a character)."""
+    limit = settings.max_prompt_bytes
+    if len(text) > limit or (4 * len(text) > limit and len(text.encode("utf-8", "surrogatepass")) > limit):
+        raise ProtocolError(
+            f"the prompt is over the limit of {limit} bytes (this model's context is {settings.max_model_len} tokens)",
+            param=param,
+        )
+
+
+async def tokenize(tokenizer: TextTokenizer, text: str) -> list[int]:
+    if len(text) <= OFF_LOOP_CHARS:
+        return list(tokenizer.encode(text))
+    (ids,) = await asyncio.to_thread(tokenizer.encode_batch, [text])
+    return list(ids)
+
+
+async def prepare_completion(
+    body: Any, tokenizer: TextTokenizer, settings: FrontendSettings, alloc: TensorAlloc | None = None
+) -> Prepared:
     req = protocol.parse_completion_request(body)
     model = _check_model(settings, req.model)
     if isinstance(req.prompt, str):
         text: str | None = req.prompt
-        ids = list(tokenizer.encode(req.prompt))
+        _check_prompt_size(req.prompt, settings, "prompt")
+        ids = await tokenize(tokenizer, req.prompt)
         if not ids:
             raise ProtocolError("the prompt tokenizes to nothing", param="prompt")
     else:
@@ -168,7 +193,10 @@ async def prepare_completion(body: Any, tokenizer: TextTokenizer, settings: Fron
     return Prepared(request, False, req.stream, req.stream_options, model)
 
 
-async def prepare_chat(body: Any, tokenizer: TextTokenizer, settings: FrontendSettings) -> Prepared:
+async def prepare_chat(
+    body: Any, tokenizer: TextTokenizer, settings: FrontendSettings, alloc: TensorAlloc | None = None
+) -> Prepared:
+    """``alloc``: where pixel tensors are built (the shm transport's arena), by default torch's memory."""
     req = protocol.parse_chat_request(body)
     model = _check_model(settings, req.model)
     n_images = len(req.image_urls)
@@ -177,13 +205,14 @@ async def prepare_chat(body: Any, tokenizer: TextTokenizer, settings: FrontendSe
             f"at most {settings.max_images_per_request} images per request, got {n_images}", param="messages"
         )
     text = tokenizer.apply_chat_template(req.messages)
-    ids, positions = _tokenize_with_markers(tokenizer, text, n_images)
+    _check_prompt_size(text, settings, "messages")
+    ids, positions = await _tokenize_with_markers(tokenizer, text, n_images)
     ids, ranges = _expand_images(ids, positions, _image_token_id(tokenizer, settings), settings.image_tokens)
     # Check the context before the costly image decoding.
     max_tokens = _resolve_max_tokens(settings, len(ids), req.sampling.max_tokens, chat=True)
     mm_inputs = mm_hashes = None
     if n_images:
-        images = await _process_images(req.image_urls, settings)
+        images = await _process_images(req.image_urls, settings, alloc)
         mm_inputs = [img.mm_input for img in images]
         mm_hashes = [img.mm_hash for img in images]
     request = _engine_request(
@@ -201,20 +230,39 @@ async def prepare_chat(body: Any, tokenizer: TextTokenizer, settings: FrontendSe
     return Prepared(request, True, req.stream, req.stream_options, model)
 
 
-async def _process_images(urls: list[str], settings: FrontendSettings) -> list[ProcessedImage]:
-    """Decode (and convert) the images off the event loop, in order."""
+async def _process_images(
+    urls: list[str], settings: FrontendSettings, alloc: TensorAlloc | None = None
+) -> list[ProcessedImage]:
+    """Decode (and convert) the images off the event loop, in order.
+
+    Every image's header is read first and the request's pixels counted before
+    any pixel is decoded: the work a request can cause is bounded per image
+    (``max_image_pixels``) and per request (``max_request_pixels``).
+    """
 
     def work() -> list[ProcessedImage]:
-        out = []
+        opened = []
         for i, url in enumerate(urls):
             try:
+                opened.append(open_data_url(url, settings.max_image_bytes, settings.max_image_pixels))
+            except ValueError as exc:
+                raise ProtocolError(f"image {i}: {exc}", param="messages") from exc
+        pixels = sum(img.width * img.height for img in opened)
+        if pixels > settings.max_request_pixels:
+            raise ProtocolError(
+                f"the request's images have {pixels} pixels in all, over the limit of {settings.max_request_pixels}",
+                param="messages",
+            )
+        out = []
+        for i, img in enumerate(opened):
+            try:
                 out.append(
-                    process_image_url(
-                        url,
-                        max_bytes=settings.max_image_bytes,
+                    process_image(
+                        img,
                         payload=settings.mm_payload,
                         size=settings.mm_tensor_size,
                         dtype=settings.mm_tensor_dtype,
+                        alloc=alloc,
                     )
                 )
             except ValueError as exc:

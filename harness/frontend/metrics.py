@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness import prom
+from harness import prom, runs_on
 from harness.frontend.engine_client import EngineClient
 
 OUTCOMES = ("completed", "failed", "aborted", "rejected")
@@ -29,4 +29,8 @@ class FrontendMetrics:
             prom.CODEC_INFO: [({"codec": engine.codec_name}, 1.0)],
         }
         out.update(prom.codec_samples(engine.frontend_codec_stats(), engine.engine_codec_stats()))
+        load = getattr(engine, "engine_load", None)  # the ZeroMQ client's, from the engine's heartbeats
+        if load:
+            out[prom.ENGINE_REQUESTS] = [({"state": k}, v) for k, v in load.items()]
+        out.update(runs_on.metric_samples(getattr(engine, "engine_info", None) or {}))  # from READY
         return out

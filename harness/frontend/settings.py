@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from harness.engine.config import EngineConfig
-from harness.frontend.images import DEFAULT_MAX_IMAGE_BYTES, MM_PAYLOADS, TENSOR_DTYPES, MmPayload
+from harness.frontend.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_PIXELS, MM_PAYLOADS, TENSOR_DTYPES, MmPayload
 
 
 def default_model_name(preset: str) -> str:
@@ -26,7 +26,14 @@ class FrontendSettings:
     mm_tensor_dtype: str = "float16"
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES  # decoded bytes of one image file
     max_images_per_request: int = 8
+    # Decoded pixels, from the image headers before any pixel is decoded: per image and per request.
+    max_image_pixels: int = DEFAULT_MAX_PIXELS
+    max_request_pixels: int = DEFAULT_MAX_PIXELS
     max_request_bytes: int = 64 * 1024 * 1024  # whole HTTP body (base64 images inflate by 4/3)
+    # A prompt's UTF-8 bytes, checked before tokenizing (a 2,048-token context fits in far less).
+    max_prompt_bytes: int = 256 * 1024
+    # Seconds to receive a whole request body (a client that never finishes one gets 408).
+    body_timeout_s: float = 30.0
     # max_tokens when the request has none: this cap, or less to fit the context.
     default_max_tokens: int = 16
     # None: take them from the tokenizer (image: a fallback id if it has none).
@@ -39,6 +46,10 @@ class FrontendSettings:
         if self.mm_tensor_dtype not in TENSOR_DTYPES:
             raise ValueError(f"mm_tensor_dtype must be one of {TENSOR_DTYPES}, got {self.mm_tensor_dtype!r}")
         for name in (
+            "max_image_pixels",
+            "max_request_pixels",
+            "max_prompt_bytes",
+            "body_timeout_s",
             "max_model_len",
             "image_tokens",
             "mm_tensor_size",

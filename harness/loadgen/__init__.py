@@ -9,5 +9,11 @@ One job per module:
   sysinfo   run metadata (versions, CPU/GPU, git revision)
   progress  a one-line progress bar on stderr
   runner    ``run_benchmark``: warmup, scrape /metrics, send the load, compute
+  fanout    where the timed load comes from: this process, worker processes or Ray
+  workers   one load worker's job (``drive``), splitting the schedule, merging records
+  pool      ``--workers N``: spawned client processes sharing one start instant
+  rayload   ``--ray``: the same worker as Ray actors on many hosts (optional extra)
+  looplag   event-loop lag of a client process
+  guard     the client-bottleneck guard: did the client limit the run?
   cli       ``bench load``
 """

@@ -2,10 +2,12 @@
 
 Exit codes: 0 every request succeeded; 1 some requests failed (the partial
 result is still printed and saved); 2 bad flags, an unreachable server or a
-failed warmup; 130 interrupted by Ctrl-C (what finished is saved).
+failed warmup; 4 with --strict-client, the client-bottleneck guard found that
+the client, not the server, limited the run (checked after 1; the result is
+still printed and saved); 130 interrupted by Ctrl-C (what finished is saved).
 
 ``bench run`` reuses ``add_load_arguments`` and ``run_benchmark`` for each
-codec; ``print_report`` and ``save_result`` (from ``report``) print and save.
+codec; ``report.print_report`` prints and ``harness.documents.save_run`` saves.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from typing import Any
 
 import aiohttp
 
+from harness.documents import DEFAULT_RESULT_DIR, save_run
 from harness.loadgen.arrivals import describe_arrivals, positive_float, positive_rate
 from harness.loadgen.client import CHAT_COMPLETIONS, COMPLETIONS
 from harness.loadgen.metrics import METRICS
-from harness.loadgen.report import DEFAULT_RESULT_DIR, print_report, save_result
+from harness.loadgen.report import print_report
 from harness.loadgen.runner import (
     DEFAULT_REQUEST_TIMEOUT_S,
     BenchmarkError,
@@ -30,6 +33,7 @@ from harness.loadgen.runner import (
     run_benchmark,
 )
 from harness.loadgen.serverstats import ServerUnreachable, fetch_model_ids
+from harness.loadgen.workers import parse_workers
 from harness.workloads.sample import SampleRequest
 
 __all__ = [
@@ -46,6 +50,7 @@ __all__ = [
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 EXIT_FAILED_REQUESTS = 1
 EXIT_USAGE = 2
+EXIT_CLIENT_LIMITED = 4
 EXIT_INTERRUPTED = 130
 
 
@@ -127,6 +132,8 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
         "then each non-empty chunk counts as one token",
     )
 
+    add_scale_arguments(parser)
+
     stats = parser.add_argument_group("metrics")
     _add_once(
         stats,
@@ -170,6 +177,33 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     _add_once(out, "--progress", action="store_true", help="show the progress line even when stderr is not a TTY")
 
 
+def add_scale_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the load comes from (harness/loadgen/fanout.py)."""
+    group = parser.add_argument_group("client scale")
+    _add_once(
+        group,
+        "--workers",
+        type=parse_workers,
+        default=1,
+        metavar="N|auto",
+        help="client processes sharing the schedule (round-robin) and one start instant; metrics are computed "
+        "once from all raw records. auto: half the usable CPUs for a server on this host (loopback URL), all but "
+        "one for a remote one, 1..8; with --ray one actor per node. --max-concurrency is shared out among them "
+        "(default 1: this process)",
+    )
+    _add_once(
+        group,
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="run the --workers as Ray actors (many hosts): ADDRESS as ray.init takes it (auto, ray://head:10001); "
+        "none: RAY_ADDRESS, else a cluster on this host, else a new local one. Needs "
+        "pip install 'wirebench[distributed]'",
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from harness.workloads.datasets import (
         add_dataset_arguments,  # the dataset flags own --seed/--tokenizer if they define them
@@ -178,6 +212,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataset_arguments(parser)
     add_server_arguments(parser)
     add_load_arguments(parser)
+    scale = next(g for g in parser._action_groups if g.title == "client scale")
+    _add_once(
+        scale,
+        "--strict-client",
+        action="store_true",
+        help=f"exit {EXIT_CLIENT_LIMITED} when the client-bottleneck guard finds the client limited the run (for CI)",
+    )
 
 
 def load_workload(args: argparse.Namespace) -> tuple[list[SampleRequest], str]:
@@ -249,7 +290,7 @@ def main(args: argparse.Namespace) -> int:
     result.flags = flags_dict(args)
     print_report(result)
     if getattr(args, "save_result", True):
-        path = save_result(
+        path = save_run(
             result,
             result_dir=getattr(args, "result_dir", None) or DEFAULT_RESULT_DIR,
             filename=getattr(args, "result_filename", None),
@@ -260,4 +301,7 @@ def main(args: argparse.Namespace) -> int:
     if result.failed:
         _error(f"{result.failed} of {result.num_prompts} requests failed")
         return EXIT_FAILED_REQUESTS
+    if getattr(args, "strict_client", False) and result.client_health is not None and result.client_health.limited:
+        _error("the client, not the server, limited this run (--strict-client): see 'Client health' above")
+        return EXIT_CLIENT_LIMITED
     return 0

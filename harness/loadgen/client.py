@@ -74,6 +74,8 @@ class RequestRecord:
     # The server's machine-readable kind of the error (an OpenAI-style body's
     # error.type, e.g. "unsupported_payload"), "" when it sent none.
     error_type: str = ""
+    # The response id the server gave (every chunk's "id"): joins the server's timelines.
+    server_id: str = ""
 
     @property
     def schedule_lag(self) -> float:
@@ -202,6 +204,8 @@ class _StreamState:
             raise StreamError(f"server error in stream: {json.dumps(msg['error'])[:_ERROR_BODY_LIMIT]}")
         choices = msg.get("choices") or []
         usage = msg.get("usage")
+        if not self.record.server_id and isinstance(msg.get("id"), str):
+            self.record.server_id = msg["id"]
         if choices:
             self._chunk(choices[0], usage, t)
         elif isinstance(usage, dict):
@@ -298,6 +302,7 @@ async def send_request(
                 record.error = f"HTTP {resp.status} {resp.reason or ''}".rstrip() + (f": {text}" if text else "")
                 return record
             async for chunk in resp.content.iter_any():
+                # One time per read for all its events: guard.py counts coalesced reads by equal chunk times.
                 t = time.perf_counter() - start
                 for data in decoder.feed(chunk):
                     state.event(data, t)

@@ -20,12 +20,16 @@ from typing import Any
 
 import aiohttp
 
-from harness import prom
+from harness import prom, runs_on
+from harness.loadgen import fanout, guard, ipc
 from harness.loadgen import metrics as M
 from harness.loadgen.arrivals import plan_arrivals
 from harness.loadgen.client import ENDPOINTS, RequestRecord, build_payload, encode_payload, is_chat, send_request
+from harness.loadgen.looplag import LoopLagProbe
 from harness.loadgen.progress import Progress
 from harness.loadgen.serverstats import CodecFigures, codec_figures, codec_name, scrape_metrics
+from harness.loadgen.workers import LoadWorkerError, WorkerCount
+from harness.spans import IpcBudget
 from harness.workloads.sample import SampleRequest
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
@@ -62,6 +66,9 @@ class LoadSettings:
     request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S
     continuous_usage: bool = True
     progress: bool | None = None  # None: when stderr is a TTY
+    # Client processes (or "auto"), and the Ray address ("" = ray.init's default; None = no Ray): see fanout.
+    workers: WorkerCount = 1
+    ray: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LoadSettings:
@@ -90,6 +97,7 @@ class LoadSettings:
         try:
             metrics_sel = get("percentile_metrics", ",".join(d.selected_metrics))
             pcts = get("metric_percentiles", "99")
+            fanout.check_settings(get("workers", d.workers), getattr(args, "ray", None), max_conc)
             return cls(
                 endpoint=endpoint,
                 request_rate=float(get("request_rate", d.request_rate)),
@@ -105,6 +113,8 @@ class LoadSettings:
                 request_timeout_s=float(timeout) if timeout and timeout > 0 else None,
                 continuous_usage=not getattr(args, "no_continuous_usage", False),
                 progress=progress,
+                workers=get("workers", d.workers),
+                ray=getattr(args, "ray", None),
             )
         except ValueError as exc:
             raise BenchmarkError(str(exc)) from None
@@ -128,6 +138,11 @@ class BenchmarkResult:
     interrupted: bool = False
     warmup_failed: int = 0
     codec_figures: CodecFigures | None = None
+    # The client-bottleneck guard's verdict (guard.py); None for results built by hand.
+    client_health: guard.ClientHealth | None = None
+    # Where IPC time went (harness.loadgen.ipc); None for a server without request timelines.
+    ipc: IpcBudget | None = None
+    engine: dict[str, Any] | None = None  # the engine's account of itself from /metrics (harness.runs_on)
     # Filled by the caller when known (the CLI sets them).
     tokenizer_id: str | None = None
     flags: dict[str, Any] = field(default_factory=dict)
@@ -194,7 +209,17 @@ async def run_benchmark(
         if wirebench:
             await _settle()
             before = await scrape_metrics(session, base_url)
-        records, duration, interrupted = await _run_load(session, url, bodies, workload, offsets, settings, chat)
+        cursor = await ipc.spans_cursor(session, base_url) if wirebench else None
+        if fanout.in_process(settings, url):
+            probe = LoopLagProbe.start()  # the guard's event-loop lag, as every worker measures it
+            records, duration, interrupted = await _run_load(session, url, bodies, workload, offsets, settings, chat)
+            load = fanout.single(records, duration, interrupted, probe.stop())
+        else:  # --workers N / --ray: the same schedule sent from other processes or hosts
+            try:
+                load = await fanout.run_fanout(url, chat, workload, bodies, offsets, settings)
+            except LoadWorkerError as exc:
+                raise BenchmarkError(str(exc)) from None
+            records, duration, interrupted = load.records, load.duration_s, load.interrupted
         if wirebench and not interrupted:
             try:
                 await _settle()
@@ -202,6 +227,7 @@ async def run_benchmark(
                 interrupted = True
                 _uncancel_current_task()
         after = await scrape_metrics(session, base_url)
+        budget = await ipc.fetch_budget(session, base_url, cursor, [r.server_id for r in records if r.success])
 
     result_metrics = M.compute_metrics(
         records,
@@ -223,6 +249,9 @@ async def run_benchmark(
         interrupted=interrupted,
         warmup_failed=warmup_failed,
         codec_figures=codec_figures(before, after),
+        client_health=fanout.health(load, settings.request_rate, settings.max_concurrency),
+        ipc=budget,
+        engine=runs_on.from_metrics(after) or runs_on.from_metrics(before),
     )
 
 

@@ -64,6 +64,10 @@ class DirectionFigures:
     decode_us: float  # µs per message
     bytes_per_message: float  # as encoded (all frames)
     frames_per_message: float
+    # Thread CPU µs per message in the same calls (NaN from a server without the counter):
+    # wall minus CPU is time the codec's thread waited (the GIL, a busy core).
+    encode_cpu_us: float = math.nan
+    decode_cpu_us: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,8 @@ def codec_figures(before: str | None, after: str | None) -> CodecFigures | None:
             decode_us=dec.us_per_message,
             bytes_per_message=enc.bytes_per_message,
             frames_per_message=enc.frames_per_message,
+            encode_cpu_us=enc.cpu_us_per_message,
+            decode_cpu_us=dec.cpu_us_per_message,
         )
 
     return CodecFigures(

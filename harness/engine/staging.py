@@ -1,0 +1,64 @@
+"""Python lists to device tensors, and sampled ids back, without hidden host syncs.
+
+``torch.tensor(list, device="cuda")`` copies from pageable memory and waits for
+the copy: the host stalls behind every kernel queued before it, once per call.
+Here all of a step's small integer inputs (token ids, positions, slots, ...)
+are written into ONE pinned host buffer and cross with ONE ``non_blocking``
+copy; the caching host allocator keeps the pinned block alive until the copy
+is done, so nothing is overwritten early. On the CPU the buffer is the tensor
+(no copy at all). Either way no ``torch.tensor`` of Python data is built, so
+no op that makes the host wait is dispatched (``harness.engine.opcount``).
+
+``fetch`` is the one intended sync of a step: the sampled ids to the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+class Stager:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.pinned = device.type == "cuda"
+        self.fetches = 0  # device-to-host reads of results, for tests and profiles
+
+    def _stage(self, lists: Sequence[Sequence[int] | Sequence[float] | np.ndarray], dtype: torch.dtype) -> list[Tensor]:
+        sizes = [len(x) for x in lists]
+        host = torch.empty(sum(sizes), dtype=dtype, pin_memory=self.pinned)
+        view = host.numpy()  # writes through numpy dispatch no torch op
+        at = 0
+        for values, n in zip(lists, sizes, strict=True):
+            view[at : at + n] = values
+            at += n
+        flat = host.to(self.device, non_blocking=True) if self.pinned else host
+        return list(flat.split(sizes)) if len(sizes) > 1 else [flat]
+
+    def ints(self, *lists: Sequence[int] | np.ndarray) -> list[Tensor]:
+        """Each list as an int64 tensor on the device, all in one transfer."""
+        return self._stage(lists, torch.int64)
+
+    def floats(self, *lists: Sequence[float]) -> list[Tensor]:
+        """Each list as a float32 tensor on the device, all in one transfer."""
+        return self._stage(lists, torch.float32)
+
+    def tensor(self, t: Tensor) -> Tensor:
+        """A host tensor on the device: copied into pinned memory, then sent without waiting.
+
+        On the CPU, ``t`` itself. The dtype is kept: send uint8 or bfloat16 pixels
+        and convert on the device, where it is cheap.
+        """
+        if not self.pinned or t.device.type != "cpu":
+            return t.to(self.device)
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t)
+        return host.to(self.device, non_blocking=True)
+
+    def fetch(self, t: Tensor) -> list[int]:
+        """The step's sampled ids on the host: one copy, the one sync the step needs."""
+        self.fetches += 1
+        return t.to("cpu").tolist()

@@ -1,0 +1,103 @@
+"""The frontend's side of the shm transport: big frames into its arena, handles on the socket.
+
+``message`` turns a request's codec frames into the ZeroMQ message the engine
+expects for ``ADD_SHM``: ``[envelope, table, frame 0, placeholders...]`` where
+the table (JSON) lists, for every frame of at least ``threshold`` bytes, its
+index and its handle in the arena (``harness.shm``). A frame already built in
+the arena (a pixel tensor made there by ``tensor``) travels with no copy;
+others are copied into a block once, in a worker thread when large. Blocks
+come back when the engine's RELEASE says it no longer views them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from harness import transport
+from harness.shm import DEFAULT_THRESHOLD, Arena, Handle, ShmError
+
+COPY_IN_THREAD_BYTES = 1 << 20  # bigger copies leave the event loop
+ALLOC_TIMEOUT_S = 10.0
+
+
+class ShmSender:
+    def __init__(self, arena: Arena, threshold: int = DEFAULT_THRESHOLD) -> None:
+        self.arena = arena
+        self.threshold = threshold
+        self._room = asyncio.Event()  # set whenever a RELEASE frees blocks
+        self.copied_bytes = 0
+        self.zero_copy_bytes = 0
+
+    async def message(self, rid: str, frames: Sequence[Any]) -> tuple[list[Any], list[Handle]]:
+        """The ZeroMQ message for a request, and the blocks it holds (to give back if it is never sent)."""
+        table: list[list[Any]] = []
+        out: list[Any] = [frames[0]]
+        held: list[Handle] = []
+        try:
+            for i, frame in enumerate(frames[1:], start=1):
+                view = memoryview(frame).cast("B") if memoryview(frame).ndim != 1 else memoryview(frame)
+                if view.nbytes < self.threshold:
+                    out.append(frame)
+                    continue
+                handle = self.arena.handle_of(view)
+                if handle is None:
+                    handle = await self._copy_in(view)
+                else:
+                    self.zero_copy_bytes += view.nbytes
+                held.append(handle)
+                table.append([i, *handle.to_list()])
+                out.append(b"")
+        except BaseException:
+            self.unsent(held)
+            raise
+        if not table:  # nothing big: a plain ADD
+            return [transport.envelope(transport.ADD, rid), *frames], []
+        envelope = transport.envelope(transport.ADD_SHM, rid)
+        return [envelope, json.dumps(table).encode(), *out], held
+
+    async def _copy_in(self, view: memoryview) -> Handle:
+        block, gen, dst = await self._alloc(view.nbytes)
+        if view.nbytes >= COPY_IN_THREAD_BYTES:
+            await asyncio.to_thread(dst.__setitem__, slice(None), view)
+        else:
+            dst[:] = view
+        self.copied_bytes += view.nbytes
+        return Handle(self.arena.name, block, view.nbytes, gen)
+
+    async def _alloc(self, nbytes: int) -> tuple[int, int, memoryview]:
+        """A block, waiting on the event loop (not blocking it) while the arena is full."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ALLOC_TIMEOUT_S
+        while True:
+            try:
+                return self.arena.alloc(nbytes)
+            except ShmError:
+                left = deadline - loop.time()
+                if left <= 0 or nbytes + 64 > self.arena.size:
+                    raise
+                self._room.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._room.wait(), left)
+
+    def tensor(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """An empty tensor in the arena (images.TensorAlloc); runs in the image thread, may wait for room."""
+        return self.arena.tensor(shape, dtype, timeout_s=ALLOC_TIMEOUT_S)
+
+    def released(self, entries: Sequence[Sequence[Any]]) -> None:
+        """The engine's RELEASE: [segment, block, generation] per block it no longer views."""
+        for segment, block, generation in entries:
+            if segment == self.arena.name:
+                self.arena.free(int(block), int(generation))
+        self._room.set()
+
+    def unsent(self, held: Sequence[Handle]) -> None:
+        for h in held:
+            self.arena.free(h.offset, h.generation)
+        self._room.set()
+
+    def close(self) -> None:
+        self.arena.close()

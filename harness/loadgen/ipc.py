@@ -1,0 +1,124 @@
+"""The IPC budget of a run, from the server's request timelines (``harness.spans``).
+
+Before the load, ``spans_cursor`` notes where the server's timeline rings
+stand; after it, ``fetch_budget`` reads what came after, keeps the timelines
+of this run's requests (matched by the response id every SSE chunk carries)
+and the output batches of the run, and summarises them: p50/p99/mean per span
+in µs, and the IPC share of mean TTFT. A server without the spans endpoint
+(any other OpenAI-compatible server) has no budget; one whose engine runs on
+another host says its spans are unavailable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+
+from harness.spans import REQUEST_SPANS, IpcBudget, budget, span_stats
+
+SPANS_PATH = "/v1/wirebench/spans"
+_TIMEOUT = aiohttp.ClientTimeout(total=30)
+
+
+async def _get(session: aiohttp.ClientSession, url: str) -> dict[str, Any] | None:
+    try:
+        async with session.get(url, timeout=_TIMEOUT) as resp:
+            if resp.status != 200:
+                return None
+            body = await resp.json(content_type=None)
+            return body if isinstance(body, dict) else None
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+
+
+async def spans_cursor(session: aiohttp.ClientSession, base_url: str) -> dict[str, int] | None:
+    """Where the server's rings stand now (None: a server without spans)."""
+    body = await _get(session, f"{base_url.rstrip('/')}{SPANS_PATH}?since_request=-1&since_batch=-1&since_lag=-1")
+    if body is None:
+        return None
+    cursor = body.get("cursor")
+    return {k: int(v) for k, v in cursor.items()} if isinstance(cursor, dict) else None
+
+
+async def fetch_budget(
+    session: aiohttp.ClientSession, base_url: str, cursor: dict[str, int] | None, server_ids: Sequence[str]
+) -> IpcBudget | None:
+    """The run's IPC budget: its requests' timelines and the output batches since ``cursor``."""
+    if cursor is None:
+        return None
+    query = f"?since_request={cursor['request']}&since_batch={cursor['batch']}&since_lag={cursor['lag']}"
+    body = await _get(session, f"{base_url.rstrip('/')}{SPANS_PATH}{query}")
+    if body is None:
+        return None
+    if not body.get("available"):
+        return IpcBudget(unavailable=str(body.get("unavailable") or "not recorded"))
+    wanted = set(server_ids)
+    timelines = [t for t in body.get("requests") or () if t.get("request_id") in wanted]
+    result = budget(timelines, body.get("loop_lag_ms") or {})
+    for what in ("encode", "encode_cpu", "wire", "decode", "decode_cpu"):  # per step, every batch of the run
+        values = [float(b["spans_us"][what]) for b in body.get("batches") or () if b.get("spans_us")]
+        result.spans[f"step.{what}"] = span_stats(values)
+    return result
+
+
+# --- the report ------------------------------------------------------------------------------
+
+ROWS: tuple[tuple[str, str, str | None], ...] = (
+    # (label, span, its CPU span)
+    ("Request encode", "request.encode", "request.encode_cpu"),
+    ("Request wire, send -> receive", "request.wire", None),
+    ("Request decode", "request.decode", "request.decode_cpu"),
+    ("Engine input queue", "request.queue", None),
+    ("Output queue before encode", "output.queue", None),
+    ("Output encode", "output.encode", "output.encode_cpu"),
+    ("Output wire, send -> receive", "output.wire", None),
+    ("Output decode", "output.decode", "output.decode_cpu"),
+    ("IPC, first-token path", "ipc", None),
+    ("Every step: output encode", "step.encode", "step.encode_cpu"),
+    ("Every step: output wire", "step.wire", None),
+    ("Every step: output decode", "step.decode", "step.decode_cpu"),
+)
+
+
+def _fmt(x: float) -> str:
+    return "-" if not math.isfinite(x) else f"{x:,.1f}" if x < 10_000 else f"{x:,.0f}"
+
+
+def report_lines(ipc: IpcBudget | None, mean_ttft_ms: float, width: int = 50) -> list[str]:
+    """The console section: p50 / p99 µs per span (wall, and CPU where the span is a codec call)."""
+    title = f"{' IPC budget, us (p50 / p99) ':-^{width}}"
+    if ipc is None:
+        return [title, "n/a (the server exposes no request timelines)"]
+    if ipc.unavailable:
+        return [title, f"unavailable: {ipc.unavailable}"]
+    lines = [title, f"{'span':<32}{'wall':>17}{'CPU':>17}"]
+    for label, name, cpu in ROWS:
+        s = ipc.spans.get(name)
+        if s is None or not s.count:
+            continue
+        c = ipc.spans.get(cpu) if cpu else None
+        cpu_text = f"{_fmt(c.p50_us)} / {_fmt(c.p99_us)}" if c is not None and c.count else ""
+        lines.append(f"{label:<32}{_fmt(s.p50_us) + ' / ' + _fmt(s.p99_us):>17}{cpu_text:>17}")
+    share = ipc.share_of_ttft(mean_ttft_ms)
+    lines.append(f"{'IPC share of mean TTFT (%):':<40} {share * 100:.2f}" if math.isfinite(share) else "")
+    lag = ipc.loop_lag
+    if lag.get("samples"):
+        lines.append(f"{'Frontend loop lag p99 / max (ms):':<40} {lag['p99']:.2f} / {lag['max']:.2f}")
+    lines.append(f"{'Requests traced:':<40} {ipc.requests}")
+    return [line for line in lines if line]
+
+
+def budget_figures(ipc: dict[str, Any] | None) -> dict[str, float]:
+    """Flat figures of a run document's ``ipc`` section (for tables and comparisons): ``ipc_<span>_p50_us``..."""
+    out: dict[str, float] = {}
+    spans = (ipc or {}).get("spans_us") or {}
+    for name in (*(f"{d}.{w}" for d, w in REQUEST_SPANS), "ipc", "step.wire"):
+        s = spans.get(name) or {}
+        key = name.replace(".", "_")
+        for stat in ("p50_us", "p99_us", "mean_us"):
+            value = s.get(stat)
+            out[f"ipc_{key}_{stat}"] = float(value) if isinstance(value, (int, float)) else math.nan
+    return out

@@ -1,0 +1,285 @@
+"""Shared memory for big buffers: written once by the sender, viewed in place by the receiver.
+
+The ``shm`` transport moves a message's large out-of-band frames (the pixel
+tensors and images of ``msgspec-oob``/``pickle-oob``) through one POSIX
+shared-memory segment that the sender (the frontend) owns: an *arena* of
+``--shm-size`` MiB under ``/dev/shm``, created with mode 0600. A frame is
+copied into a block of the arena once (or not at all when the frontend built
+it there, ``Arena.tensor``), and the ZeroMQ message carries a small handle
+instead: (segment, offset, length, generation). The receiver maps the segment
+once and hands the codec a view on the block, so tensors are built on the
+shared memory itself, without a copy.
+
+Reuse: every block the receiver viewed is released when the last object that
+views it is gone (``weakref.finalize`` on the view's owner: the decoded
+tensors/images keep it alive); the receiver sends RELEASE messages back and
+the sender frees the blocks. Memory is bounded by the arena: when it is full
+the sender waits for releases (``alloc_timeout_s``), then fails the request
+with a clear error. Every block starts with its generation number, checked
+by the receiver against the handle, so a block reused too early is caught,
+not read.
+
+Lifetime: the sender unlinks its segment when it stops; a receiver whose
+sender died unlinks the segments it mapped; and any start removes segments
+whose creating process is gone (``remove_stale_segments``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import mmap
+import os
+import secrets
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SHM_DIR = Path("/dev/shm")
+PREFIX = "wirebench-"
+ALIGN = 64
+HEADER = 16  # generation (u64) + length (u64) before each block's data
+DEFAULT_SIZE_MIB = 256
+DEFAULT_THRESHOLD = 64 * 1024  # frames at least this big travel through the arena
+
+
+class ShmError(RuntimeError):
+    """The shared-memory transport cannot serve a message (arena full, bad handle, reused block)."""
+
+
+@dataclass(frozen=True)
+class Handle:
+    """Where a frame's bytes are: in ``segment`` at ``offset`` (after the block header), ``length`` bytes."""
+
+    segment: str
+    offset: int
+    length: int
+    generation: int
+
+    def to_list(self) -> list[Any]:
+        return [self.segment, self.offset, self.length, self.generation]
+
+    @classmethod
+    def from_list(cls, raw: list[Any]) -> Handle:
+        segment, offset, length, generation = raw
+        if not (isinstance(segment, str) and segment.startswith(PREFIX) and "/" not in segment):
+            raise ShmError(f"bad segment name {segment!r}")
+        return cls(segment, int(offset), int(length), int(generation))
+
+
+def _round_up(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def segment_name() -> str:
+    # The pid lets a later start tell a dead owner's segment from a live one's.
+    return f"{PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+
+
+class Arena:
+    """The sender's segment and a first-fit allocator over it (thread-safe: image threads allocate too)."""
+
+    def __init__(self, size_bytes: int, name: str | None = None) -> None:
+        self.name = name or segment_name()
+        self.size = size_bytes
+        fd = os.open(SHM_DIR / self.name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, size_bytes)
+            self._mm = mmap.mmap(fd, size_bytes)
+        finally:
+            os.close(fd)
+        self._base = ctypes.addressof(ctypes.c_char.from_buffer(self._mm))
+        self._free: list[tuple[int, int]] = [(0, size_bytes)]  # (offset, size), sorted by offset
+        self._used: dict[int, tuple[int, int]] = {}  # block offset → (size, generation)
+        self._generation = 0
+        self._lock = threading.Lock()
+        self._released = threading.Condition(self._lock)
+        self._unsent: set[tuple[int, int]] = set()  # blocks built by tensor() and not yet sent
+        self.peak_used = 0
+
+    # --- allocation ----------------------------------------------------------------------------
+    def alloc(self, nbytes: int, timeout_s: float = 0.0) -> tuple[int, int, memoryview]:
+        """A block for ``nbytes``: (block offset, generation, writable view of its data); waits for room."""
+        need = _round_up(HEADER + nbytes)
+        if need > self.size:
+            raise ShmError(f"a {nbytes}-byte buffer does not fit the {self.size >> 20} MiB arena (--shm-size)")
+        deadline = time.monotonic() + timeout_s
+        with self._released:
+            while (block := self._take(need)) is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    used = sum(size for size, _ in self._used.values())
+                    raise ShmError(
+                        f"the shared-memory arena is full ({used >> 20} of {self.size >> 20} MiB held by "
+                        f"{len(self._used)} buffers the engine has not released): raise --shm-size"
+                    )
+                self._released.wait(left)
+            self._generation += 1
+            gen = self._generation
+            self._used[block] = (need, gen)
+            self.peak_used = max(self.peak_used, sum(size for size, _ in self._used.values()))
+        np.frombuffer(self._mm, dtype=np.uint64, count=2, offset=block)[:] = (gen, nbytes)
+        return block, gen, memoryview(self._mm)[block + HEADER : block + HEADER + nbytes]
+
+    def _take(self, need: int) -> int | None:
+        for i, (offset, size) in enumerate(self._free):
+            if size >= need:
+                if size == need:
+                    del self._free[i]
+                else:
+                    self._free[i] = (offset + need, size - need)
+                return offset
+        return None
+
+    def free(self, block: int, generation: int) -> None:
+        """Give a block back (a RELEASE from the receiver, or a message never sent); stale pairs are ignored."""
+        with self._released:
+            entry = self._used.get(block)
+            if entry is None or entry[1] != generation:
+                return
+            size, _ = self._used.pop(block)
+            self._insert_free(block, size)
+            self._released.notify_all()
+
+    def _insert_free(self, offset: int, size: int) -> None:
+        free = self._free
+        i = 0
+        while i < len(free) and free[i][0] < offset:
+            i += 1
+        free.insert(i, (offset, size))
+        # Merge with the neighbours, so a full arena can serve a big buffer again.
+        if i + 1 < len(free) and free[i][0] + free[i][1] == free[i + 1][0]:
+            free[i] = (free[i][0], free[i][1] + free[i + 1][1])
+            del free[i + 1]
+        if i > 0 and free[i - 1][0] + free[i - 1][1] == free[i][0]:
+            free[i - 1] = (free[i - 1][0], free[i - 1][1] + free[i][1])
+            del free[i]
+
+    @property
+    def used_bytes(self) -> int:
+        with self._lock:
+            return sum(size for size, _ in self._used.values())
+
+    # --- frames that already live here ---------------------------------------------------------
+    def tensor(self, shape: tuple[int, ...], dtype: Any, timeout_s: float = 0.0) -> Any:
+        """A torch tensor whose storage is an arena block: a frame encoded from it needs no copy to travel."""
+        import torch
+
+        nbytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+        block, gen, view = self.alloc(nbytes, timeout_s)
+        t = torch.frombuffer(view, dtype=torch.uint8, count=nbytes).view(dtype).view(shape)
+        # Until it is handed to the transport, the block belongs to the tensor: freed with it if never sent.
+        with self._lock:
+            self._unsent.add((block, gen))
+        weakref.finalize(t, self._free_unsent, block, gen)
+        return t
+
+    def handle_of(self, frame: Any) -> Handle | None:
+        """The handle of a frame that is exactly an arena block's data (built by ``tensor``); None otherwise."""
+        view = memoryview(frame)
+        if view.nbytes == 0 or not view.contiguous:
+            return None
+        block = _address_of(view) - self._base - HEADER
+        with self._lock:
+            entry = self._used.get(block)
+            if entry is None or (block, entry[1]) not in self._unsent:
+                return None
+            size, gen = entry
+            if HEADER + view.nbytes > size:
+                return None
+            self._unsent.discard((block, gen))  # sent: the receiver's RELEASE frees it from now on
+        return Handle(self.name, block, view.nbytes, gen)
+
+    def _free_unsent(self, block: int, gen: int) -> None:
+        with self._lock:
+            unsent = (block, gen) in self._unsent
+            self._unsent.discard((block, gen))
+        if unsent:
+            self.free(block, gen)
+
+    def close(self) -> None:
+        """Unmap and unlink the segment (the receiver keeps its own mapping until it drops it)."""
+        with contextlib.suppress(BufferError):
+            self._mm.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(SHM_DIR / self.name)
+
+
+def _address_of(view: memoryview) -> int:
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+
+
+# --- the receiver ------------------------------------------------------------------------------
+
+
+class Mappings:
+    """The receiver's maps of senders' segments, and views whose release is reported when they die."""
+
+    def __init__(self, on_release: Callable[[str, int, int], None]) -> None:
+        self._maps: dict[str, mmap.mmap] = {}
+        self._on_release = on_release
+
+    def view(self, handle: Handle) -> memoryview:
+        """A view on the handle's bytes, checked against the block's header; released when nothing uses it."""
+        mm = self._map(handle.segment)
+        block, n = handle.offset, handle.length
+        if block < 0 or block + HEADER + n > len(mm):
+            raise ShmError(f"handle outside segment {handle.segment}: [{block}, {block + HEADER + n})")
+        gen, length = np.frombuffer(mm, dtype=np.uint64, count=2, offset=block)
+        if int(gen) != handle.generation or int(length) != n:
+            raise ShmError(
+                f"shared-memory block {block} of {handle.segment} holds generation {int(gen)} ({int(length)} "
+                f"bytes), the message expected {handle.generation} ({n}): reused before it was released"
+            )
+        owner = np.frombuffer(mm, dtype=np.uint8, count=n, offset=block + HEADER)
+        weakref.finalize(owner, self._on_release, handle.segment, block, handle.generation)
+        return memoryview(owner)  # type: ignore[arg-type]  # an ndarray is a buffer
+
+    def _map(self, name: str) -> mmap.mmap:
+        mm = self._maps.get(name)
+        if mm is None:
+            try:
+                fd = os.open(SHM_DIR / name, os.O_RDWR)
+            except FileNotFoundError:
+                raise ShmError(f"shared-memory segment {name} is gone (its sender stopped)") from None
+            try:
+                mm = self._maps[name] = mmap.mmap(fd, os.fstat(fd).st_size)
+            finally:
+                os.close(fd)
+        return mm
+
+    def unlink_all(self) -> None:
+        """For a receiver whose sender died: remove the segments it can no longer clean up itself."""
+        for name in list(self._maps):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(SHM_DIR / name)
+
+
+def remove_stale_segments() -> list[str]:
+    """Remove this user's wirebench segments whose creating process is gone."""
+    removed: list[str] = []
+    if not SHM_DIR.is_dir():
+        return removed
+    for path in SHM_DIR.glob(f"{PREFIX}*"):
+        pid_text = path.name[len(PREFIX) :].split("-", 1)[0]
+        try:
+            mine = path.stat().st_uid == os.getuid()
+        except FileNotFoundError:
+            continue
+        if not pid_text.isdigit() or not mine:
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed.append(path.name)
+        except PermissionError:
+            pass
+    return removed

@@ -1,0 +1,143 @@
+#!/usr/bin/env python
+"""Ops dispatched, host syncs and wall time of real engine steps (scheduler + torch executor).
+
+    .venv/bin/python scripts/step_profile.py --preset tiny --requests 64 --prompt-len 550
+
+Three steps are measured, each as the scheduler builds it:
+- prefill: ``--prefill-batch`` new requests' prompts in one step;
+- decode: one token for each of ``--requests`` running requests;
+- mixed: those decodes plus one new request's prompt (what most steps of a
+  steady load look like).
+Op and sync counts come from one step under ``harness.engine.opcount.OpCounter``;
+times are medians over ``--iters`` steps without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from harness.engine.config import EngineConfig
+from harness.engine.device import synchronize
+from harness.engine.executor import TorchExecutor
+from harness.engine.opcount import OpCounter
+from harness.engine.scheduler import Scheduler
+from harness.engine.step import SchedulerOutput
+from harness.messages import EngineCoreRequest, SamplingParams
+
+
+def _request(i: int, prompt_len: int, max_tokens: int, vocab: int, params: dict) -> EngineCoreRequest:
+    g = torch.Generator().manual_seed(i)
+    ids = torch.randint(2, vocab, (prompt_len,), generator=g).tolist()
+    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **params)
+    return EngineCoreRequest(f"r{i}", None, ids, sp, None, 0.0)
+
+
+def _measure(name: str, build: Callable[[], SchedulerOutput], run: Callable[[SchedulerOutput], None], iters: int):
+    sched = build()
+    with OpCounter() as ops:
+        run(sched)
+    times = []
+    for _ in range(iters):
+        sched = build()
+        t0 = time.perf_counter()
+        run(sched)
+        times.append(time.perf_counter() - t0)
+    syncs = ", ".join(f"{k} x{v}" for k, v in ops.syncs.most_common()) or "none"
+    ms = statistics.median(times) * 1e3 if times else float("nan")
+    print(f"{name:<8} {sched.total_num_tokens:>6} tokens  {ops.num_ops:>6} ops  {ms:8.2f} ms   syncs: {syncs}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--requests", type=int, default=64, help="running requests in the decode step")
+    p.add_argument("--prefill-batch", type=int, default=4, help="new requests prefilled in the prefill step")
+    p.add_argument("--prompt-len", type=int, default=550)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seeded", action="store_true", help="every request has its own sampling seed")
+    p.add_argument("--compile", action="store_true")
+    a = p.parse_args(argv)
+    cfg = EngineConfig(
+        model_preset=a.preset,
+        device=a.device,
+        dtype=a.dtype,
+        vocab_size=a.vocab,
+        num_threads=a.threads,
+        max_num_seqs=a.requests + a.prefill_batch * (a.iters + 2) + 2,
+        max_num_batched_tokens=max(a.prompt_len * a.prefill_batch, a.prompt_len * 4) + a.requests + 1,
+        max_model_len=a.prompt_len + 1000,
+        kv_cache_tokens=(a.requests + a.prefill_batch * (a.iters + 2) + 2) * (a.prompt_len + 1000),
+        long_prefill_token_threshold=a.prompt_len,
+    )
+    if a.compile:  # a field since the GPU-path work; set after construction so older trees still run this script
+        cfg.compile = True
+    ex = TorchExecutor(cfg)
+    print(
+        f"{a.preset} on {ex.device} ({ex.dtype}, {torch.get_num_threads()} threads), torch {torch.__version__}, "
+        f"{a.requests} decoding, prompts of {a.prompt_len}"
+    )
+    params: dict = {"temperature": a.temperature}
+    counter = iter(range(10**9))
+
+    def run(s: SchedulerOutput) -> None:
+        ex.execute(s)
+        synchronize(ex.device)
+
+    # The prefill step: --prefill-batch fresh requests alone.
+    def prefill_step() -> SchedulerOutput:
+        sch = Scheduler(cfg)
+        for _ in range(a.prefill_batch):
+            i = next(counter)
+            sp = dict(params, seed=i) if a.seeded else params
+            sch.add_request(_request(i, a.prompt_len, 900, a.vocab, sp))
+        out = sch.schedule()
+        prefill_step.last = (sch, out)  # type: ignore[attr-defined]
+        return out
+
+    _measure("prefill", prefill_step, run, a.iters)
+
+    # Bring --requests requests into decode.
+    sch = Scheduler(cfg)
+    for _ in range(a.requests):
+        i = next(counter)
+        sp = dict(params, seed=i) if a.seeded else params
+        sch.add_request(_request(i, a.prompt_len, 900, a.vocab, sp))
+    while True:
+        out = sch.schedule()
+        res = ex.execute(out)
+        sch.update_from_output(out, res)
+        if not out.prefills:
+            break
+
+    def decode_step() -> SchedulerOutput:
+        out = sch.schedule()
+        decode_step.pending = out  # type: ignore[attr-defined]
+        return out
+
+    def run_decode(s: SchedulerOutput) -> None:
+        sch.update_from_output(s, ex.execute(s))
+        synchronize(ex.device)
+
+    _measure("decode", decode_step, run_decode, a.iters)
+
+    def mixed_step() -> SchedulerOutput:
+        i = next(counter)
+        sp = dict(params, seed=i) if a.seeded else params
+        sch.add_request(_request(i, a.prompt_len, 900, a.vocab, sp))
+        return sch.schedule()
+
+    _measure("mixed", mixed_step, run_decode, a.iters)
+
+
+if __name__ == "__main__":
+    main()

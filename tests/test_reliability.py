@@ -1,0 +1,411 @@
+"""Reliability and security, end to end: stalls, rogue local peers, hostile input, leftovers.
+
+Every test starts real `bench serve` processes on loopback and is bounded in
+time. What each checks is the outcome (statuses, tokens delivered, files,
+/health), never a speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+import zmq
+from PIL import Image
+
+from serve_process import free_port_pair, start_serve, still_alive
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "wirebench-tiny"
+
+
+async def post_json(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[int, dict]:
+    async with session.post(url, json=body) as resp:
+        return resp.status, await resp.json(content_type=None)
+
+
+async def stream_tokens(session: aiohttp.ClientSession, base_url: str, max_tokens: int) -> tuple[int, bool, bytes]:
+    """(chunks with text, saw [DONE], last event) of one streamed completion."""
+    body = {"model": MODEL, "prompt": "A long night", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    chunks, done, last = 0, False, b""
+    async with session.post(f"{base_url}/v1/completions", json=body) as resp:
+        async for raw in resp.content:
+            if raw.startswith(b"data:"):
+                last = raw
+                if raw.strip() == b"data: [DONE]":
+                    done = True
+                elif b'"text"' in raw:
+                    chunks += 1
+    return chunks, done, last
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    prefix = f"{name}{{{want}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith(prefix + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{prefix} not in /metrics")
+
+
+async def until(check, timeout_s: float, every_s: float = 0.2):
+    """Poll ``await check()`` until it returns something true; that value (or the last one at the deadline)."""
+    deadline = time.monotonic() + timeout_s
+    value = None
+    while time.monotonic() < deadline:
+        value = await check()
+        if value:
+            return value
+        await asyncio.sleep(every_s)
+    return value
+
+
+# --- a stall is taken back ---------------------------------------------------------------------
+
+
+def test_a_stalled_engine_is_taken_back_and_its_abandoned_requests_aborted():
+    server = start_serve("--engine-stall-timeout", "1", codec="msgspec")
+    engine = server.engine_pid
+    try:
+
+        async def scenario():
+            async with aiohttp.ClientSession() as session:
+                base = server.base_url
+                streams = [asyncio.create_task(stream_tokens(session, base, 1500)) for _ in range(8)]
+                await asyncio.sleep(1.5)  # all admitted and streaming
+                os.kill(engine, signal.SIGSTOP)
+                await asyncio.sleep(2.5)  # past the 1 s stall timeout
+                async with session.get(f"{base}/health") as resp:
+                    stalled = resp.status, await resp.json()
+                os.kill(engine, signal.SIGCONT)
+                results = await asyncio.gather(*streams)
+
+                async def healthy():
+                    async with session.get(f"{base}/health") as resp:
+                        return resp.status == 200
+
+                back = await until(healthy, 10)
+                chunks, done, _ = await stream_tokens(session, base, 5)
+
+                async def engine_idle():
+                    async with session.get(f"{base}/metrics") as resp:
+                        text = await resp.text()
+                    return metric(text, "wirebench_engine_requests", state="running") == 0
+
+                idle = await until(engine_idle, 10)
+                return stalled, results, back, (chunks, done), idle
+
+        stalled, results, back, after, idle = asyncio.run(scenario())
+    finally:
+        os.kill(engine, signal.SIGCONT)
+        server.stop()
+    assert stalled[0] == 503 and stalled[1]["status"] == "stalled"
+    assert all(not done and b"error" in last for _, done, last in results)  # failed, not hung
+    assert back, "the engine answers again: /health must be 200 again"
+    assert after == (5, True)
+    # The 8 abandoned 1,500-token requests were aborted in the engine, not computed for nobody.
+    assert idle
+
+
+# --- only our frontend can talk to the engine ----------------------------------------------
+
+
+def test_an_unauthenticated_local_process_can_neither_stop_read_nor_run_code(tmp_path):
+    port = free_port_pair()
+    keys = tmp_path / "keys"
+    engine = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "serve",
+            "--engine-only",
+            "--codec",
+            "pickle",
+            "--engine-port",
+            str(port),
+            "--curve-dir",
+            str(keys),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    frontend = None
+    try:
+        assert "CURVE keys in" in engine.stdout.readline()
+        assert oct(keys.stat().st_mode & 0o777) == "0o700"
+        assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in keys.glob("*.key_secret"))
+        frontend = start_serve("--frontend-only", "--engine-port", str(port), "--curve-dir", str(keys), codec="pickle")
+        marker = tmp_path / "pwned"
+
+        class Exploit:
+            def __reduce__(self):
+                return (os.system, (f"touch {marker}",))
+
+        ctx: zmq.Context = zmq.Context()
+        rogue_in = ctx.socket(zmq.PUSH)
+        rogue_out = ctx.socket(zmq.PULL)
+        for sock in (rogue_in, rogue_out):
+            sock.setsockopt(zmq.LINGER, 0)
+        rogue_in.connect(f"tcp://127.0.0.1:{port}")
+        rogue_out.connect(f"tcp://127.0.0.1:{port + 1}")
+        rogue_in.send_multipart([b"\x00rogue-1", pickle.dumps(Exploit())])  # ADD with a code-running body
+        rogue_in.send(b"\x02")  # SHUTDOWN
+
+        async def scenario():
+            async with aiohttp.ClientSession() as session:
+                return await asyncio.gather(*(stream_tokens(session, frontend.base_url, 16) for _ in range(4)))
+
+        results = asyncio.run(scenario())
+        stolen = rogue_out.poll(500)
+        rogue_in.close()
+        rogue_out.close()
+        ctx.term()
+    finally:
+        if frontend is not None:
+            frontend.stop()
+        engine.send_signal(signal.SIGINT)
+        engine.wait(timeout=20)
+    assert results == [(16, True, b"data: [DONE]\n")] * 4  # every token reached the real frontend
+    assert not stolen, "a second PULL socket must not receive the engine's outputs"
+    assert not marker.exists(), "the rogue pickle must never be unpickled"
+
+
+def test_pickle_over_unauthenticated_tcp_is_refused():
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "serve",
+            "--codec",
+            "pickle",
+            "--socket",
+            "tcp",
+            "--no-auth",
+            "--engine-port",
+            str(free_port_pair()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "unauthenticated tcp" in done.stderr
+
+
+# --- hostile input is refused early, live streams keep streaming -------------------------------
+
+
+def tiny_png(side: int) -> str:
+    """A PNG of side x side pixels that compresses to a few hundred bytes (a decompression bomb)."""
+    buf = io.BytesIO()
+    Image.new("L", (side, side)).save(buf, format="PNG", optimize=True)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = start_serve(codec="msgspec-oob")
+    yield s
+    s.stop()
+
+
+def test_decompression_bombs_and_huge_prompts_are_refused_while_streams_stream(server):
+    bomb = tiny_png(4096)
+    assert len(bomb) < 100_000  # 16.7 million pixels in a few KB
+
+    async def scenario():
+        async with aiohttp.ClientSession() as session:
+            base = server.base_url
+            streams = [asyncio.create_task(stream_tokens(session, base, 40)) for _ in range(6)]
+            await asyncio.sleep(0.3)
+            chat = {
+                "model": MODEL,
+                "max_tokens": 4,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "text", "text": "look"}]
+                        + [{"type": "image_url", "image_url": {"url": bomb}}] * 8,
+                    }
+                ],
+            }
+            bombs = await post_json(session, f"{base}/v1/chat/completions", chat)
+            huge = await post_json(session, f"{base}/v1/completions", {"model": MODEL, "prompt": "x " * 5_000_000})
+            # Under the byte limit but far over the context: tokenized off the event loop, then refused.
+            long_prompt = post_json(session, f"{base}/v1/completions", {"model": MODEL, "prompt": "word " * 50_000})
+            health = session.get(f"{base}/health")
+            long_result, health_resp = await asyncio.gather(long_prompt, health)
+            return bombs, huge, long_result, health_resp.status, await asyncio.gather(*streams)
+
+    bombs, huge, long_result, health, streams = asyncio.run(scenario())
+    assert bombs[0] == 400 and "pixels" in bombs[1]["error"]["message"]
+    assert huge[0] == 400 and "bytes" in huge[1]["error"]["message"]
+    assert long_result[0] == 400 and health == 200
+    assert streams == [(40, True, b"data: [DONE]\n")] * 6
+
+
+@pytest.mark.parametrize(
+    "body, content_type, status",
+    [
+        (b"[" * 100_000, "application/json", 400),  # nesting: a 400, not a 500 with a traceback
+        (b'{"model": "wirebench-tiny", "prompt": "x"}', "text/plain", 415),  # a browser's form post
+        (
+            b'{"model": "wirebench-tiny", "prompt": "x", "seed": 1000000000000000000000000000000}',
+            "application/json",
+            400,
+        ),
+        (
+            b'{"model": "wirebench-tiny", "prompt": "x", "logit_bias": {"1000000000000000000000000000000": 1}}',
+            "application/json",
+            400,
+        ),
+    ],
+)
+def test_bad_bodies_get_a_4xx_and_the_next_request_succeeds(server, body, content_type, status):
+    async def scenario():
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                f"{server.base_url}/v1/completions", data=body, headers={"Content-Type": content_type}
+            ) as resp:
+                bad = resp.status, await resp.json(content_type=None)
+            return bad, await stream_tokens(session, server.base_url, 3)
+
+    (code, err), after = asyncio.run(scenario())
+    assert code == status and err["error"]["code"] == status and err["error"]["message"]
+    assert after == (3, True, b"data: [DONE]\n")
+
+
+def test_a_body_that_never_finishes_times_out():
+    server = start_serve("--body-timeout", "1", codec="msgspec")
+    try:
+        with socket.create_connection(("127.0.0.1", int(server.base_url.rsplit(":", 1)[1])), timeout=10) as sock:
+            sock.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 1000\r\n\r\n{"prompt": '
+            )
+            reply = sock.recv(4096)
+    finally:
+        server.stop()
+    assert reply.startswith(b"HTTP/1.1 408")
+
+
+# --- no leftovers, every address family ------------------------------------------------------
+
+
+def test_stale_ipc_dirs_of_dead_processes_are_removed_at_start():
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = Path(tempfile.mkdtemp(prefix=f"wirebench-{dead.pid}-"))
+    server = start_serve(codec="msgspec")
+    server.stop()
+    assert not stale.exists()
+
+
+def test_a_killed_frontend_leaves_its_ipc_dir_for_the_next_start_to_remove():
+    server = start_serve(codec="msgspec")
+    mine = [p for p in Path(tempfile.gettempdir()).glob(f"wirebench-{server.proc.pid}-*")]
+    children = server.child_pids
+    os.kill(server.proc.pid, signal.SIGKILL)
+    server.proc.wait()
+    assert not still_alive(children, grace_s=5)  # the engine stops when its frontend is gone
+    start_serve(codec="msgspec").stop()
+    assert mine and not any(p.exists() for p in mine)
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def test_an_ipv6_engine_host_works_or_is_refused_cleanly():
+    port = free_port_pair()
+    if not _ipv6_loopback():
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "harness.cli",
+                "serve",
+                "--socket",
+                "tcp",
+                "--engine-host",
+                "::1",
+                "--engine-port",
+                str(port),
+                "--codec",
+                "msgspec",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode != 0 and "Traceback" not in done.stderr
+        return
+    server = start_serve("--socket", "tcp", "--engine-host", "::1", "--engine-port", str(port), codec="msgspec")
+    try:
+
+        async def scenario():
+            async with aiohttp.ClientSession() as session:
+                return await stream_tokens(session, server.base_url, 4)
+
+        assert asyncio.run(scenario()) == (4, True, b"data: [DONE]\n")
+    finally:
+        server.stop()
+
+
+# --- what already held stays held ------------------------------------------------------------
+
+
+def test_an_abort_storm_leaves_an_idle_engine(server):
+    async def scenario():
+        async with aiohttp.ClientSession() as session:
+            base = server.base_url
+
+            async def dropped():
+                body = {"model": MODEL, "prompt": "Storm", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+                async with session.post(f"{base}/v1/completions", json=body) as resp:
+                    await resp.content.readline()  # the first event, then hang up
+
+            await asyncio.gather(*(dropped() for _ in range(60)))
+
+            async def idle():
+                async with session.get(f"{base}/metrics") as resp:
+                    text = await resp.text()
+                return (
+                    metric(text, "wirebench_engine_requests", state="running") == 0
+                    and metric(text, "wirebench_requests_running") == 0
+                )
+
+            return await until(idle, 15), await stream_tokens(session, base, 3)
+
+    idle, after = asyncio.run(scenario())
+    assert idle and after == (3, True, b"data: [DONE]\n")
+
+
+def test_overload_loses_nothing(server):
+    """300 requests at once: every one completes; none is dropped or left hanging."""
+
+    async def scenario():
+        async with aiohttp.ClientSession() as session:
+            return await asyncio.gather(*(stream_tokens(session, server.base_url, 8) for _ in range(300)))
+
+    assert asyncio.run(scenario()) == [(8, True, b"data: [DONE]\n")] * 300

@@ -1,0 +1,87 @@
+"""The engine's account of itself travels: info dict -> /metrics gauge -> run metadata and report."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from harness import prom, runs_on
+from harness.engine.config import EngineConfig
+from harness.engine.executor import TorchExecutor
+from harness.frontend.metrics import FrontendMetrics
+from harness.messages import CodecStats
+
+GPU_INFO = {
+    "pid": 123,
+    "codec": "pickle",
+    "executor": "torch",
+    "device": "cuda:0",
+    "device_name": "NVIDIA H200",
+    "dtype": "bfloat16",
+    "model_preset": "llama-8b",
+    "model": {"n_layers": 32},
+    "num_params": 8030261248,
+    "kv_cache_tokens": 524288,
+    "max_num_seqs": 256,
+    "max_model_len": 2048,
+    "max_num_batched_tokens": 2048,
+    "sdpa": {"prefill": "flash_attention", "prefill_cached": "efficient_attention", "decode": "efficient_attention"},
+    "compile": False,
+}
+
+
+def test_gauge_round_trips_through_the_text_format():
+    text = prom.render(runs_on.metric_samples(GPU_INFO))
+    assert 'device="cuda:0"' in text and 'preset="llama-8b"' in text and 'params="8030261248"' in text
+    back = runs_on.from_metrics(text)
+    assert back is not None
+    assert back["device"] == "cuda:0" and back["dtype"] == "bfloat16" and back["preset"] == "llama-8b"
+    assert back["params"] == 8030261248 and back["kv_cache_tokens"] == 524288 and back["max_num_seqs"] == 256
+    assert back["sdpa"] == GPU_INFO["sdpa"] and back["compile"] is False
+    assert "pid" not in back and "model" not in back
+    assert runs_on.from_metrics(None) is None and runs_on.from_metrics("other_metric 1\n") is None
+    assert runs_on.metric_samples({}) == {}
+
+
+def test_a_warning_with_awkward_characters_survives():
+    info = dict(GPU_INFO, device="cpu", device_warning='fell back {to} the "CPU"\nsee\\here')
+    back = runs_on.from_metrics(prom.render(runs_on.metric_samples(info)))
+    assert back is not None and back["device"] == "cpu"
+    assert back["device_warning"] == "fell back (to) the 'CPU' see/here"
+    rows = dict(runs_on.report_rows(back, 700.0))
+    assert "fell back" in rows["WARNING:"]
+
+
+def test_report_rows_say_what_ran_and_what_admission_allows():
+    back = runs_on.from_metrics(prom.render(runs_on.metric_samples(GPU_INFO)))
+    rows = dict(runs_on.report_rows(back, 692.0))
+    assert rows["Engine:"] == "llama-8b on cuda:0 (bfloat16, 8.03B params)"
+    assert rows["Engine device:"] == "NVIDIA H200"
+    assert "prefill flash_attention" in rows["Engine SDPA kernels:"]
+    # 524,288 KV tokens / 692 a request = 757, so max_num_seqs (256) is what limits.
+    assert rows["Engine admits at once:"].startswith("256 requests of ~692 tokens")
+    small = dict(GPU_INFO, kv_cache_tokens=65536)
+    rows = dict(runs_on.report_rows(runs_on.from_metrics(prom.render(runs_on.metric_samples(small))), 692.0))
+    assert rows["Engine admits at once:"].startswith("94 requests")  # the old default's ceiling
+    assert runs_on.report_rows(None) == []
+
+
+def test_frontend_metrics_render_the_engine_info_gauge():
+    engine = SimpleNamespace(
+        is_healthy=True,
+        codec_name="pickle",
+        frontend_codec_stats=CodecStats,
+        engine_codec_stats=CodecStats,
+        engine_info=GPU_INFO,
+    )
+    text = prom.render(FrontendMetrics().samples(engine))
+    assert runs_on.from_metrics(text)["preset"] == "llama-8b"
+    engine.engine_info = {}  # before READY: no gauge
+    assert prom.ENGINE_INFO not in FrontendMetrics().samples(engine)
+
+
+def test_a_real_executors_info_makes_a_gauge():
+    info = TorchExecutor(EngineConfig(device="cpu", vocab_size=64, max_num_seqs=2, max_model_len=16)).info()
+    back = runs_on.from_metrics(prom.render(runs_on.metric_samples(info)))
+    assert back is not None
+    assert back["device"] == "cpu" and back["preset"] == "tiny" and back["kv_cache_tokens"] == 32
+    assert set(back["sdpa"]) == {"prefill", "prefill_cached", "decode"}

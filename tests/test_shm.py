@@ -1,0 +1,113 @@
+"""The shared-memory arena: allocation, reuse after release, generations, views that release themselves."""
+
+from __future__ import annotations
+
+import gc
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from harness import delivery, shm
+from harness.micro import PAYLOADS
+from harness.shm import HEADER, Arena, Handle, Mappings, ShmError
+
+
+@pytest.fixture
+def arena():
+    a = Arena(1 << 20)
+    yield a
+    a.close()
+
+
+def test_the_segment_is_owner_only_and_gone_after_close():
+    a = Arena(4096)
+    path = shm.SHM_DIR / a.name
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and a.name.startswith(f"wirebench-{os.getpid()}-")
+    a.close()
+    assert not path.exists()
+
+
+def test_blocks_are_reused_and_free_space_merges(arena):
+    blocks = [arena.alloc(200_000)[:2] for _ in range(5)]
+    with pytest.raises(ShmError, match="arena is full"):
+        arena.alloc(200_000)
+    for block, gen in blocks[1:4]:  # free three neighbours in the middle
+        arena.free(block, gen)
+    big, gen, view = arena.alloc(3 * 200_000)  # fits only if the three merged
+    assert big == blocks[1][0] and view.nbytes == 600_000
+    arena.free(blocks[1][0], blocks[1][1])  # a stale (block, generation) pair changes nothing
+    assert arena.used_bytes >= 600_000
+
+
+def test_a_full_arena_waits_for_a_release(arena):
+    import threading
+
+    block, gen, _ = arena.alloc(700_000)
+    threading.Timer(0.2, arena.free, (block, gen)).start()
+    assert arena.alloc(700_000, timeout_s=5)[2].nbytes == 700_000
+    with pytest.raises(ShmError, match="does not fit"):
+        arena.alloc(2 << 20)
+
+
+def test_views_release_their_block_when_the_last_user_is_gone(arena):
+    block, gen, data = arena.alloc(4096)
+    data[:5] = b"hello"
+    released = []
+    maps = Mappings(lambda seg, b, g: released.append((seg, b, g)))
+    view = maps.view(Handle(arena.name, block, 4096, gen))
+    t = torch.frombuffer(view, dtype=torch.uint8)
+    del view
+    gc.collect()
+    assert bytes(t[:5].tolist()) == b"hello" and released == []  # the tensor still views it
+    del t
+    gc.collect()
+    assert released == [(arena.name, block, gen)]
+
+
+def test_a_reused_block_is_caught_not_read(arena):
+    block, gen, _ = arena.alloc(4096)
+    arena.free(block, gen)
+    arena.alloc(4096)  # the same block again, with the next generation
+    maps = Mappings(lambda *a: None)
+    with pytest.raises(ShmError, match="reused before it was released"):
+        maps.view(Handle(arena.name, block, 4096, gen))
+    with pytest.raises(ShmError, match="outside segment"):
+        maps.view(Handle(arena.name, (1 << 20) - 8, 4096, gen))
+    with pytest.raises(ShmError, match="bad segment"):
+        Handle.from_list(["../etc/passwd", 0, 1, 1])
+
+
+def test_a_tensor_built_in_the_arena_travels_without_a_copy_and_frees_itself_if_never_sent(arena):
+    t = arena.tensor((3, 64, 64), torch.float32)
+    handle = arena.handle_of(memoryview(t.numpy()).cast("B"))
+    assert handle is not None and handle.length == 3 * 64 * 64 * 4
+    assert arena.handle_of(memoryview(bytearray(100))) is None  # not arena memory
+    unsent = arena.tensor((1024,), torch.uint8)
+    used = arena.used_bytes
+    del unsent
+    gc.collect()
+    assert arena.used_bytes == used - shm._round_up(HEADER + 1024)
+
+
+def test_stale_segments_of_dead_processes_are_removed():
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    path = shm.SHM_DIR / f"wirebench-{dead.pid}-deadbeef"
+    path.write_bytes(b"x")
+    live = Arena(4096)
+    try:
+        removed = shm.remove_stale_segments()
+        assert path.name in removed and not path.exists() and (shm.SHM_DIR / live.name).exists()
+    finally:
+        live.close()
+
+
+@pytest.mark.parametrize("transport_name", ["zmq", "shm", "shm-inplace"])
+def test_delivery_is_measured_between_two_processes(transport_name):
+    d = delivery.measure("msgspec-oob", transport_name, "tensor-fp16-336", PAYLOADS["tensor-fp16-336"](), iterations=5)
+    assert d.status == "ok" and d.iterations == 5 and d.p50_us > 0
+    assert delivery.measure("pickle", "shm", "text-550", PAYLOADS["text-550"](), iterations=2).status == "unsupported"
