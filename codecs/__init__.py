@@ -22,6 +22,7 @@ from .registry import (
     codecs_out_of_band,
     codecs_that_carry_multimodal,
     get_codec,
+    packs_token_ids,
     sends_out_of_band,
     unpickles_peer_data,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "codecs_out_of_band",
     "codecs_that_carry_multimodal",
     "get_codec",
+    "packs_token_ids",
     "sends_out_of_band",
     "unpickles_peer_data",
 ]

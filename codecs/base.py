@@ -80,6 +80,9 @@ class Codec(Protocol):
     - ``out_of_band: ClassVar[bool]`` (default False): big buffers leave the
       body as frames of their own (frame 1 on), which decode takes as views;
       the shm transport needs it (it carries exactly those frames).
+    - ``packed_token_ids: ClassVar[bool]`` (default False): the codec wants
+      ``prompt_token_ids`` as a little-endian int32 numpy array (the frontend
+      converts before encoding) and decodes it as one.
     - ``unpickles_peer_data: ClassVar[bool]`` (default False): decode runs
       code the sender chooses (pickle), so the codec must never face an
       untrusted peer; ``bench serve`` refuses it over non-loopback tcp.

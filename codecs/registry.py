@@ -27,6 +27,7 @@ _BUILTIN: dict[str, str] = {
     "msgspec": "wirecodecs.msgspec_codec:MsgspecCodec",
     "msgspec-b64": "wirecodecs.msgspec_codec:MsgspecB64Codec",
     "msgspec-oob": "wirecodecs.msgspec_codec:MsgspecOobCodec",
+    "msgspec-packed": "wirecodecs.msgspec_codec:MsgspecPackedCodec",
 }
 
 
@@ -101,6 +102,11 @@ def sends_out_of_band(name: str) -> bool:
 
 def codecs_out_of_band() -> list[str]:
     return [name for name in available_codecs() if sends_out_of_band(name)]
+
+
+def packs_token_ids(name: str) -> bool:
+    """Whether the codec wants prompt token ids as an int32 array (its class says; default False)."""
+    return bool(getattr(codec_class(split_spec(name)[0]), "packed_token_ids", False))
 
 
 def unpickles_peer_data(name: str) -> bool:

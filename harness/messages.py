@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import enum
 import math
+import struct
 from typing import Any
 
 import msgspec
+import numpy as np
 
 
 class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -139,6 +141,16 @@ def validate_sampling_params(sp: SamplingParams) -> None:
         )
 
 
+def pack_token_ids(ids: list[int]) -> Any:
+    """Token ids as a little-endian int32 numpy array, the form msgspec-packed carries.
+
+    ``struct`` packs a list of ints faster than numpy converts one (measured:
+    ~8 vs ~20 µs for 550 ids on a busy 2-core VM), and either is a Python int
+    per token: the saving comes where the ids never become a list again.
+    """
+    return np.frombuffer(struct.pack(f"<{len(ids)}i", *ids), dtype="<i4")
+
+
 class PlaceholderRange(msgspec.Struct, array_like=True, gc=False):
     """Where one multimodal item's embeddings go in the prompt: [offset, offset+length)."""
 
@@ -151,7 +163,9 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
 
     request_id: str
     prompt: str | None
-    prompt_token_ids: list[int]
+    # A list of ints; from a codec with packed token ids (msgspec-packed) a read-only little-endian
+    # int32 numpy array instead, which the engine slices without making a Python int per token.
+    prompt_token_ids: list[int] | Any
     sampling_params: SamplingParams
     eos_token_id: int | None
     arrival_time: float

@@ -59,6 +59,7 @@ from harness.messages import (
     EngineCoreRequest,
     PlaceholderRange,
     SamplingParams,
+    pack_token_ids,
 )
 from harness.table import format_line
 
@@ -278,6 +279,11 @@ def tensor_request(dtype: torch.dtype, side: int) -> EngineCoreRequest:
     return _with_mm({"pixel_values": pixel_values}, raw)
 
 
+def packed(req: EngineCoreRequest) -> EngineCoreRequest:
+    req.prompt_token_ids = pack_token_ids(req.prompt_token_ids)
+    return req
+
+
 def outputs_batch() -> EngineCoreOutputs:
     """One decode step: 64 requests with one new token each."""
     rng = random.Random(SEED)
@@ -295,6 +301,8 @@ def outputs_batch() -> EngineCoreOutputs:
 # name -> builder; built lazily so a filtered run pays only for what it uses.
 PAYLOADS: dict[str, Callable[[], Any]] = {
     "text-550": text_request,
+    # The same request with its ids already packed as int32 (what msgspec-packed is given).
+    "text-550-packed": lambda: packed(text_request()),
     "outputs-64": outputs_batch,
     "image-336": lambda: image_request(336),
     "image-1024": lambda: image_request(1024),
@@ -362,8 +370,10 @@ def check_round_trip(sent: Any, got: Any) -> None:
         raise AssertionError(f"decoded a {type(got).__name__}, sent a {type(sent).__name__}")
     if isinstance(sent, EngineCoreRequest):
         mm_sent, mm_got = sent.mm_inputs or [], got.mm_inputs or []
+        rest = {"mm_inputs": None, "prompt_token_ids": []}  # compared on their own: arrays, images
         same = (
-            msgspec.structs.replace(sent, mm_inputs=None) == msgspec.structs.replace(got, mm_inputs=None)
+            msgspec.structs.replace(sent, **rest) == msgspec.structs.replace(got, **rest)
+            and np.array_equal(np.asarray(sent.prompt_token_ids), np.asarray(got.prompt_token_ids))
             and len(mm_sent) == len(mm_got)
             and all(_same_mm(a, b) for a, b in zip(mm_sent, mm_got))
         )
@@ -468,7 +478,7 @@ def _ratio_text(r: float) -> str:
 # Fixed widths (title, width), so rows can print as they are measured;
 # the codec and payload columns are left-aligned.
 COLUMNS = [
-    ("codec", 12),
+    ("codec", 14),
     ("payload", 17),
     ("enc p50 µs", 11),
     ("enc p99 µs", 11),
@@ -591,7 +601,7 @@ def _run_delivery(codecs: list[str], payloads: list[str], transports: list[str],
         f"\ndelivery: encode → send → receive in another process → decode, {iterations} one-at-a-time sends; "
         "ratio = p50 / memcpy p50"
     )
-    widths = [12, 17, 11, 11, 11, 10, 8]
+    widths = [14, 17, 11, 11, 11, 10, 8]
     head = format_line(DELIVERY_HEADERS, widths, left=3)
     print(head)
     print("-" * len(head))

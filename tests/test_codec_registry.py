@@ -20,7 +20,7 @@ from wirecodecs import registry
 
 from wire_samples import assert_wire_equal, multimodal_request, text_messages
 
-BUILTINS = ["pickle", "pickle-oob", "msgspec", "msgspec-b64", "msgspec-oob"]
+BUILTINS = ["pickle", "pickle-oob", "msgspec", "msgspec-b64", "msgspec-oob", "msgspec-packed"]
 
 PLUGIN_MODULE = "wirebench_test_plugin_codec"
 PLUGIN_SOURCE = '''
@@ -165,7 +165,13 @@ def test_broken_entry_point_is_a_clear_error(install_plugin: Callable[[str], Non
             wirecodecs.get_codec(name)
         assert name in str(info.value) and culprit in str(info.value)
     # One broken plugin must not break the capability listing of the others.
-    assert wirecodecs.codecs_that_carry_multimodal() == ["pickle", "pickle-oob", "msgspec-b64", "msgspec-oob"]
+    assert wirecodecs.codecs_that_carry_multimodal() == [
+        "pickle",
+        "pickle-oob",
+        "msgspec-b64",
+        "msgspec-oob",
+        "msgspec-packed",
+    ]
 
 
 def test_registry_is_restored_after_plugin_tests() -> None:

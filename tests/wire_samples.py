@@ -54,6 +54,7 @@ EXPECTATIONS: dict[str, CodecExpectation] = {
     "msgspec": CodecExpectation(False, out_of_band=False, family="msgpack"),
     "msgspec-b64": CodecExpectation(True, out_of_band=False, family="msgpack", rawbuf=_ALL),
     "msgspec-oob": CodecExpectation(True, out_of_band=True, family="msgpack", rawbuf=_ALL),
+    "msgspec-packed": CodecExpectation(True, out_of_band=True, family="msgpack", rawbuf=_ALL),
 }
 
 UNICODE_TEXT = "Grüße, 世界! 🚀🦙 naïve café — ﷽ x\u0301 \u200d👩‍💻 \u00a0end"

@@ -23,6 +23,7 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -212,14 +213,19 @@ class TorchExecutor:
             [c.start_pos for c in decodes],
             [Chunk(c.slot, c.start_pos, len(c.token_ids)) for c in prefills],
         )
-        token_ids = [c.token_ids[0] for c in decodes]
-        for c in prefills:
-            token_ids.extend(c.token_ids)
+        # One int64 array of every row's token: prompt chunks that arrived packed (int32 arrays) are
+        # copied as arrays, never as one Python int per token.
+        token_ids = np.concatenate(
+            [
+                np.fromiter((c.token_ids[0] for c in decodes), np.int64, len(decodes)),
+                *(np.asarray(c.token_ids, dtype=np.int64) for c in prefills),
+            ]
+        )
         last = plan.last_rows()
         sample_chunks = decodes + [c for c in prefills if c.sample]
         rows = list(range(len(decodes))) + [r for r, c in zip(last, prefills, strict=True) if c.sample]
         every_row = len(rows) == plan.n_rows  # a pure decode step: no row selection
-        batch, (ids, row_idx) = self.model.stage(plan, token_ids, [] if every_row else rows)
+        batch, (ids, row_idx) = self.model.stage(plan, token_ids, [] if every_row else rows)  # type: ignore[arg-type]
         x = self.model.embed(ids)  # [N, dim]
         at = plan.n_decode
         for c in prefills:

@@ -35,8 +35,11 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from harness.engine.config import EngineConfig
 from harness.engine.step import ModelRunnerOutput, NewRequest, ScheduledChunk, SchedulerOutput
@@ -52,18 +55,47 @@ class _Request:
     prompt_len: int
     max_tokens: int
     eos_token_id: int | None
-    token_ids: list[int]  # prompt then outputs
+    # The prompt as it arrived: a list of ints, or (msgspec-packed) an int32 array that is
+    # sliced, never turned into one Python int per token.
+    prompt: Sequence[int]
+    outputs: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     slot: int = -1
     sent_to_executor: bool = False
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.prompt_len
+        return len(self.outputs)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + len(self.outputs)
+
+    def tokens(self, start: int, n: int) -> Sequence[int]:
+        """Tokens [start, start+n): a slice of the prompt (a view for an array) or of the outputs."""
+        if start + n <= self.prompt_len:
+            return self.prompt[start : start + n]
+        if start >= self.prompt_len:
+            return self.outputs[start - self.prompt_len : start - self.prompt_len + n]
+        return [*self.prompt[start:], *self.outputs[: start + n - self.prompt_len]]
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Prompt then outputs, as one list (for inspection; the step uses ``tokens``)."""
+        return [int(t) for t in self.prompt] + self.outputs
 
     @property
     def kv_reservation(self) -> int:
         return self.prompt_len + self.max_tokens
+
+
+def _id_range(ids: Sequence[int]) -> tuple[int, int]:
+    """The smallest and largest token id, vectorised for an array (a list of non-ints raises TypeError)."""
+    if isinstance(ids, np.ndarray):
+        if ids.dtype.kind not in "iu" or ids.ndim != 1:
+            raise ValueError(f"prompt token ids must be a 1-d integer array, got {ids.dtype} {ids.shape}")
+        return int(ids.min()), int(ids.max())
+    return min(ids), max(ids)
 
 
 class Scheduler:
@@ -120,7 +152,7 @@ class Scheduler:
             prompt_len=len(req.prompt_token_ids),
             max_tokens=max_tokens,
             eos_token_id=eos,
-            token_ids=list(req.prompt_token_ids),
+            prompt=req.prompt_token_ids,
         )
         self.waiting.append(req.request_id)
 
@@ -159,7 +191,7 @@ class Scheduler:
                 f"prompt of {n} tokens + max_tokens {max_tokens} = {n + max_tokens} can never fit "
                 f"in the KV cache of {self._kv_capacity} tokens"
             )
-        lo, hi = min(req.prompt_token_ids), max(req.prompt_token_ids)
+        lo, hi = _id_range(req.prompt_token_ids)
         if lo < 0 or hi >= cfg.vocab_size:
             bad = lo if lo < 0 else hi
             raise ValueError(f"prompt token id {bad} outside the vocabulary [0, {cfg.vocab_size})")
@@ -207,7 +239,7 @@ class Scheduler:
             if budget == 0:
                 break
             r = self.requests[rid]
-            if r.num_computed_tokens >= r.prompt_len and r.num_computed_tokens == len(r.token_ids) - 1:
+            if r.num_computed_tokens >= r.prompt_len and r.num_computed_tokens == r.num_tokens - 1:
                 out.decodes.append(self._chunk(r, rid, 1))
                 budget -= 1
         # 2. running requests still in prefill
@@ -271,7 +303,7 @@ class Scheduler:
     def _chunk(self, r: _Request, rid: str, n: int) -> ScheduledChunk:
         start = r.num_computed_tokens
         r.num_computed_tokens += n
-        sample = r.num_computed_tokens == len(r.token_ids)
+        sample = r.num_computed_tokens == r.num_tokens
         suppress = None
         sp = r.req.sampling_params
         # The token sampled now would be output number num_output_tokens + 1.
@@ -279,7 +311,7 @@ class Scheduler:
             suppress = list(sp.stop_token_ids)
             if r.eos_token_id is not None and not sp.ignore_eos:
                 suppress.append(r.eos_token_id)
-        return ScheduledChunk(rid, r.slot, r.token_ids[start : start + n], start, sample, suppress or None)
+        return ScheduledChunk(rid, r.slot, r.tokens(start, n), start, sample, suppress or None)
 
     def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Append sampled tokens, check stop conditions, free finished requests."""
@@ -308,7 +340,7 @@ class Scheduler:
                     )
                 )
                 continue
-            r.token_ids.append(tok)
+            r.outputs.append(tok)
             reason, stop_reason = self._check_stop(r, tok)
             if reason is None:
                 outputs.append(EngineCoreOutput(rid, [tok]))

@@ -43,11 +43,12 @@ from harness.messages import (
     EngineCoreOutputs,
     EngineCoreRequest,
     FinishReason,
+    pack_token_ids,
 )
 from harness.shm import Handle, ShmError
 from harness.spans import FrontPoints, host_clock_id
 from harness.transport import CodecClock, CodecCounters, EngineAddresses
-from wirecodecs import CodecError, EncodeError, get_codec
+from wirecodecs import CodecError, EncodeError, get_codec, packs_token_ids
 
 log = logging.getLogger("wirebench.frontend")
 
@@ -158,6 +159,7 @@ class ZmqEngineClient:
         self.timelines = Timelines(enabled=spans)
         # --transport shm: big frames travel through this sender's arena (harness.shm), None over zmq.
         self._shm = shm
+        self._packed = packs_token_ids(codec_name)
         # --verify: each request carries its digest (harness.integrity), checked by the engine.
         self._verify = verify
         # Pixel tensors built straight into the arena travel without a copy.
@@ -255,6 +257,9 @@ class ZmqEngineClient:
         rid = request.request_id
         if rid in self._queues:
             raise RequestRejectedError(f"request id {rid!r} is already in flight")
+        if self._packed and isinstance(request.prompt_token_ids, list):
+            # The codec carries ids as one int32 buffer (msgspec-packed): the tokenizer's list is packed here.
+            request.prompt_token_ids = pack_token_ids(request.prompt_token_ids)
         clock = CodecClock().start()
         try:
             frames = self._encoder.encode(request)
