@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "verdicts over saved results; with --baseline, the CI regression gate",
     ),
     "calibrate": ("harness.calibrate", "what this machine can resolve: an A/A run and injected known costs"),
+    "sweep": ("harness.sweep", "codecs over a grid of payload sizes and request rates: crossover curves"),
+    "report": ("harness.htmlreport", "one self-contained HTML file: tables, verdicts, CDFs, budgets, sweeps"),
 }
 
 

@@ -370,7 +370,7 @@ def check_round_trip(sent: Any, got: Any) -> None:
         raise AssertionError(f"decoded a {type(got).__name__}, sent a {type(sent).__name__}")
     if isinstance(sent, EngineCoreRequest):
         mm_sent, mm_got = sent.mm_inputs or [], got.mm_inputs or []
-        rest = {"mm_inputs": None, "prompt_token_ids": []}  # compared on their own: arrays, images
+        rest: dict[str, Any] = {"mm_inputs": None, "prompt_token_ids": []}  # compared on their own
         same = (
             msgspec.structs.replace(sent, **rest) == msgspec.structs.replace(got, **rest)
             and np.array_equal(np.asarray(sent.prompt_token_ids), np.asarray(got.prompt_token_ids))

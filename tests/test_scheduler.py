@@ -115,7 +115,7 @@ def test_long_prompt_is_chunked_across_steps():
     ]
     assert outs and outs[0].new_token_ids == [10]
     # The prompt tokens travel in order, chunk by chunk.
-    assert sum((c.token_ids for c in chunks), []) == s.requests["long"].token_ids[:150]
+    assert sum((list(c.token_ids) for c in chunks), []) == s.requests["long"].token_ids[:150]
 
 
 def test_long_prefill_threshold_caps_chunks_only_when_others_present():

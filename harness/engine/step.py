@@ -7,6 +7,7 @@ turns that into the step's ``EngineCoreOutput`` messages.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from harness.messages import EngineCoreRequest
@@ -28,7 +29,7 @@ class ScheduledChunk:
 
     request_id: str
     slot: int
-    token_ids: list[int]
+    token_ids: Sequence[int]  # a list, or a slice of a packed int32 prompt (a numpy view)
     start_pos: int
     # True when the chunk reaches the end of the known tokens, so the step
     # produces this request's next token.
