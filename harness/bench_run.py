@@ -115,7 +115,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     rate.type, rate.default = rate_or_auto, AUTO
     rate.help = (
         f"requests per second, 'inf' (all at once, benchmark_serving's default: a saturation test) or "
-        f"'auto' (default: {AUTO_LOAD:.0%} of the capacity a short probe at rate inf measures, so TTFT measures "
+        f"'auto' (default: {AUTO_LOAD * 100:.0f}%% of the capacity a short probe at rate inf measures, so TTFT measures "
         "serving, not a queue)"
     )
 

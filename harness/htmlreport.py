@@ -1,0 +1,669 @@
+"""``bench report RESULTS... -o report.html``: one self-contained HTML page of saved results.
+
+RESULTS: compare files of ``bench run``/``bench compare`` (their run files are
+followed), run files, folders of run files, and sweep documents of ``bench
+sweep`` (``sweep-*.json``; a folder's sweep documents are picked up too). The
+page needs nothing else: CSS inline, every plot a ``data:`` URI (PNG by
+default, ``--image-format svg`` for vector plots), no script, no network.
+
+Sections, and how each is made:
+
+- **Comparison** (per compare file; runs given directly form one more): the
+  side-by-side table (median over rounds ± half the range,
+  ``harness.compare.median_cell``) and the verdicts of every arm against the
+  first (``harness.compare.compare``: paired log ratios over rounds, 95% CI,
+  Holm over the table, equivalence margin ``--margin-pct``).
+- **Latency distributions**: the empirical CDF of per-request TTFT and TPOT per
+  codec, every round pooled (``harness.results.requests_frame``).
+- **Codec and IPC budget**: codec µs per message per direction and operation
+  from the server's /metrics (``runs_frame``, median over runs, whiskers min–max),
+  and the IPC budget per arm from each run's ``ipc`` section (p50 of each span
+  on the first-token path, median over rounds; ``bench_run.IPC_FIGURES``).
+- **TTFT over the run**: each request's TTFT against its send time since the
+  run's first send, one panel per codec, rounds overlaid, with a running
+  median: warm-up and drift show as a slope.
+- **Sweeps**: the curves of ``bench sweep`` (redrawn from the document) and
+  where each codec crosses the reference, in words.
+- **Run metadata**: machine, versions, git revision and the flags (those that
+  differ between runs listed apart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import io
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness import stats
+from harness.compare import Arm, Comparison, compare, load_any_compare, median_cell, summary_line
+from harness.documents import ResultsError, RunEntry, collect_runs, is_compare, read_json
+from harness.stats import Figure
+
+IMAGE_FORMATS = ("png", "svg")
+MIME = {"png": "image/png", "svg": "image/svg+xml"}
+VERDICT_CLASS = {
+    "slower": "slower",
+    "faster": "faster",
+    "equivalent": "equivalent",
+    "inconclusive": "inconclusive",
+}
+# Section ids, in page order (the tests look for them).
+SECTIONS = ("summary", "comparison", "distributions", "budget", "timeline", "sweeps", "metadata")
+
+CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1250px;
+       padding: 0 1em; color: #1d1d1f; background: #fff; line-height: 1.4; }
+h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { border-bottom: 2px solid #ddd; padding-bottom: 0.2em;
+margin-top: 2em; } h3 { margin-top: 1.4em; }
+table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.85em; }
+th, td { border: 1px solid #d0d0d0; padding: 0.25em 0.5em; text-align: right; vertical-align: top; }
+th { background: #f3f3f3; } td.label, th.label { text-align: left; }
+td.slower { background: #fde2e1; } td.faster { background: #dff5e1; }
+td.equivalent { background: #eef1f5; } td.inconclusive { background: #fff5d6; }
+td.slower, td.faster, td.equivalent, td.inconclusive { text-align: left; }
+figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { font-size: 0.85em; color: #555; max-width: 1100px; }
+.note { color: #555; font-size: 0.9em; } code, pre { font-size: 0.85em; background: #f6f6f6; }
+pre { padding: 0.6em; overflow-x: auto; white-space: pre-wrap; }
+nav a { margin-right: 1em; } ul.crossings li { margin: 0.2em 0; }
+.wide { overflow-x: auto; } table.kv td { text-align: left; } details summary { cursor: pointer; margin: 0.6em 0; }
+"""
+
+
+# --- inputs ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Inputs:
+    """What the RESULTS arguments hold: run/compare sources, compare files, sweep documents."""
+
+    sources: list[str] = field(default_factory=list)  # for collect_runs / the frames (no sweeps)
+    compares: list[Path] = field(default_factory=list)
+    direct: list[str] = field(default_factory=list)  # run files and folders (not compare files)
+    sweeps: list[tuple[Path, dict[str, Any]]] = field(default_factory=list)
+
+
+def classify(results: Sequence[str]) -> Inputs:
+    """Sort the arguments; ResultsError for a missing path or a file that is none of the kinds."""
+    out = Inputs()
+    for item in results:
+        path = Path(item)
+        if path.is_dir():
+            sweeps = sorted(path.glob("sweep-*.json"))
+            for s in sweeps:
+                doc = read_json(s)
+                if doc.get("kind") == "sweep":
+                    out.sweeps.append((s, doc))
+            if _has_runs(path):
+                out.sources.append(item)
+                out.direct.append(item)
+            elif not sweeps:
+                raise ResultsError(f"{path}: no run files and no sweep documents in this folder")
+            continue
+        doc = read_json(path)
+        if doc.get("kind") == "sweep":
+            out.sweeps.append((path, doc))
+        elif is_compare(doc):
+            out.sources.append(item)
+            out.compares.append(path)
+        else:
+            out.sources.append(item)
+            out.direct.append(item)
+    return out
+
+
+def _has_runs(folder: Path) -> bool:
+    try:
+        return bool(collect_runs(folder))
+    except ResultsError:
+        return False
+
+
+# --- plots ----------------------------------------------------------------------------------------
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def figure_uri(fig: Any, fmt: str = "png") -> str:
+    """A matplotlib figure as a data: URI (the figure is closed)."""
+    plt = _plt()
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt, dpi=100, bbox_inches="tight", metadata={"Date": None} if fmt == "svg" else None)
+    plt.close(fig)
+    return f"data:{MIME[fmt]};base64,{base64.b64encode(buf.getvalue()).decode('ascii')}"
+
+
+def _colors(labels: Sequence[str]) -> dict[str, Any]:
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab10"]
+    return {label: cmap(i % 10) for i, label in enumerate(labels)}
+
+
+def cdf_figure(requests: Any, codecs: Sequence[str]) -> Any | None:
+    """Empirical CDFs of per-request TTFT and TPOT per codec (rounds pooled)."""
+    import numpy as np
+
+    if requests.empty:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    colors = _colors(codecs)
+    for ax, column, title in ((axes[0], "ttft_ms", "TTFT"), (axes[1], "tpot_ms", "TPOT")):
+        spans = []
+        for codec in codecs:
+            values = np.sort(requests.loc[requests["codec"] == codec, column].dropna().to_numpy())
+            if not len(values):
+                continue
+            ys = np.arange(1, len(values) + 1) / len(values)
+            ax.step(values, ys, where="post", color=colors[codec], label=f"{codec} (n={len(values)})")
+            spans += [values[0], values[-1]]
+        positive = [v for v in spans if v > 0]
+        if positive and max(positive) / min(positive) > 20:
+            ax.set_xscale("log")
+        ax.set_title(f"{title} per request, empirical CDF")
+        ax.set_xlabel("ms")
+        ax.set_ylabel("fraction of requests ≤ x")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+        for q in (0.5, 0.99):
+            ax.axhline(q, color="gray", lw=0.6, ls=":")
+        if spans:
+            ax.legend(fontsize=8, loc="lower right")
+        else:
+            ax.text(0.5, 0.5, "no samples", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    return fig
+
+
+CODEC_BARS = {
+    "request_encode_us": "request encode (frontend)",
+    "request_decode_us": "request decode (engine)",
+    "output_encode_us": "output encode (engine)",
+    "output_decode_us": "output decode (frontend)",
+}
+IPC_SPANS = (
+    ("ipc_request_encode_p50_us", "req encode"),
+    ("ipc_request_wire_p50_us", "req wire"),
+    ("ipc_request_decode_p50_us", "req decode"),
+    ("ipc_request_queue_p50_us", "engine in-queue"),
+    ("ipc_output_queue_p50_us", "out queue"),
+    ("ipc_output_encode_p50_us", "out encode"),
+    ("ipc_output_wire_p50_us", "out wire"),
+    ("ipc_output_decode_p50_us", "out decode"),
+)
+
+
+def budget_figure(runs: Any, codecs: Sequence[str]) -> Any | None:
+    """Codec µs per direction (median over runs, min–max whiskers) and the IPC budget per arm (stacked p50s)."""
+    import numpy as np
+
+    codec_cols = [c for c in CODEC_BARS if c in runs and runs[c].notna().any()]
+    ipc_cols = [c for c, _ in IPC_SPANS if c in runs and runs[c].notna().any()]
+    if not codec_cols and not ipc_cols:
+        return None
+    plt = _plt()
+    panels = (1 if codec_cols else 0) + (1 if ipc_cols else 0)
+    fig, axes = plt.subplots(1, panels, figsize=(6.2 * panels, 4.4), squeeze=False)
+    col = 0
+    if codec_cols:
+        ax = axes[0][col]
+        col += 1
+        width = 0.8 / len(codec_cols)
+        for j, column in enumerate(codec_cols):
+            mids, lows, highs = [], [], []
+            for codec in codecs:
+                values = runs.loc[runs["codec"] == codec, column].dropna()
+                mid = float(values.median()) if len(values) else math.nan
+                mids.append(mid)
+                lows.append(mid - float(values.min()) if len(values) else 0.0)
+                highs.append(float(values.max()) - mid if len(values) else 0.0)
+            xs = [i + (j - (len(codec_cols) - 1) / 2) * width for i in range(len(codecs))]
+            ax.bar(xs, mids, width, yerr=[lows, highs], capsize=3, label=CODEC_BARS[column])
+        ax.set_xticks(range(len(codecs)), codecs, rotation=15)
+        ax.set_ylabel("µs per message")
+        ax.set_title("Codec cost per message (server /metrics)")
+        ax.legend(fontsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    if ipc_cols:
+        ax = axes[0][col]
+        labels = dict(IPC_SPANS)
+        left = np.zeros(len(codecs))
+        cmap = plt.get_cmap("tab20")
+        for j, column in enumerate(ipc_cols):
+            values = []
+            for codec in codecs:
+                v = runs.loc[runs["codec"] == codec, column].dropna()
+                values.append(float(v.median()) if len(v) else 0.0)
+            ax.barh(range(len(codecs)), values, left=left, color=cmap(j % 20), label=labels[column])
+            left += np.array(values)
+        ax.set_yticks(range(len(codecs)), codecs)
+        ax.invert_yaxis()
+        ax.set_xlabel("µs (p50 of each span, median over rounds)")
+        ax.set_title("IPC budget on the first-token path")
+        ax.legend(fontsize=7, ncol=2)
+        ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def send_times(entries: Sequence[RunEntry]) -> list[dict[str, Any]]:
+    """Per successful request: codec, round, seconds since the run's first send, TTFT ms."""
+    rows = []
+    for entry in entries:
+        records = (entry.doc or {}).get("records")
+        if not isinstance(records, list):
+            continue
+        sends = [r.get("actual_send") for r in records if isinstance(r, dict)]
+        finite = [s for s in sends if isinstance(s, (int, float)) and math.isfinite(s)]
+        if not finite:
+            continue
+        start = min(finite)
+        for r in records:
+            send, ttft = r.get("actual_send"), r.get("ttft")
+            if not (r.get("success") and isinstance(send, (int, float)) and isinstance(ttft, (int, float))):
+                continue
+            rows.append({"codec": entry.codec, "round": entry.round, "t_s": send - start, "ttft_ms": ttft * 1e3})
+    return rows
+
+
+def timeline_figure(rows: Sequence[dict[str, Any]], codecs: Sequence[str]) -> Any | None:
+    """TTFT against send time, one panel per codec, rounds overlaid, with a running median."""
+    import numpy as np
+
+    if not rows:
+        return None
+    plt = _plt()
+    present = [c for c in codecs if any(r["codec"] == c for r in rows)]
+    ncols = min(3, len(present))
+    nrows = math.ceil(len(present) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.4 * ncols, 3.4 * nrows), squeeze=False, sharey=True)
+    colors = _colors(codecs)
+    for i, codec in enumerate(present):
+        ax = axes[i // ncols][i % ncols]
+        mine = sorted((r for r in rows if r["codec"] == codec), key=lambda r: r["t_s"])
+        rounds = sorted({r["round"] for r in mine if r["round"] is not None})
+        ax.scatter([r["t_s"] for r in mine], [r["ttft_ms"] for r in mine], s=6, alpha=0.45, color=colors[codec], lw=0)
+        ts = np.array([r["t_s"] for r in mine])
+        ys = np.array([r["ttft_ms"] for r in mine])
+        window = max(5, len(ys) // 20)
+        if len(ys) >= window:
+            med = [float(np.median(ys[max(0, k - window + 1) : k + 1])) for k in range(len(ys))]
+            ax.plot(ts, med, color="black", lw=1.2, label=f"running median of {window}")
+            ax.legend(fontsize=7, loc="upper right")
+        ax.set_title(f"{codec} ({len(rounds) or 1} round{'s' if len(rounds) > 1 else ''} overlaid)", fontsize=10)
+        ax.set_xlabel("send time since the run's first request (s)")
+        if i % ncols == 0:
+            ax.set_ylabel("TTFT (ms)")
+        ax.grid(alpha=0.3)
+    for j in range(len(present), nrows * ncols):
+        axes[j // ncols][j % ncols].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
+# --- HTML pieces ----------------------------------------------------------------------------------
+
+
+def esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def img(uri: str, alt: str, caption: str) -> str:
+    return f'<figure><img src="{uri}" alt="{esc(alt)}"><figcaption>{esc(caption)}</figcaption></figure>'
+
+
+def table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    classes: Sequence[Sequence[str]] | None = None,
+    kind: str = "",
+) -> str:
+    """An HTML table (escaped), in a box that scrolls sideways when it is wider than the page."""
+    head = "".join(f'<th class="{"label" if i == 0 else ""}">{esc(h)}</th>' for i, h in enumerate(headers))
+    body = []
+    for r, row in enumerate(rows):
+        cells = []
+        for i, value in enumerate(row):
+            cls = ["label"] if i == 0 else []
+            if classes is not None and classes[r][i]:
+                cls.append(classes[r][i])
+            cells.append(f'<td class="{" ".join(cls)}">{esc(value)}</td>')
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    attr = f' class="{kind}"' if kind else ""
+    return f'<div class="wide"><table{attr}><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
+
+
+def comparison_html(title: str, arms: list[Arm], margin_pct: float) -> tuple[str, str]:
+    """(section html, one summary line) for one set of arms."""
+    from harness.bench_run import SHOWN
+    from harness.compare import CODEC_FIGURES, LATENCY_FIGURES
+
+    measured = [a for a in arms if a.measured]
+    comparison: Comparison | None = compare(measured, margin_pct=margin_pct) if len(measured) >= 2 else None
+    figures: list[Figure] = list(comparison.figures if comparison else [*LATENCY_FIGURES, *CODEC_FIGURES])
+    figures += [f for f in SHOWN if f not in figures]
+    rows = [[a.label, len(a.measured), *(median_cell(a, f.key) for f in figures)] for a in arms]
+    parts = [f"<h3>{esc(title)}</h3>", table(["arm", "rounds", *(f.label for f in figures)], rows)]
+    parts.append(
+        '<p class="note">Median over rounds ± half the range; ms unless marked µs (codec µs per message '
+        "from the server's /metrics).</p>"
+    )
+    failed = [f"{a.label}: {r.status}: {r.message}" for a in arms if not a.measured for r in a.runs[:1]]
+    if failed:
+        parts.append("<ul>" + "".join(f"<li>{esc(t)}</li>" for t in failed) + "</ul>")
+    if comparison is None or not comparison.cells:
+        parts.append('<p class="note">One measured arm: nothing to judge.</p>')
+        return "\n".join(parts), f"{title}: one measured arm, no verdicts"
+    others = comparison.arms[1:]
+    vrows, vclasses = [], []
+    for fig in comparison.figures:
+        row: list[str] = [fig.label]
+        cls = [""]
+        for arm in others:
+            cell = comparison.cell(arm.label, fig.key)
+            row.append(cell.verdict.text if cell else "-")
+            cls.append(VERDICT_CLASS.get(cell.verdict.verdict, "") if cell else "")
+        vrows.append(row)
+        vclasses.append(cls)
+    parts.append(
+        f"<p>Verdicts against <b>{esc(comparison.reference.label)}</b>: change of the other arm, 95% CI, "
+        f"Holm over {len(comparison.cells)} comparisons, equivalence margin ±{comparison.margin_pct:g}%.</p>"
+    )
+    parts.append(table(["figure", *(a.label for a in others)], vrows, vclasses))
+    summary = summary_line(comparison)
+    parts.append(f"<p>In all: {esc(summary)}.</p>")
+    return "\n".join(parts), f"{title}: {summary}"
+
+
+def ipc_table(arms: list[Arm]) -> str:
+    from harness.bench_run import IPC_FIGURES
+
+    if not any(math.isfinite(v) for a in arms for v in a.values("ipc_ipc_mean_us")):
+        return '<p class="note">No IPC budget: the runs carry no request timelines (server without spans).</p>'
+    rows = [[a.label, *(median_cell(a, f.key) for f in IPC_FIGURES)] for a in arms if a.measured]
+    return (
+        table(["arm", *(f.label for f in IPC_FIGURES)], rows)
+        + '<p class="note">IPC budget, µs: p50 over each run\'s requests on the first-token path, median over '
+        "rounds; wire = send → receive; IPC mean = the sum on a request's path to its first token.</p>"
+    )
+
+
+def _arms_of(entries: Sequence[RunEntry]) -> list[Arm]:
+    arms: dict[str, list[RunEntry]] = {}
+    for e in entries:
+        arms.setdefault(e.codec, []).append(e)
+    return [Arm(label, runs) for label, runs in arms.items()]
+
+
+def sweep_html(path: Path, doc: dict[str, Any], fmt: str) -> str:
+    from harness import sweep
+
+    parts = [f"<h3>{esc(path.name)}</h3>"]
+    axes = ", ".join(
+        f"{a['label']} {', '.join(f'{v:g}' for v in a['values'])} {a['unit']}" for a in doc.get("axes") or ()
+    )
+    parts.append(
+        f"<p>Codecs {esc(', '.join(doc.get('codecs') or ()))} (reference {esc(doc.get('reference'))}); "
+        f"axes: {esc(axes)}; wall time {esc(_num(doc.get('wall_s')))} s"
+        + ("; <b>interrupted</b>" if doc.get("interrupted") else "")
+        + "</p>"
+    )
+    if not doc.get("crossings"):
+        doc = {**doc, "crossings": sweep.all_crossings(doc)}
+    for part, draw, caption in (
+        (
+            "micro",
+            sweep.draw_micro,
+            "Codec cost (encode p50 + decode p50) and delivery per message against payload bytes, log–log, "
+            "with one memcpy of the same bytes; mean over interleaved rounds with its 95% t-interval.",
+        ),
+        (
+            "e2e",
+            sweep.draw_e2e,
+            "TTFT p50, TTFT p99 and TPOT mean per codec at each grid point (bench run per point, fresh server "
+            "per codec and round); mean over rounds with its 95% t-interval.",
+        ),
+    ):
+        fig = draw(doc)
+        if fig is not None:
+            parts.append(img(figure_uri(fig, fmt), f"sweep {part} curves", caption))
+        lines = [c["text"] for c in doc["crossings"] if c["part"] == part]
+        if lines:
+            parts.append('<ul class="crossings">' + "".join(f"<li>{esc(t)}</li>" for t in lines) + "</ul>")
+    return "\n".join(parts)
+
+
+def _num(value: Any) -> str:
+    return f"{value:.1f}" if isinstance(value, (int, float)) and math.isfinite(value) else "-"
+
+
+METADATA_KEYS = ("hostname", "cpu_model", "cpu_count", "cpu_usable", "machine", "platform", "gpu", "python")
+
+
+def metadata_html(entries: Sequence[RunEntry], sweeps: Sequence[tuple[Path, dict[str, Any]]]) -> str:
+    metas: list[tuple[dict[str, Any], RunEntry | None]] = [
+        ((e.doc or {}).get("metadata") or {}, e) for e in entries if e.doc is not None
+    ]
+    metas += [(doc.get("metadata") or {}, None) for _, doc in sweeps]
+    if not metas:
+        return '<p class="note">No run file with metadata (compact baselines carry figures only).</p>'
+    machines: dict[str, list[str]] = {}
+    for meta, entry in metas:
+        facts = {k: meta.get(k) for k in METADATA_KEYS if k in meta}
+        facts["libraries"] = meta.get("libraries")
+        facts["git"] = meta.get("git")
+        key = json.dumps(facts, sort_keys=True, default=str)
+        machines.setdefault(key, []).append(_run_name(entry))
+    parts = []
+    for key, runs in machines.items():
+        facts = json.loads(key)
+        rows = [[k, v] for k, v in facts.items() if k not in ("libraries", "git") and v is not None]
+        for lib, version in (facts.get("libraries") or {}).items():
+            rows.append([lib, version])
+        git = facts.get("git") or {}
+        if git:
+            rows.append(["git revision", f"{git.get('commit')}{' (dirty)' if git.get('dirty') else ''}"])
+        parts.append(f"<h3>Machine and versions ({len(runs)} document{'s' if len(runs) != 1 else ''})</h3>")
+        parts.append(table(["", ""], [[str(k), _short_value(v)] for k, v in rows], kind="kv"))
+    flags = [((meta.get("flags") or {}), entry) for meta, entry in metas if isinstance(meta.get("flags"), dict)]
+    if flags:
+        keys = sorted({k for f, _ in flags for k in f})
+        common: list[str] = []
+        differing: list[str] = []
+        for k in keys:
+            values = {json.dumps(f.get(k), sort_keys=True, default=str) for f, _ in flags}
+            (common if len(values) == 1 else differing).append(k)
+        parts.append("<h3>Flags</h3>")
+        if differing:
+            parts.append("<p>Flags that differ between documents:</p>")
+            rows = [[_run_name(e), *(_short_value(f.get(k)) for k in differing)] for f, e in flags]
+            parts.append(table(["document", *differing], rows, kind="kv"))
+        parts.append(f"<details><summary>{len(common)} flags every document shares</summary>")
+        parts.append(table(["flag", "value"], [[k, _short_value(flags[0][0].get(k))] for k in common], kind="kv"))
+        parts.append("</details>")
+    return "\n".join(parts)
+
+
+def _run_name(entry: RunEntry | None) -> str:
+    if entry is None:
+        return "sweep document"
+    return entry.path.name if entry.path else f"{entry.codec} round {entry.round}"
+
+
+def _short_value(value: Any, limit: int = 160) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# --- the page -------------------------------------------------------------------------------------
+
+
+def build_report(
+    results: Sequence[str],
+    *,
+    title: str = "wirebench report",
+    fmt: str = "png",
+    margin_pct: float = stats.DEFAULT_MARGIN_PCT,
+) -> str:
+    """The whole page as a string; ResultsError when the inputs cannot be read."""
+    from harness.results import requests_frame, runs_frame
+
+    if fmt not in IMAGE_FORMATS:
+        raise ValueError(f"image format must be one of {', '.join(IMAGE_FORMATS)}")
+    inputs = classify(results)
+    entries = collect_runs(inputs.sources) if inputs.sources else []
+    codecs = list(dict.fromkeys(e.codec for e in entries))
+    sections: dict[str, str] = {}
+    summaries: list[str] = []
+
+    comp_parts = []
+    for path in inputs.compares:
+        body, line = comparison_html(path.name, load_any_compare(path), margin_pct)
+        comp_parts.append(body)
+        summaries.append(line)
+    if inputs.direct:
+        direct = collect_runs(inputs.direct)
+        name = "runs given directly: " + ", ".join(Path(d).name for d in inputs.direct)
+        body, line = comparison_html(name, _arms_of(direct), margin_pct)
+        comp_parts.append(body)
+        summaries.append(line)
+    sections["comparison"] = "\n".join(comp_parts) or '<p class="note">No compare or run files given.</p>'
+
+    if entries:
+        runs = runs_frame(inputs.sources)
+        requests = requests_frame(inputs.sources)
+        fig = cdf_figure(requests, codecs)
+        sections["distributions"] = (
+            img(
+                figure_uri(fig, fmt),
+                "CDF of TTFT and TPOT per codec",
+                "Empirical CDF of each successful request's TTFT (send → first output chunk) and TPOT "
+                "((E2EL − TTFT) / (output tokens − 1)), every round pooled; dotted lines at p50 and p99. "
+                "From harness.results.requests_frame.",
+            )
+            if fig is not None
+            else '<p class="note">No per-request records.</p>'
+        )
+        fig = budget_figure(runs, codecs)
+        budget = (
+            img(
+                figure_uri(fig, fmt),
+                "codec and IPC budget per codec",
+                "Left: codec µs per message per direction and operation from the server's /metrics "
+                "(runs_frame; median over runs, whiskers min–max). Right: the IPC budget on a request's "
+                "first-token path, p50 of each span (encode, wire = send → receive, decode, queues) from the "
+                "run's request timelines, median over rounds.",
+            )
+            if fig is not None
+            else '<p class="note">No codec figures (a server without wirebench /metrics).</p>'
+        )
+        sections["budget"] = budget + ipc_table(_arms_of(entries))
+        fig = timeline_figure(send_times(entries), codecs)
+        sections["timeline"] = (
+            img(
+                figure_uri(fig, fmt),
+                "TTFT over the course of each run",
+                "Each request's TTFT against its send time since the run's first request, rounds overlaid, "
+                "with a running median: a falling start is warm-up, a slope is drift.",
+            )
+            if fig is not None
+            else '<p class="note">No per-request send times (files without records).</p>'
+        )
+    for key in ("distributions", "budget", "timeline"):
+        sections.setdefault(key, '<p class="note">No run files given.</p>')
+
+    sections["sweeps"] = (
+        "\n".join(sweep_html(p, d, fmt) for p, d in inputs.sweeps)
+        if inputs.sweeps
+        else '<p class="note">No sweep document given (bench sweep writes sweep-*.json).</p>'
+    )
+    for p, d in inputs.sweeps:
+        crossings = [c for c in d.get("crossings") or () if c.get("verdict")]
+        summaries.append(f"{p.name}: {len(crossings)} crossing{'s' if len(crossings) != 1 else ''} beyond noise")
+    sections["metadata"] = metadata_html(entries, inputs.sweeps)
+    sections["summary"] = (
+        "<ul>" + "".join(f"<li>{esc(s)}</li>" for s in summaries) + "</ul>"
+        if summaries
+        else '<p class="note">Nothing to summarise.</p>'
+    )
+    return page(title, [str(r) for r in results], sections)
+
+
+TITLES = {
+    "summary": "Summary",
+    "comparison": "Comparison and verdicts",
+    "distributions": "Latency distributions",
+    "budget": "Codec and IPC budget",
+    "timeline": "TTFT over the run",
+    "sweeps": "Sweeps",
+    "metadata": "Run metadata",
+}
+
+
+def page(title: str, results: Sequence[str], sections: dict[str, str]) -> str:
+    nav = "".join(f'<a href="#{s}">{esc(TITLES[s])}</a>' for s in SECTIONS)
+    body = "\n".join(f'<section id="{s}">\n<h2>{esc(TITLES[s])}</h2>\n{sections[s]}\n</section>' for s in SECTIONS)
+    made = time.strftime("%Y-%m-%d %H:%M:%S")
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{esc(title)}</title>
+<style>{CSS}</style>
+</head>
+<body>
+<h1>{esc(title)}</h1>
+<p class="note">Made by <code>bench report</code> on {esc(made)} from {esc(", ".join(results))}.
+Self-contained: no script, no network.</p>
+<nav>{nav}</nav>
+{body}
+</body>
+</html>
+"""
+
+
+# --- command --------------------------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("results", nargs="+", help="compare files, run files, folders of run files, sweep-*.json")
+    p.add_argument("-o", "--output", default="report.html", help="HTML file to write (default report.html)")
+    p.add_argument("--title", default="wirebench report", help="the page's title")
+    p.add_argument("--image-format", choices=IMAGE_FORMATS, default="png", help="plots as base64 PNG (default) or SVG")
+    p.add_argument(
+        "--margin-pct",
+        type=float,
+        default=stats.DEFAULT_MARGIN_PCT,
+        help=f"equivalence margin of the verdicts in percent (default {stats.DEFAULT_MARGIN_PCT:g})",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        text = build_report(args.results, title=args.title, fmt=args.image_format, margin_pct=args.margin_pct)
+    except (ResultsError, ValueError) as exc:
+        print(f"bench report: error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    print(f"Report written to {out} ({len(text.encode()) / 1e6:.2f} MB)")
+    return 0
