@@ -115,8 +115,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     rate.type, rate.default = rate_or_auto, AUTO
     rate.help = (
         f"requests per second, 'inf' (all at once, benchmark_serving's default: a saturation test) or "
-        f"'auto' (default: {AUTO_LOAD * 100:.0f}%% of the capacity a short probe at rate inf measures, so TTFT measures "
-        "serving, not a queue)"
+        f"'auto' (default: {AUTO_LOAD * 100:.0f}%% of the capacity a short probe at rate inf measures, "
+        "so TTFT measures serving, not a queue)"
     )
 
 
