@@ -32,6 +32,9 @@ ENGINE_HEALTHY = PREFIX + "engine_healthy"  # gauge 1/0
 CODEC_INFO = PREFIX + "codec_info"  # gauge 1 with label codec=NAME
 ENGINE_INFO = PREFIX + "engine_info"  # gauge 1 with labels device, dtype, preset, params, ... (harness.runs_on)
 ENGINE_REQUESTS = PREFIX + "engine_requests"  # gauge, label state=running|waiting
+ENGINE_STEPS = PREFIX + "engine_steps_total"  # counter: engine steps run
+# counter, label blocked_by=kv_cache|max_num_seqs|token_budget: steps after which requests still waited
+ENGINE_WAITING_STEPS = PREFIX + "engine_steps_with_waiting_total"
 
 # Histograms (seconds), each with labels (see harness.spans for what a span is).
 IPC_SECONDS = PREFIX + "ipc_seconds"  # direction=request|output, span=encode|wire|decode|queue
@@ -53,6 +56,12 @@ HELP = {
     CODEC_INFO: ("gauge", "The codec this server uses (value 1)."),
     ENGINE_INFO: ("gauge", "What the engine runs on: device, dtype, model, KV capacity, SDPA kernels (value 1)."),
     ENGINE_REQUESTS: ("gauge", "Requests the engine holds, by state, as of its latest heartbeat."),
+    ENGINE_STEPS: ("counter", "Engine steps run, as of the engine's latest heartbeat."),
+    ENGINE_WAITING_STEPS: (
+        "counter",
+        "Steps that left requests waiting, by what stopped admitting them (kv_cache and max_num_seqs: "
+        "admission; token_budget: the step was full).",
+    ),
     CODEC_CPU_SECONDS_TOTAL: ("counter", "Thread CPU seconds in the codec's encode or decode."),
     IPC_SECONDS: ("histogram", "IPC spans of requests and output batches: encode, wire (send to receive), decode."),
     CODEC_CPU_SECONDS: ("histogram", "Thread CPU time of codec calls on the traced requests and batches."),

@@ -76,6 +76,39 @@ def from_metrics(text: str | None) -> dict[str, Any] | None:
     return None
 
 
+def with_step_counts(engine: dict[str, Any] | None, before: str | None, after: str | None) -> dict[str, Any] | None:
+    """``engine`` plus the run's engine steps and the steps that left requests waiting, by cause.
+
+    Differences of the heartbeat counters between two scrapes (``steps``,
+    ``steps_waiting``); ``engine`` unchanged when either scrape lacks them.
+    """
+    if engine is None or not before or not after:
+        return engine
+    counts = []
+    for text in (before, after):
+        values = prom.parse(text)
+        steps = values.get((prom.ENGINE_STEPS, frozenset()))
+        waiting = {
+            dict(labels).get("blocked_by", "?"): v
+            for (name, labels), v in values.items()
+            if name == prom.ENGINE_WAITING_STEPS
+        }
+        if steps is None:
+            return engine
+        counts.append((steps, waiting))
+    (steps0, waiting0), (steps1, waiting1) = counts
+    return {
+        **engine,
+        "steps": int(steps1 - steps0),
+        "steps_waiting": {k: int(v - waiting0.get(k, 0)) for k, v in waiting1.items()},
+    }
+
+
+# Above this share of steps leaving requests waiting for a KV reservation or a
+# sequence slot, the report says admission limited concurrency.
+ADMISSION_LIMITED_SHARE = 0.05
+
+
 def report_rows(engine: dict[str, Any] | None, request_tokens: float | None = None) -> list[tuple[str, str]]:
     """(label, value) rows for the console report: what ran, and what admission allowed.
 
@@ -102,6 +135,20 @@ def report_rows(engine: dict[str, Any] | None, request_tokens: float | None = No
             fit = min(seqs, int(kv // request_tokens))
             admits = f"{fit} requests of ~{request_tokens:.0f} tokens ({admits})"
         rows.append(("Engine admits at once:", admits))
+    steps, waiting = engine.get("steps"), engine.get("steps_waiting")
+    if isinstance(steps, int) and steps > 0 and isinstance(waiting, dict):
+        admission = waiting.get("kv_cache", 0) + waiting.get("max_num_seqs", 0)
+        causes = ", ".join(f"{k} {v:,}" for k, v in sorted(waiting.items()))
+        rows.append(("Engine steps, with requests waiting:", f"{steps:,}; waiting after {causes}"))
+        share = admission / steps
+        if share > ADMISSION_LIMITED_SHARE:
+            rows.append(
+                (
+                    "Admission-limited:",
+                    f"in {share:.0%} of steps requests waited for a KV reservation or a sequence slot, not for "
+                    "compute: concurrency was capped by --kv-cache-tokens / --max-num-seqs",
+                )
+            )
     if engine.get("compile"):
         rows.append(("Engine torch.compile:", "on"))
     for key in ("device_warning", "sdpa_warning"):

@@ -58,6 +58,9 @@ def test_interleaved_repeats_compare_two_codecs(tmp_path):
     result = json.loads((tmp_path / summary["runs"][0]["result_file"]).read_text())  # relative to the compare file
     assert result["completed"] == 12 and result["codec"] == "pickle"
     assert len(result["ttfts"]) == 12 and result["output_lens"] == [20] * 12
+    engine = result["metadata"]["engine"]  # the engine's account of itself and of this run's steps
+    assert engine["device"] == "cpu" and engine["preset"] == "tiny"
+    assert engine["steps"] >= 20 and set(engine["steps_waiting"]) == {"kv_cache", "max_num_seqs", "token_budget"}
     assert "Serving Benchmark Result" in done.stdout and "Codec comparison" in done.stdout
     assert "too few rounds for a verdict (2 < 3)" in done.stdout  # two rounds: figures, never a verdict
 

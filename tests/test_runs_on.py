@@ -85,3 +85,35 @@ def test_a_real_executors_info_makes_a_gauge():
     assert back is not None
     assert back["device"] == "cpu" and back["preset"] == "tiny" and back["kv_cache_tokens"] == 32
     assert set(back["sdpa"]) == {"prefill", "prefill_cached", "decode"}
+
+
+def _scrape(steps: dict[str, int]) -> str:
+    engine = SimpleNamespace(
+        is_healthy=True,
+        codec_name="pickle",
+        frontend_codec_stats=CodecStats,
+        engine_codec_stats=CodecStats,
+        engine_info=GPU_INFO,
+        engine_steps=steps,
+    )
+    return prom.render(FrontendMetrics().samples(engine))
+
+
+def test_step_counters_become_the_runs_admission_account():
+    before = _scrape({"steps": 100, "blocked_kv_cache": 5, "blocked_max_num_seqs": 0, "blocked_token_budget": 1})
+    after = _scrape({"steps": 300, "blocked_kv_cache": 65, "blocked_max_num_seqs": 10, "blocked_token_budget": 3})
+    engine = runs_on.with_step_counts(runs_on.from_metrics(after), before, after)
+    assert engine is not None
+    assert engine["steps"] == 200
+    assert engine["steps_waiting"] == {"kv_cache": 60, "max_num_seqs": 10, "token_budget": 2}
+    rows = dict(runs_on.report_rows(engine, 692.0))
+    want = "200; waiting after kv_cache 60, max_num_seqs 10, token_budget 2"
+    assert rows["Engine steps, with requests waiting:"] == want
+    assert rows["Admission-limited:"].startswith("in 35% of steps")
+    # A full token budget is the step's compute, not admission: no such line.
+    busy = _scrape({"steps": 300, "blocked_kv_cache": 5, "blocked_max_num_seqs": 0, "blocked_token_budget": 150})
+    rows = dict(runs_on.report_rows(runs_on.with_step_counts(runs_on.from_metrics(busy), before, busy), 692.0))
+    assert "Admission-limited:" not in rows
+    # A server without the counters (an older build, vLLM) leaves the account as it was.
+    plain = prom.render(runs_on.metric_samples(GPU_INFO))
+    assert runs_on.with_step_counts(runs_on.from_metrics(plain), plain, plain) == runs_on.from_metrics(plain)

@@ -180,6 +180,7 @@ def test_admission_counters_say_what_kept_requests_waiting():
     step(s)
     assert s.admission_stats()["admission_blocked_by"]["kv_cache"] == 1
     assert s.admission_stats()["admission_blocked_steps"] == 1
+    assert s.step_counts() == {"steps": 1, "blocked_kv_cache": 1, "blocked_max_num_seqs": 0, "blocked_token_budget": 0}
     # The token budget, not admission: the budget runs out on the first prompt.
     s = Scheduler(make_config(max_num_batched_tokens=16, max_num_seqs=8))
     s.add_request(req("t0", n=40))

@@ -78,6 +78,8 @@ class EngineProcess:
         self._fault_swap = os.environ.get("WIREBENCH_FAULT") == "swap-shm-buffers"
         self._previous_handle: Handle | None = None
         # What the engine is holding now (busy loop writes, heartbeats read): requests running and waiting.
+        # What the heartbeat's status frame tells about the scheduler: gauges
+        # (running, waiting) and counters (steps, steps that left requests waiting, by cause).
         self.load: dict[str, int] = {"running": 0, "waiting": 0}
 
     # --- input thread -------------------------------------------------------
@@ -307,6 +309,7 @@ class EngineProcess:
                 except queue.Empty:
                     item = None
             self.load["running"], self.load["waiting"] = core.scheduler.num_running, core.scheduler.num_waiting
+            self.load.update(core.scheduler.step_counts())
             if not core.has_work():
                 continue
             step_start = time.time()

@@ -294,6 +294,10 @@ class Scheduler:
             "kv_tokens_used": self._kv_used,
         }
 
+    def step_counts(self) -> dict[str, int]:
+        """Counters for the heartbeat: steps run, and steps that left requests waiting, by cause."""
+        return {"steps": self._step, **{f"blocked_{k}": v for k, v in self.blocked_steps.items()}}
+
     def _chunk_len(self, r: _Request, budget: int, others_present: bool) -> int:
         n = min(r.prompt_len - r.num_computed_tokens, budget)
         if others_present and self._cap > 0:

@@ -156,6 +156,8 @@ class ZmqEngineClient:
         self.engine_info: dict = {}
         # Requests the engine holds, from its latest heartbeat (sent when it is idle or between outputs).
         self.engine_load: dict[str, int] = {"running": 0, "waiting": 0}
+        # The scheduler's step counters from the same heartbeat (steps, blocked_<cause>).
+        self.engine_steps: dict[str, int] = {}
         self.timelines = Timelines(enabled=spans)
         # --transport shm: big frames travel through this sender's arena (harness.shm), None over zmq.
         self._shm = shm
@@ -341,6 +343,9 @@ class ZmqEngineClient:
                     if len(frames) > 2:
                         status = json.loads(frames[2].bytes)
                         self.engine_load = {k: int(status.get(k, 0)) for k in ("running", "waiting")}
+                        self.engine_steps = {
+                            k: int(v) for k, v in status.items() if k == "steps" or k.startswith("blocked_")
+                        }
                 elif kind == transport.SPANS and len(frames) > 1:
                     self.timelines.engine_spans(json.loads(frames[1].bytes))
                 elif kind == transport.RELEASE and len(frames) > 1 and self._shm is not None:

@@ -32,5 +32,11 @@ class FrontendMetrics:
         load = getattr(engine, "engine_load", None)  # the ZeroMQ client's, from the engine's heartbeats
         if load:
             out[prom.ENGINE_REQUESTS] = [({"state": k}, v) for k, v in load.items()]
+        steps = getattr(engine, "engine_steps", None)
+        if steps:
+            out[prom.ENGINE_STEPS] = [({}, steps.get("steps", 0))]
+            out[prom.ENGINE_WAITING_STEPS] = [
+                ({"blocked_by": k.removeprefix("blocked_")}, v) for k, v in steps.items() if k.startswith("blocked_")
+            ]
         out.update(runs_on.metric_samples(getattr(engine, "engine_info", None) or {}))  # from READY
         return out

@@ -251,7 +251,7 @@ async def run_benchmark(
         codec_figures=codec_figures(before, after),
         client_health=fanout.health(load, settings.request_rate, settings.max_concurrency),
         ipc=budget,
-        engine=runs_on.from_metrics(after) or runs_on.from_metrics(before),
+        engine=runs_on.with_step_counts(runs_on.from_metrics(after) or runs_on.from_metrics(before), before, after),
     )
 
 
