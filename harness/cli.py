@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from harness import parent_watch
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "micro": ("harness.micro", "time each codec on fixed payloads against one memcpy"),
     "serve": ("harness.serve", "start the OpenAI-compatible frontend and the engine"),
@@ -45,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    parent_watch.terminate_as_interrupt()  # `bench serve` installs its own handlers once it runs
     module = importlib.import_module(COMMANDS[args.command][0])
     return int(module.main(args) or 0)
 

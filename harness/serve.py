@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from harness import curve, shm, transport
+from harness import curve, parent_watch, shm, transport
 from harness.documents import write_json
 from harness.engine.config import EngineConfig
 from harness.frontend.engine_client import ZmqEngineClient
@@ -414,6 +414,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
 
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    parent_watch.die_with_parent()
     if args.engine_only:
         from harness.engine.process import run_engine
         from harness.tokenizer import load_tokenizer

@@ -13,6 +13,8 @@ import sys
 import threading
 from typing import IO
 
+from harness import parent_watch
+
 READY_LINE = re.compile(r"wirebench serving codec=\S+ on (http://\S+)")
 
 
@@ -31,7 +33,8 @@ class ServerProcess:
 
     def __init__(self, codec: str, flags: list[str], log_path: str | None = None) -> None:
         cmd = [sys.executable, "-m", "harness.cli", "serve", "--codec", codec, "--port", "0", *flags]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # The server ends itself if this process dies without stopping it (SIGKILL): see parent_watch.
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **{parent_watch.ENV: str(os.getpid())})
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
         )

@@ -45,6 +45,12 @@ def ipc_dirs() -> set[str]:
     return {p.name for p in Path(tempfile.gettempdir()).glob("wirebench-*")}
 
 
+def shm_segments() -> set[str]:
+    from harness.shm import SHM_DIR
+
+    return {p.name for p in SHM_DIR.glob("wirebench-*")}
+
+
 class ServeProcess(ServerProcess):
     """A `bench serve` child plus what the tests inspect about it."""
 

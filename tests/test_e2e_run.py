@@ -137,28 +137,13 @@ def wait_for_completed_requests(server_log: Path, at_least: int, timeout_s: floa
     return False
 
 
-def test_ctrl_c_stops_servers_and_saves_what_it_has(tmp_path):
-    import signal
+def _start_bench_run(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, list[int]]:
+    """A long `bench run` once it has served some requests: the process and its server's tree."""
+    from serve_process import child_pids
 
-    from serve_process import child_pids, still_alive
-
-    cmd = [
-        sys.executable,
-        "-m",
-        "harness.cli",
-        "run",
-        "--result-dir",
-        str(tmp_path),
-        "--no-progress",
-        "--codec",
-        "msgspec",
-        "--num-prompts",
-        "400",
-        "--request-rate",
-        "20",
-        "--server-log",
-        str(tmp_path / "server.log"),
-    ]
+    cmd = [sys.executable, "-m", "harness.cli", "run", "--result-dir", str(tmp_path), "--no-progress"]
+    cmd += ["--num-prompts", "400", "--request-rate", "20", "--server-log", str(tmp_path / "server.log")]
+    cmd += flags or ("--codec", "msgspec")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 60
     servers: list[int] = []
@@ -166,16 +151,38 @@ def test_ctrl_c_stops_servers_and_saves_what_it_has(tmp_path):
         servers = child_pids(proc.pid)
         time.sleep(0.2)
     assert servers, "bench run should have started a server"
-    engines = [p for s in servers for p in child_pids(s)]
-    # Interrupt once some requests are done (however slow a shared machine is), not after a fixed time.
+    # Stop it once some requests are done (however slow a shared machine is), not after a fixed time.
     assert wait_for_completed_requests(tmp_path / "server.log", at_least=20, timeout_s=90)
-    proc.send_signal(signal.SIGINT)
+    return proc, servers + [p for s in servers for p in child_pids(s)]
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_kill_stops_servers_and_saves_what_it_has(tmp_path, sig):
+    import signal
+
+    from serve_process import still_alive
+
+    proc, tree = _start_bench_run(tmp_path)
+    proc.send_signal(getattr(signal, sig))  # SIGTERM takes Ctrl-C's path (harness.parent_watch)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
-    assert not still_alive(servers + engines)
+    assert not still_alive(tree)
     summary = comparison(tmp_path)
     (run,) = summary["runs"]
     assert run["status"] == "interrupted"
     result = json.loads((tmp_path / run["result_file"]).read_text())
     assert 0 < result["completed"] < 400
     assert result["completed"] + result["failed"] == 400  # every request accounted for
+
+
+def test_a_sigkilled_bench_run_takes_its_server_and_engine_with_it(tmp_path):
+    import signal
+
+    from serve_process import ipc_dirs, shm_segments, still_alive
+
+    proc, tree = _start_bench_run(tmp_path, "--codec", "msgspec-oob", "--transport", "shm")
+    proc.send_signal(signal.SIGKILL)  # no handler runs: the server notices its parent is gone
+    proc.communicate(timeout=30)
+    assert not still_alive(tree, grace_s=15.0)
+    mine = {f"wirebench-{pid}-" for pid in tree}
+    assert not [d for d in ipc_dirs() | shm_segments() if any(d.startswith(m) for m in mine)]

@@ -16,7 +16,7 @@ import pytest
 from harness.shm import SHM_DIR
 from harness.workloads.images import synthetic_image, to_data_url
 
-from serve_process import start_serve, still_alive
+from serve_process import shm_segments, start_serve, still_alive
 
 pytestmark = pytest.mark.e2e
 
@@ -25,7 +25,7 @@ SHM_FLAGS = ("--transport", "shm", "--mm-payload", "tensor", "--shm-threshold", 
 
 
 def segments() -> set[str]:
-    return {p.name for p in SHM_DIR.glob("wirebench-*")}
+    return shm_segments()
 
 
 async def chat_with_images(base: str, n: int, tokens: int = 4) -> list[tuple[int, dict]]:

@@ -1,0 +1,49 @@
+"""A child that must not outlive the command that started it.
+
+`bench run`, `bench sweep` and `bench calibrate` start `bench serve` in its own
+session (so Ctrl-C reaches only the parent, which stops the server in order).
+If the parent is killed outright (SIGKILL, the OOM killer), nothing stops the
+server: it would keep its port, its engine and its shared memory. So the parent
+names itself in ``WIREBENCH_PARENT_PID`` and the server asks Linux to send it
+SIGTERM when that parent dies (``prctl(PR_SET_PDEATHSIG)``), which runs its
+ordinary clean stop. Elsewhere (no prctl) this is a no-op.
+
+And a command's own SIGTERM is turned into a SIGINT, so ``kill PID`` stops it
+the way Ctrl-C does, through whichever SIGINT handler is current (asyncio's
+cancels the run's task; Python's raises KeyboardInterrupt): servers stopped,
+what was measured saved.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from types import FrameType
+
+ENV = "WIREBENCH_PARENT_PID"
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """SIGTERM this process when the parent named in ``ENV`` dies; exit now if it already has."""
+    named = os.environ.pop(ENV, None)  # popped: the engine process this server spawns watches its own parent
+    if not named or not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(named):  # it died before the prctl: no signal will come
+        raise SystemExit(f"bench serve: the parent process {named} is gone")
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    signal.raise_signal(signal.SIGINT)
+
+
+def terminate_as_interrupt() -> None:
+    """SIGTERM takes the command's Ctrl-C path."""
+    signal.signal(signal.SIGTERM, _interrupt)
