@@ -148,7 +148,11 @@ class MsgspecB64Codec(_MsgspecBase):
         raise EncodeError(f"codec {self.name!r} cannot encode {type(obj).__qualname__}")
 
     def _restore(self, msg: Any) -> Any:
-        # Only EngineCoreRequest.mm_inputs holds untyped values.
+        # Only EngineCoreRequest's untyped fields can hold base64 maps: mm_inputs, and
+        # prompt_token_ids when the sender packed them into an array.
+        ids = getattr(msg, "prompt_token_ids", None)
+        if isinstance(ids, dict):
+            msg.prompt_token_ids = _from_b64_map(ids)
         items = getattr(msg, "mm_inputs", None)
         if items:
             msg.mm_inputs = [self._restore_item(item) for item in items]
