@@ -17,6 +17,7 @@ compare document is saved as ``calibrate-<stamp>.json`` with that summary.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -37,8 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="1,2,5",
         help="injected per-request costs as percent of the probe's mean TTFT, comma-separated (default 1,2,5)",
     )
-    # Shorter rounds than bench run's defaults: calibration runs many of them.
-    p.set_defaults(repeat=stats.DEFAULT_ROUNDS, num_prompts=200, request_rate=20.0)
+    # Shorter rounds than bench run's defaults: calibration runs many of them. The rate stays
+    # bench run's auto (half the probed capacity): a fixed one may be a queue on a slower machine.
+    p.set_defaults(repeat=stats.DEFAULT_ROUNDS, num_prompts=200)
 
 
 def parse_costs(text: str) -> list[float]:
@@ -135,7 +137,7 @@ def main(args: argparse.Namespace) -> int:
         (reference,) = [a.codec for a in bench_run.parse_codecs(args.codec)]
         if "+" in reference:
             raise ValueError("calibrate takes one plain codec (it adds the injected arms itself)")
-        LoadSettings.from_args(args)
+        LoadSettings.from_args(argparse.Namespace(**{**vars(args), "request_rate": math.inf}))  # auto: later
         workload, tokenizer_id = load_workload(args)
         check_endpoint(workload, args.endpoint)
     except ValueError as exc:
@@ -145,6 +147,9 @@ def main(args: argparse.Namespace) -> int:
     except (BenchmarkError, OSError) as exc:
         print(f"bench calibrate: error: {exc}", file=sys.stderr)
         return 2
+    rate_note = bench_run.resolve_rate(bench_run.parse_codecs(reference), args, workload, tokenizer_id)
+    if rate_note is None:
+        return 1
     print(f"bench calibrate: probe run of {reference} to size the injected costs", flush=True)
     try:
         probe_ms = probe_ttft_ms(reference, args, workload, tokenizer_id)
@@ -166,7 +171,11 @@ def main(args: argparse.Namespace) -> int:
     if args.save_result:
         path = Path(args.result_dir) / f"calibrate-{time.strftime('%Y%m%d-%H%M%S')}.json"
         doc = compare_document(
-            comparison, folder=path.parent, metadata={"flags": flags_dict(args)}, repeat=args.repeat, order=order
+            comparison,
+            folder=path.parent,
+            metadata={"flags": flags_dict(args), "request_rate": rate_note},
+            repeat=args.repeat,
+            order=order,
         )
         doc["calibration"] = summary
         write_json(path, doc, indent=2)

@@ -186,3 +186,21 @@ def test_a_sigkilled_bench_run_takes_its_server_and_engine_with_it(tmp_path):
     assert not still_alive(tree, grace_s=15.0)
     mine = {f"wirebench-{pid}-" for pid in tree}
     assert not [d for d in ipc_dirs() | shm_segments() if any(d.startswith(m) for m in mine)]
+
+
+def test_calibrate_runs_an_aa_arm_and_a_known_cost(tmp_path):
+    cmd = [sys.executable, "-m", "harness.cli", "calibrate", "--result-dir", str(tmp_path), "--no-progress"]
+    cmd += ["--executor", "sim", "--num-prompts", "6", "--repeat", "3", "--costs-pct", "50", "--request-rate", "20"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (path,) = tmp_path.glob("calibrate-*.json")
+    doc = json.loads(path.read_text())
+    cal = doc["calibration"]
+    assert doc["codecs"] == ["pickle", "pickle#2", cal["injected"][0]["arm"]]
+    assert cal["aa_arm"] == "pickle#2" and cal["aa_judged"] == 11 and cal["probe_mean_ttft_ms"] > 0
+    (injected,) = cal["injected"]
+    # Half the probe's TTFT per request, split between the frontend's encode and the engine's decode.
+    assert injected["arm"] == f"pickle+request-delay={round(injected['cost_ms'] * 1000 / 2)}us"
+    assert injected["cost_pct_of_ttft"] == 50 and injected["verdict"] in stats.VERDICTS
+    assert doc["metadata"]["request_rate"] == {"rate": 20.0, "auto": False}
+    assert "A/A (pickle vs pickle#2)" in done.stdout
