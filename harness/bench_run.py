@@ -476,6 +476,7 @@ def run_rounds(
     outcomes: list[RunOutcome] = []
     for i, (rnd, arm) in enumerate(plan, 1):
         print(f"\n[{i}/{len(plan)}] {arm.label} round {rnd + 1}/{args.repeat}: starting bench serve", flush=True)
+        args.progress_label = f"[{i}/{len(plan)}] {arm.label} r{rnd + 1}"  # the progress bar says where we are
         try:
             outcome = run_one(arm, rnd, args, workload, tokenizer_id)
         except KeyboardInterrupt:

@@ -23,14 +23,15 @@ def test_progress_draws_only_when_enabled() -> None:
     assert quiet.getvalue() == ""
 
     loud = io.StringIO()
-    p = Progress(3, enabled=True, stream=loud, interval_s=0.0)
-    p.update(True)
-    p.update(False)
+    p = Progress(3, enabled=True, stream=loud, interval_s=0.0, label="[2/6] msgspec r1")
+    p.update(True, lag_ms=0.5)
+    p.update(False, lag_ms=1.5)
     p.update(True)
     p.close()
     last = loud.getvalue().rstrip("\n").split("\r")[-1]
-    assert "3/3 requests 1 failed" in last
-    assert loud.getvalue().endswith("\n")
+    assert last.startswith("[2/6] msgspec r1") and "3/3" in last
+    assert "1 failed, lag 1.0 ms" in last  # the mean of the lags given
+    assert p.completed == 2 and p.failed == 1
 
 
 def test_sysinfo_has_the_fields_a_result_needs() -> None:

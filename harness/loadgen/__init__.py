@@ -7,7 +7,7 @@ One job per module:
   report    the console block and the JSON result file
   serverstats  GET /v1/models, /metrics scrapes and the codec figures of a run
   sysinfo   run metadata (versions, CPU/GPU, git revision)
-  progress  a one-line progress bar on stderr
+  progress  the progress bar on stderr (tqdm)
   runner    ``run_benchmark``: warmup, scrape /metrics, send the load, compute
   fanout    where the timed load comes from: this process, worker processes or Ray
   workers   one load worker's job (``drive``), splitting the schedule, merging records

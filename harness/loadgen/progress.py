@@ -1,18 +1,25 @@
-"""A one-line progress bar on stderr, redrawn in place; no dependency."""
+"""The progress line on stderr while a load runs, drawn by tqdm.
+
+tqdm (what vLLM's benchmark uses) gives the bar, the count, the elapsed time and
+the achieved rate; we add the failures and the client's schedule lag (how late
+the latest requests left against the plan: a client falling behind shows here
+before it shows in the report). Off unless ``enabled``, or None and the stream is
+a TTY, so logs and CI output stay clean.
+"""
 
 from __future__ import annotations
 
 import sys
-import time
+from collections import deque
 from typing import TextIO
+
+from tqdm import tqdm
+
+# Schedule lag shown: the mean over this many latest requests.
+LAG_WINDOW = 50
 
 
 class Progress:
-    """``done/total (failed) elapsed`` redrawn at most every ``interval_s``.
-
-    Disabled unless ``enabled`` is True, or None and the stream is a TTY.
-    """
-
     def __init__(
         self,
         total: int,
@@ -21,47 +28,39 @@ class Progress:
         stream: TextIO | None = None,
         label: str = "requests",
         interval_s: float = 0.1,
-        width: int = 30,
     ) -> None:
-        self.stream = stream if stream is not None else sys.stderr
+        stream = stream if stream is not None else sys.stderr
         if enabled is None:
-            enabled = bool(getattr(self.stream, "isatty", lambda: False)())
+            enabled = bool(getattr(stream, "isatty", lambda: False)())
         self.enabled = enabled
-        self.total = total
-        self.label = label
-        self.interval_s = interval_s
-        self.width = width
         self.completed = 0
         self.failed = 0
-        self._start = time.perf_counter()
-        self._last_draw = -float("inf")
+        self._lags_ms: deque[float] = deque(maxlen=LAG_WINDOW)
+        self._bar = tqdm(
+            total=total,
+            desc=label,
+            unit="req",
+            file=stream,
+            disable=not enabled,
+            mininterval=interval_s,
+            dynamic_ncols=True,
+        )
 
-    def update(self, success: bool) -> None:
+    def update(self, success: bool, lag_ms: float | None = None) -> None:
+        """One request finished; ``lag_ms``: how late it was sent against its planned time."""
         if success:
             self.completed += 1
         else:
             self.failed += 1
         if not self.enabled:
             return
-        now = time.perf_counter()
-        if now - self._last_draw >= self.interval_s or self.completed + self.failed >= self.total:
-            self._draw(now)
-
-    def line(self, now: float | None = None) -> str:
-        now = time.perf_counter() if now is None else now
-        done = self.completed + self.failed
-        filled = int(self.width * done / self.total) if self.total else self.width
-        bar = "#" * filled + "." * (self.width - filled)
-        failed = f" {self.failed} failed" if self.failed else ""
-        return f"[{bar}] {done}/{self.total} {self.label}{failed} {now - self._start:6.1f}s"
-
-    def _draw(self, now: float) -> None:
-        self._last_draw = now
-        self.stream.write("\r" + self.line(now))
-        self.stream.flush()
+        if lag_ms is not None:
+            self._lags_ms.append(lag_ms)
+        postfix = f"{self.failed} failed" if self.failed else "0 failed"
+        if self._lags_ms:
+            postfix += f", lag {sum(self._lags_ms) / len(self._lags_ms):.1f} ms"
+        self._bar.set_postfix_str(postfix, refresh=False)
+        self._bar.update(1)
 
     def close(self) -> None:
-        if self.enabled:
-            self._draw(time.perf_counter())
-            self.stream.write("\n")
-            self.stream.flush()
+        self._bar.close()

@@ -66,6 +66,7 @@ class LoadSettings:
     request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S
     continuous_usage: bool = True
     progress: bool | None = None  # None: when stderr is a TTY
+    progress_label: str = "requests"  # bench run names the arm and round here
     # Client processes (or "auto"), and the Ray address ("" = ray.init's default; None = no Ray): see fanout.
     workers: WorkerCount = 1
     ray: str | None = None
@@ -113,6 +114,7 @@ class LoadSettings:
                 request_timeout_s=float(timeout) if timeout and timeout > 0 else None,
                 continuous_usage=not getattr(args, "no_continuous_usage", False),
                 progress=progress,
+                progress_label=str(get("progress_label", d.progress_label)),
                 workers=get("workers", d.workers),
                 ray=getattr(args, "ray", None),
             )
@@ -312,7 +314,7 @@ async def _run_load(
 ) -> tuple[list[RequestRecord], float, bool]:
     records = [RequestRecord(i, s.prompt_len, s.expected_output_len, offsets[i]) for i, s in enumerate(workload)]
     slots = asyncio.Semaphore(settings.max_concurrency) if settings.max_concurrency else None
-    progress = Progress(len(records), enabled=settings.progress)
+    progress = Progress(len(records), enabled=settings.progress, label=settings.progress_label)
     tasks: list[asyncio.Task[None]] = []
     interrupted = False
     # As benchmark_serving does: collect now and keep the prepared workload out
@@ -330,7 +332,8 @@ async def _run_load(
                 await send_request(
                     session, url, body, rec, origin=origin, chat=chat, timeout_s=settings.request_timeout_s
                 )
-        progress.update(rec.success)
+        lag_ms = None if math.isnan(rec.dispatched) else (rec.dispatched - rec.planned_send) * 1000
+        progress.update(rec.success, lag_ms)
 
     try:
         for rec in records:
