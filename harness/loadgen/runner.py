@@ -28,7 +28,7 @@ from harness.loadgen.client import ENDPOINTS, RequestRecord, build_payload, enco
 from harness.loadgen.looplag import LoopLagProbe
 from harness.loadgen.progress import Progress
 from harness.loadgen.serverstats import CodecFigures, codec_figures, codec_name, scrape_metrics
-from harness.loadgen.workers import LoadWorkerError, WorkerCount
+from harness.loadgen.workers import LoadWorkerError, WorkerCount, send_on_schedule, send_within
 from harness.spans import IpcBudget
 from harness.workloads.sample import SampleRequest
 
@@ -315,8 +315,6 @@ async def _run_load(
     records = [RequestRecord(i, s.prompt_len, s.expected_output_len, offsets[i]) for i, s in enumerate(workload)]
     slots = asyncio.Semaphore(settings.max_concurrency) if settings.max_concurrency else None
     progress = Progress(len(records), enabled=settings.progress, label=settings.progress_label)
-    tasks: list[asyncio.Task[None]] = []
-    interrupted = False
     # As benchmark_serving does: collect now and keep the prepared workload out
     # of later collections, so GC pauses in the client are short.
     gc.collect()
@@ -324,34 +322,14 @@ async def _run_load(
     origin = time.perf_counter()
 
     async def one(rec: RequestRecord) -> None:
-        body = bodies[rec.index]
-        if slots is None:
-            await send_request(session, url, body, rec, origin=origin, chat=chat, timeout_s=settings.request_timeout_s)
-        else:
-            async with slots:
-                await send_request(
-                    session, url, body, rec, origin=origin, chat=chat, timeout_s=settings.request_timeout_s
-                )
+        await send_within(
+            slots, session, url, bodies[rec.index], rec, origin=origin, chat=chat, timeout_s=settings.request_timeout_s
+        )
         lag_ms = None if math.isnan(rec.dispatched) else (rec.dispatched - rec.planned_send) * 1000
         progress.update(rec.success, lag_ms)
 
     try:
-        for rec in records:
-            delay = origin + rec.planned_send - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            rec.dispatched = time.perf_counter() - origin
-            tasks.append(asyncio.create_task(one(rec)))
-        await asyncio.gather(*tasks)
-    except asyncio.CancelledError:
-        interrupted = True
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for rec in records:
-            if not rec.success and not rec.error:
-                rec.error = "cancelled"
-        _uncancel_current_task()
+        interrupted = await send_on_schedule(records, origin, one)
     finally:
         gc.unfreeze()
     duration = time.perf_counter() - origin

@@ -23,9 +23,9 @@ import ipaddress
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -184,31 +184,80 @@ def new_session() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
 
 
+async def send_on_schedule(
+    records: Sequence[RequestRecord], origin: float, send: Callable[[RequestRecord], Coroutine[Any, Any, None]]
+) -> bool:
+    """Start ``send(rec)`` at ``origin`` (a perf_counter value) + each record's planned offset; wait for all.
+
+    Returns whether the load was interrupted: cancelling the task that runs
+    this stops it, unsent and unfinished requests become failed "cancelled"
+    records, and the cancellation counts as handled (the partial outcome is
+    the caller's to return). The in-process runner and every worker use it.
+    """
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        for rec in records:
+            delay = origin + rec.planned_send - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            rec.dispatched = time.perf_counter() - origin
+            tasks.append(asyncio.create_task(send(rec)))
+        await asyncio.gather(*tasks)
+        return False
+    except asyncio.CancelledError:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for rec in records:
+            if not rec.success and not rec.error:
+                rec.error = "cancelled"
+        current = asyncio.current_task()
+        if current is not None:
+            current.uncancel()
+        return True
+
+
+async def send_within(
+    slots: asyncio.Semaphore | None,
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    rec: RequestRecord,
+    *,
+    origin: float,
+    chat: bool,
+    timeout_s: float | None,
+) -> None:
+    """One request, holding one of ``slots`` (--max-concurrency) while it runs, if there are slots."""
+    if slots is None:
+        await send_request(session, url, body, rec, origin=origin, chat=chat, timeout_s=timeout_s)
+        return
+    async with slots:
+        await send_request(session, url, body, rec, origin=origin, chat=chat, timeout_s=timeout_s)
+
+
 async def drive(
     session: aiohttp.ClientSession,
     job: WorkerJob,
     origin: float,
     on_done: Callable[[bool], None] | None = None,
 ) -> WorkerOutcome:
-    """Send the job's records at ``origin`` (a perf_counter value) + planned offset.
+    """Wait for ``origin`` (a perf_counter value shared by the workers), then send the job's records.
 
-    Mirrors runner._run_load. Cancelling the task that runs it stops the
-    load: unsent and unfinished requests become failed "cancelled" records
-    and the outcome is returned, not the cancellation raised. The caller
-    runs ``quiet_gc`` before the barrier, so no collection delays the start.
+    Cancelling the task that runs it stops the load (see send_on_schedule).
+    The caller runs ``quiet_gc`` before the barrier, so no collection delays
+    the start.
     """
     records = job.records
     slots = asyncio.Semaphore(job.max_concurrency) if job.max_concurrency else None
-    tasks: list[asyncio.Task[None]] = []
+    body_of = {rec.index: body for rec, body in zip(records, job.bodies, strict=True)}
     interrupted = False
     probe = LoopLagProbe.start()
 
-    async def one(rec: RequestRecord, body: bytes) -> None:
-        if slots is None:
-            await send_request(session, job.url, body, rec, origin=origin, chat=job.chat, timeout_s=job.timeout_s)
-        else:
-            async with slots:
-                await send_request(session, job.url, body, rec, origin=origin, chat=job.chat, timeout_s=job.timeout_s)
+    async def one(rec: RequestRecord) -> None:
+        await send_within(
+            slots, session, job.url, body_of[rec.index], rec, origin=origin, chat=job.chat, timeout_s=job.timeout_s
+        )
         if on_done is not None:
             on_done(rec.success)
 
@@ -220,24 +269,15 @@ async def drive(
             await asyncio.sleep(delay)
         woke = time.perf_counter()
         woke_wall = time.time()
-        for rec, body in zip(records, job.bodies, strict=True):
-            delay = origin + rec.planned_send - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            rec.dispatched = time.perf_counter() - origin
-            tasks.append(asyncio.create_task(one(rec, body)))
-        await asyncio.gather(*tasks)
-    except asyncio.CancelledError:
+    except asyncio.CancelledError:  # stopped before the start: nothing was sent
         interrupted = True
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         for rec in records:
-            if not rec.success and not rec.error:
-                rec.error = "cancelled"
+            rec.error = "cancelled"
         current = asyncio.current_task()
         if current is not None:
-            current.uncancel()  # handled: the partial outcome is returned
+            current.uncancel()
+    if not interrupted:
+        interrupted = await send_on_schedule(records, origin, one)
     end = time.perf_counter() - origin
     return WorkerOutcome(
         worker=job.worker,
