@@ -80,7 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--repeat",
         type=int,
         default=1,
-        help=f"interleaved rounds, order reversed every other round (default 1; verdicts need >= "
+        help=f"interleaved rounds, order reversed every other round (default %(default)s; verdicts need >= "
         f"{stats.MIN_ROUNDS}, {stats.DEFAULT_ROUNDS} detect a change of 3x the round-to-round noise 4 times in 5)",
     )
     p.add_argument(

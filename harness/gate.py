@@ -1,4 +1,4 @@
-"""The CI gate: did anything regress against a committed baseline, beyond noise and beyond a threshold?
+"""The CI gate: did anything regress against a committed baseline, with a statistical verdict and beyond a threshold?
 
     bench compare results/compare-NEW.json --baseline results/baselines/text.json [--threshold-pct 5]
 

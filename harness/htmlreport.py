@@ -596,7 +596,8 @@ def build_report(
     )
     for p, d in inputs.sweeps:
         crossings = [c for c in d.get("crossings") or () if c.get("verdict")]
-        summaries.append(f"{p.name}: {len(crossings)} crossing{'s' if len(crossings) != 1 else ''} beyond noise")
+        plural = "s" if len(crossings) != 1 else ""
+        summaries.append(f"{p.name}: {len(crossings)} crossing{plural} (Holm-adjusted verdicts)")
     sections["metadata"] = metadata_html(entries, inputs.sweeps)
     sections["summary"] = (
         "<ul>" + "".join(f"<li>{esc(s)}</li>" for s in summaries) + "</ul>"

@@ -31,7 +31,7 @@ reference at every point with ``harness.stats`` (paired log ratios over rounds,
 Holm over the point's table: for e2e, ``harness.compare.compare``'s whole
 table as ``bench run`` judges it; for micro, codec cost and delivery of every
 codec). A *crossing* is the first grid point (in axis order) where a codec's
-verdict becomes "slower" or "faster" than the reference, beyond noise; the
+verdict becomes "slower" or "faster" than the reference (Holm-adjusted); the
 sweep says so in words under each plot, in the PNG's caption and in the JSON.
 
 Sweep document (``kind: "sweep"``, ``schema_version`` 1)::
@@ -636,12 +636,10 @@ def _crossing_entry(
     head = f"{label}, {fig.label}" + (f" at {series.text(sv)}" if series is not None and sv is not None else "")
     words = [w for _, _, w in seq]
     first = None
-    changes = []
     for i, (p, v, w) in enumerate(seq):
-        if w in ("slower", "faster") and (i == 0 or words[i - 1] != w):
-            changes.append((p, v, w))
-            if first is None:
-                first = (i, p, v, w)
+        if w in ("slower", "faster"):
+            first = (i, p, v, w)
+            break
     span = f"{along.text(seq[0][0]['at'][along.name])} – {along.text(seq[-1][0]['at'][along.name])}"
     entry: dict[str, Any] = {
         "part": part,
@@ -661,22 +659,19 @@ def _crossing_entry(
         for w in words:
             counts[w] = counts.get(w, 0) + 1
         tally = ", ".join(f"{w} at {n} point{'s' if n > 1 else ''}" for w, n in counts.items())
-        entry["text"] = f"{head}: never beyond noise against {ref} over {span} ({tally})"
+        entry["text"] = f"{head}: no verdict against {ref} over {span} ({tally})"
         return entry
     i, p, v, w = first
     value = p["at"][along.name]
     assert v is not None
     where = _where(along, value, payload_bytes)
     if i == 0:
-        text = f"{head}: {w} than {ref} beyond noise from the first point, {where}, on: {_fmt_pct(v)}"
+        text = f"{head}: {w} than {ref} from the first point, {where}, on: {_fmt_pct(v)}"
     else:
         before = ", ".join(f"{along.text(q['at'][along.name])} {ww}" for q, _, ww in seq[:i] if ww is not None)
-        text = f"{head}: becomes {w} than {ref} beyond noise at {where}: {_fmt_pct(v)} (before: {before})"
-    later = [c for c in changes[1:]]
-    if later:
-        text += "; then " + "; ".join(f"{ww} from {along.text(q['at'][along.name])}" for q, _, ww in later)
+        text = f"{head}: becomes {w} than {ref} at {where}: {_fmt_pct(v)} (before: {before})"
     after = seq[i + 1 :]
-    if any(ww != w for _, _, ww in after) and not later:
+    if any(ww != w for _, _, ww in after):  # every later point, so a gap of "inconclusive" shows
         text += " (later: " + ", ".join(f"{along.text(q['at'][along.name])} {ww}" for q, _, ww in after) + ")"
     entry.update(
         {
@@ -777,7 +772,7 @@ def _curve(
     color: Any,
     geometric: bool = False,
 ) -> bool:
-    """One codec's means with t-interval error bars; a ring marks a verdict beyond noise. False if empty.
+    """One codec's means with t-interval error bars; a ring marks a verdict (slower or faster). False if empty.
 
     ``geometric`` (log y axes): the geometric mean and the t-interval of the log values.
     """
@@ -840,8 +835,8 @@ def caption_for(doc: dict[str, Any], part: str) -> list[str]:
     lines = [c["text"] for c in doc.get("crossings") or () if c["part"] == part]
     note = (
         f"Points: mean over rounds, bars: {CONFIDENCE:.0%} t-interval of the per-round values (on log axes: "
-        f"geometric mean, t-interval of the logs); ring: differs from {ref} beyond noise (Holm-corrected 95% CI "
-        "of the paired log ratio)."
+        f"geometric mean, t-interval of the logs); ring: a verdict against {ref} (Holm-adjusted p < 0.05 "
+        "on the paired log ratios)."
     )
     return [note, *lines] if lines else [note, f"(one codec only: nothing to compare with {ref})"]
 

@@ -190,20 +190,20 @@ def test_quick_fills_only_the_flags_not_given() -> None:
 # ------------------------------------------------------------------ crossings
 
 
-def test_crossings_name_the_first_point_beyond_noise() -> None:
+def test_crossings_name_the_first_point_with_a_verdict() -> None:
     doc = synthetic_sweep()
     by = {(c["part"], c["codec"], c["figure"]): c for c in doc["crossings"]}
     b64 = by[("micro", "msgspec-b64", "codec_us")]
     assert b64["verdict"] == "slower" and b64["at"] == {IMAGE_SIDE: 64.0}
-    assert "slower than pickle beyond noise from the first point, image 64 px" in b64["text"]
+    assert "slower than pickle from the first point, image 64 px" in b64["text"]
     oob = by[("micro", "msgspec-oob", "codec_us")]
     assert oob["verdict"] == "faster" and oob["at"] == {IMAGE_SIDE: 1024.0}
-    assert "becomes faster than pickle beyond noise at image 1024 px (3.15 MB)" in oob["text"]
+    assert "becomes faster than pickle at image 1024 px (3.15 MB)" in oob["text"]
     assert "before: image 64 px equivalent, image 256 px equivalent" in oob["text"]
     ttft = by[("e2e", "msgspec-oob", "median_ttft_ms")]
     assert ttft["verdict"] == "faster" and ttft["change_pct"] == pytest.approx(-20, abs=3)
     tpot = by[("e2e", "msgspec-oob", "mean_tpot_ms")]
-    assert tpot["verdict"] is None and tpot["text"].startswith("msgspec-oob, TPOT mean: never beyond noise")
+    assert tpot["verdict"] is None and tpot["text"].startswith("msgspec-oob, TPOT mean: no verdict against pickle")
     assert "pickle" not in {c["codec"] for c in doc["crossings"]}  # the reference is not judged against itself
     summary = sweep.format_summary(doc)
     assert oob["text"] in summary and ttft["text"] in summary
@@ -265,7 +265,7 @@ def test_plots_carry_the_crossings_and_replot_from_a_saved_document(tmp_path: Pa
     assert fig is not None
     assert len([ax for ax in fig.axes if ax.get_title()]) == 3  # TTFT p50, TTFT p99, TPOT mean
     caption = "\n".join(t.get_text() for t in fig.texts).replace("\n    ", " ")
-    assert "ring: differs from pickle beyond noise" in caption
+    assert "ring: a verdict against pickle" in caption
     for crossing in (c for c in doc["crossings"] if c["part"] == "e2e"):
         assert crossing["text"] in caption
     plt.close(fig)
