@@ -65,14 +65,20 @@ def test_report_rows_say_what_ran_and_what_admission_allows():
     assert runs_on.report_rows(None) == []
 
 
-def test_frontend_metrics_render_the_engine_info_gauge():
-    engine = SimpleNamespace(
+def _fake_engine(**extra: object) -> SimpleNamespace:
+    """What FrontendMetrics reads of an engine client, with the GPU engine's info."""
+    return SimpleNamespace(
         is_healthy=True,
         codec_name="pickle",
         frontend_codec_stats=CodecStats,
         engine_codec_stats=CodecStats,
         engine_info=GPU_INFO,
+        **extra,
     )
+
+
+def test_frontend_metrics_render_the_engine_info_gauge():
+    engine = _fake_engine()
     text = prom.render(FrontendMetrics().samples(engine))
     assert runs_on.from_metrics(text)["preset"] == "llama-8b"
     engine.engine_info = {}  # before READY: no gauge
@@ -88,15 +94,7 @@ def test_a_real_executors_info_makes_a_gauge():
 
 
 def _scrape(steps: dict[str, int]) -> str:
-    engine = SimpleNamespace(
-        is_healthy=True,
-        codec_name="pickle",
-        frontend_codec_stats=CodecStats,
-        engine_codec_stats=CodecStats,
-        engine_info=GPU_INFO,
-        engine_steps=steps,
-    )
-    return prom.render(FrontendMetrics().samples(engine))
+    return prom.render(FrontendMetrics().samples(_fake_engine(engine_steps=steps)))
 
 
 def test_step_counters_become_the_runs_admission_account():

@@ -77,9 +77,8 @@ class EngineProcess:
         # the race --verify exists to catch. Never set in normal use.
         self._fault_swap = os.environ.get("WIREBENCH_FAULT") == "swap-shm-buffers"
         self._previous_handle: Handle | None = None
-        # What the engine is holding now (busy loop writes, heartbeats read): requests running and waiting.
-        # What the heartbeat's status frame tells about the scheduler: gauges
-        # (running, waiting) and counters (steps, steps that left requests waiting, by cause).
+        # What the heartbeat's status frame tells about the scheduler (busy loop writes, heartbeats read):
+        # gauges (requests running, waiting) and counters (steps, steps that left requests waiting, by cause).
         self.load: dict[str, int] = {"running": 0, "waiting": 0}
 
     # --- input thread -------------------------------------------------------
@@ -290,6 +289,7 @@ class EngineProcess:
         return parent is not None and not parent.is_alive()
 
     def _busy_loop(self, core: EngineCore) -> None:
+        self.load.update(core.scheduler.step_counts())  # zeros until the first step
         while not self.stopping.is_set():
             if self._parent_gone():
                 log.error("the frontend process is gone; stopping")
@@ -309,7 +309,6 @@ class EngineProcess:
                 except queue.Empty:
                     item = None
             self.load["running"], self.load["waiting"] = core.scheduler.num_running, core.scheduler.num_waiting
-            self.load.update(core.scheduler.step_counts())
             if not core.has_work():
                 continue
             step_start = time.time()
@@ -319,6 +318,7 @@ class EngineProcess:
             except Exception as exc:
                 log.exception("engine step failed")
                 outputs = core.fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
+            self.load.update(core.scheduler.step_counts())  # they change only when a step runs
             if self.timings is not None and core.last_step is not None:
                 sampled = [o.request_id for o in outputs]
                 self.timings.step(
