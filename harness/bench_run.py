@@ -404,8 +404,7 @@ def main(args: argparse.Namespace) -> int:
         args.extra_flags = parse_arm_flags(args.arm_flags, arms)
         if args.repeat < 1:
             raise ValueError("--repeat must be >= 1")
-        if getattr(args, "images_per_request", 0) and args.endpoint == "/v1/completions":
-            args.endpoint = "/v1/chat/completions"  # images only travel through chat
+        if chat_for_images(args):
             print("bench run: image workload, using /v1/chat/completions")
         # Validate every load flag now; an auto rate is resolved later, by the probe.
         LoadSettings.from_args(argparse.Namespace(**{**vars(args), "request_rate": math.inf}))
@@ -420,16 +419,10 @@ def main(args: argparse.Namespace) -> int:
         return 1
     outcomes, interrupted = run_rounds(arms, args, workload, tokenizer_id)
     arm_list, order = build_arms(outcomes, arms)
-    measured = [a for a in arm_list if a.measured]
-    comparison = None
-    if len(measured) >= 2:
-        comparison = compare(measured, margin_pct=args.margin_pct)
+    comparison, full = judge_arms(arm_list, args.margin_pct)
     print(format_report(arm_list, comparison))
     if args.save_result and outcomes:
         path = Path(args.result_dir) / f"compare-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        full = Comparison(arm_list, comparison.figures if comparison else [*LATENCY_FIGURES, *CODEC_FIGURES])
-        if comparison is not None:
-            full.cells, full.margin_pct = comparison.cells, comparison.margin_pct
         metadata = {"flags": flags_dict(args), "request_rate": rate_note}
         doc = compare_document(full, folder=path.parent, metadata=metadata, repeat=args.repeat, order=order)
         write_json(path, doc, indent=2)
@@ -439,6 +432,25 @@ def main(args: argparse.Namespace) -> int:
     if any(o.status in ("failures", "error") for o in outcomes):
         return 1
     return 0
+
+
+def chat_for_images(args: argparse.Namespace) -> bool:
+    """Images only travel through chat: an image workload on /v1/completions moves to chat (True when it did)."""
+    if getattr(args, "images_per_request", 0) and args.endpoint == "/v1/completions":
+        args.endpoint = "/v1/chat/completions"
+        return True
+    return False
+
+
+def judge_arms(arm_list: list[Arm], margin_pct: float) -> tuple[Comparison | None, Comparison]:
+    """The verdicts among the measured arms (None with fewer than two), and the table of every arm,
+    unmeasured ones included, that the compare document holds."""
+    measured = [a for a in arm_list if a.measured]
+    comparison = compare(measured, margin_pct=margin_pct) if len(measured) >= 2 else None
+    full = Comparison(arm_list, comparison.figures if comparison else [*LATENCY_FIGURES, *CODEC_FIGURES])
+    if comparison is not None:
+        full.cells, full.margin_pct = comparison.cells, comparison.margin_pct
+    return comparison, full
 
 
 def resolve_rate(arms: list[ArmSpec], args: argparse.Namespace, workload: list, tokenizer_id: str) -> dict | None:

@@ -46,6 +46,7 @@ from typing import Any
 from harness import stats
 from harness.compare import Arm, Comparison, compare, load_any_compare, median_cell, summary_line
 from harness.documents import ResultsError, RunEntry, collect_runs, is_compare, read_json
+from harness.plots import arm_colors, pyplot
 from harness.stats import Figure
 
 IMAGE_FORMATS = ("png", "svg")
@@ -102,7 +103,7 @@ def classify(results: Sequence[str]) -> Inputs:
             for s in sweeps:
                 doc = read_json(s)
                 if doc.get("kind") == "sweep":
-                    out.sweeps.append((s, doc))
+                    out.sweeps.append((s, _with_crossings(doc)))
             if _has_runs(path):
                 out.sources.append(item)
                 out.direct.append(item)
@@ -111,7 +112,7 @@ def classify(results: Sequence[str]) -> Inputs:
             continue
         doc = read_json(path)
         if doc.get("kind") == "sweep":
-            out.sweeps.append((path, doc))
+            out.sweeps.append((path, _with_crossings(doc)))
         elif is_compare(doc):
             out.sources.append(item)
             out.compares.append(path)
@@ -131,29 +132,13 @@ def _has_runs(folder: Path) -> bool:
 # --- plots ----------------------------------------------------------------------------------------
 
 
-def _plt() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def figure_uri(fig: Any, fmt: str = "png") -> str:
     """A matplotlib figure as a data: URI (the figure is closed)."""
-    plt = _plt()
+    plt = pyplot()
     buf = io.BytesIO()
     fig.savefig(buf, format=fmt, dpi=100, bbox_inches="tight", metadata={"Date": None} if fmt == "svg" else None)
     plt.close(fig)
     return f"data:{MIME[fmt]};base64,{base64.b64encode(buf.getvalue()).decode('ascii')}"
-
-
-def _colors(labels: Sequence[str]) -> dict[str, Any]:
-    import matplotlib
-
-    cmap = matplotlib.colormaps["tab10"]
-    return {label: cmap(i % 10) for i, label in enumerate(labels)}
 
 
 def cdf_figure(requests: Any, codecs: Sequence[str]) -> Any | None:
@@ -162,9 +147,9 @@ def cdf_figure(requests: Any, codecs: Sequence[str]) -> Any | None:
 
     if requests.empty:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
-    colors = _colors(codecs)
+    colors = arm_colors(codecs)
     for ax, column, title in ((axes[0], "ttft_ms", "TTFT"), (axes[1], "tpot_ms", "TPOT")):
         spans = []
         for codec in codecs:
@@ -218,7 +203,7 @@ def budget_figure(runs: Any, codecs: Sequence[str]) -> Any | None:
     ipc_cols = [c for c, _ in IPC_SPANS if c in runs and runs[c].notna().any()]
     if not codec_cols and not ipc_cols:
         return None
-    plt = _plt()
+    plt = pyplot()
     panels = (1 if codec_cols else 0) + (1 if ipc_cols else 0)
     fig, axes = plt.subplots(1, panels, figsize=(6.2 * panels, 4.4), squeeze=False)
     col = 0
@@ -289,12 +274,12 @@ def timeline_figure(rows: Sequence[dict[str, Any]], codecs: Sequence[str]) -> An
 
     if not rows:
         return None
-    plt = _plt()
+    plt = pyplot()
     present = [c for c in codecs if any(r["codec"] == c for r in rows)]
     ncols = min(3, len(present))
     nrows = math.ceil(len(present) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.4 * ncols, 3.4 * nrows), squeeze=False, sharey=True)
-    colors = _colors(codecs)
+    colors = arm_colors(codecs)
     for i, codec in enumerate(present):
         ax = axes[i // ncols][i % ncols]
         mine = sorted((r for r in rows if r["codec"] == codec), key=lambda r: r["t_s"])
@@ -412,6 +397,14 @@ def _arms_of(entries: Sequence[RunEntry]) -> list[Arm]:
     return [Arm(label, runs) for label, runs in arms.items()]
 
 
+def _with_crossings(doc: dict[str, Any]) -> dict[str, Any]:
+    """A sweep document with its crossings (an interrupted sweep saved none): the section and the summary
+    read the same ones."""
+    from harness import sweep
+
+    return doc if doc.get("crossings") else {**doc, "crossings": sweep.all_crossings(doc)}
+
+
 def sweep_html(path: Path, doc: dict[str, Any], fmt: str) -> str:
     from harness import sweep
 
@@ -425,8 +418,6 @@ def sweep_html(path: Path, doc: dict[str, Any], fmt: str) -> str:
         + ("; <b>interrupted</b>" if doc.get("interrupted") else "")
         + "</p>"
     )
-    if not doc.get("crossings"):
-        doc = {**doc, "crossings": sweep.all_crossings(doc)}
     for part, draw, caption in (
         (
             "micro",

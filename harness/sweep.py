@@ -12,9 +12,9 @@ Two parts, each saved in the sweep document and drawn in its own PNG:
 **micro** (payload axis only): bench micro's measurement per codec x payload,
 repeated ``--micro-repeat`` times with the codec order reversed every other
 round. A round's *codec cost* is encode p50 + decode p50 (``micro.measure_cell``);
-its *delivery* is encode, ZeroMQ ipc send → receive in another process, decode
-(``harness.delivery.measure`` p50, when that module is there: "if available";
-``--no-delivery`` skips it);
+its *delivery* is encode, send → receive in another process over the arm's
+transport (``--transport``: zmq ipc or the shm arena), decode
+(``harness.delivery.measure`` p50; ``--no-delivery`` skips it);
 the physical reference is one memcpy of the payload's bytes (``micro.time_memcpy``;
 bytes as ``micro.payload_nbytes`` defines them). Drawn on log–log axes against
 payload bytes.
@@ -80,14 +80,12 @@ from typing import Any
 from harness import stats
 from harness.compare import (
     CODEC_FIGURES,
-    LATENCY_FIGURES,
-    Comparison,
-    compare,
     compare_document,
     comparison_dict,
     verdict_dict,
 )
 from harness.documents import jsonable, write_json
+from harness.plots import arm_colors, pyplot
 from harness.stats import Figure
 
 SWEEP_SCHEMA = 1
@@ -300,27 +298,21 @@ def judge_family(
 
 # --- micro part -----------------------------------------------------------------------------------
 
-# (codec, payload name, message, iterations) → delivery p50 µs, or a string saying why not.
-DeliveryFn = Callable[[str, str, Any, int], "float | str"]
+# (codec, payload name, message, iterations, transport) → delivery p50 µs, or a string saying why not.
+DeliveryFn = Callable[[str, str, Any, int, str], "float | str"]
 
 
-def default_delivery() -> DeliveryFn | None:
-    """``harness.delivery.measure`` over ZeroMQ when that module is there; None otherwise."""
-    try:
-        from harness import delivery
-    except ImportError:
-        return None
-    measure = getattr(delivery, "measure", None)
-    if measure is None:
-        return None
+def default_delivery() -> DeliveryFn:
+    """``harness.delivery.measure``: its p50, or why there is none."""
+    from harness import delivery
 
-    def run(codec: str, payload: str, msg: Any, iterations: int) -> float | str:
+    def run(codec: str, payload: str, msg: Any, iterations: int, transport: str) -> float | str:
         try:
-            result = measure(codec, "zmq", payload, msg, iterations=iterations)
-        except Exception as exc:  # a measuring aid: its failure leaves the curve out, nothing more
+            result = delivery.measure(codec, transport, payload, msg, iterations=iterations)
+        except Exception as exc:  # e.g. no room in /dev/shm for the arena: the curve is left out, nothing more
             return f"{type(exc).__name__}: {exc}"
-        if getattr(result, "status", "ok") != "ok":
-            return f"{result.status}: {getattr(result, 'reason', '')}"
+        if result.status != "ok":
+            return f"{result.status}: {result.reason}"
         return float(result.p50_us)
 
     return run
@@ -357,9 +349,11 @@ def run_micro(
     min_time_s: float,
     margin_pct: float,
     delivery: DeliveryFn | None,
+    transports: Sequence[str] | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """The micro part: per payload value, ``repeat`` interleaved rounds of every codec."""
+    """The micro part: per payload value, ``repeat`` interleaved rounds of every codec (delivery over
+    each label's transport, ``zmq`` when none are given)."""
     import torch
 
     from harness import micro
@@ -390,8 +384,8 @@ def run_micro(
                 micro.measure_cell(codec, payload, msg, 3, 0.0)
             for rnd in range(repeat):
                 memcpy.append(micro.time_memcpy(nbytes, min_iterations, min_time_s).p50_us)
-                order = list(zip(codecs, labels))
-                for codec, label in order if rnd % 2 == 0 else order[::-1]:
+                order = list(zip(codecs, labels, transports or ["zmq"] * len(labels)))
+                for codec, label, transport in order if rnd % 2 == 0 else order[::-1]:
                     row = per[label]
                     if row["status"] != "ok":
                         continue
@@ -402,7 +396,7 @@ def run_micro(
                     row["wire_bytes"], row["frames"] = cell.wire_bytes, cell.frames
                     row["codec_us"].append(cell.encode.p50_us + cell.decode.p50_us)
                     if delivery is not None:
-                        got = delivery(codec, payload, msg, max(10, min_iterations))
+                        got = delivery(codec, payload, msg, max(10, min_iterations), transport)
                         if isinstance(got, float):
                             row["delivery_us"].append(got)
                         else:
@@ -475,8 +469,9 @@ def point_args(args: argparse.Namespace, at: dict[str, float], folder: Path) -> 
         out.sonnet_input_len = int(at[PROMPT_LEN])
     if REQUEST_RATE in at:
         out.request_rate = float(at[REQUEST_RATE])
-    if getattr(out, "images_per_request", 0) and out.endpoint == "/v1/completions":
-        out.endpoint = "/v1/chat/completions"  # images only travel through chat
+    from harness.bench_run import chat_for_images
+
+    chat_for_images(out)
     out.result_dir = str(folder)
     return out
 
@@ -522,12 +517,8 @@ def run_e2e_point(
     point["request_rate"] = rate_note
     outcomes, interrupted = bench_run.run_rounds(arms, pargs, workload, tokenizer_id)
     arm_list, order = bench_run.build_arms(outcomes, arms)
-    measured = [a for a in arm_list if a.measured]
-    comparison = compare(measured, margin_pct=args.margin_pct) if len(measured) >= 2 else None
+    comparison, full = bench_run.judge_arms(arm_list, args.margin_pct)
     print(bench_run.format_report(arm_list, comparison))
-    full = Comparison(arm_list, comparison.figures if comparison else [*LATENCY_FIGURES, *CODEC_FIGURES])
-    if comparison is not None:
-        full.cells, full.margin_pct = comparison.cells, comparison.margin_pct
     metadata = {"flags": _clean_flags(flags_dict(pargs)), "request_rate": rate_note, "sweep_point": at}
     doc = compare_document(full, folder=folder, metadata=metadata, repeat=pargs.repeat, order=order)
     if pargs.save_result and outcomes:
@@ -742,11 +733,7 @@ def fig_width(ncols: int) -> float:
 
 def _figure(ncols: int, nrows: int, caption: str) -> tuple[Any, Any, tuple[float, float, float, float]]:
     """A figure with its caption at the bottom; lay it out with ``fig.tight_layout(rect=rect)`` once drawn."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files, never a screen
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     width = fig_width(ncols)
     cap_h = (caption.count("\n") + 1) * _LINE_IN + 0.25 if caption else 0.0
     height = 4.0 * nrows + 0.7 + cap_h
@@ -754,13 +741,6 @@ def _figure(ncols: int, nrows: int, caption: str) -> tuple[Any, Any, tuple[float
     if caption:
         fig.text(0.01, 0.01, caption, ha="left", va="bottom", fontsize=8, family="monospace")
     return fig, axes, (0.0, (cap_h + 0.05) / height, 1.0, 1.0)
-
-
-def _colors(labels: Sequence[str]) -> dict[str, Any]:
-    import matplotlib
-
-    cmap = matplotlib.colormaps["tab10"]
-    return {label: cmap(i % 10) for i, label in enumerate(labels)}
 
 
 def _curve(
@@ -857,7 +837,7 @@ def draw_micro(doc: dict[str, Any]) -> Any | None:
     ] or [MICRO_FIGURES[0]]
     ncols = len(keys)
     fig, grid_, rect = _figure(ncols, 1, _caption(caption_for(doc, "micro"), fig_width(ncols)))
-    colors = _colors(doc["codecs"])
+    colors = arm_colors(doc["codecs"])
     xs = [p["payload_bytes"] for p in points]
     for ax, f in zip(grid_[0], keys, strict=True):
         ax.plot(xs, [p["memcpy_us"]["mean"] for p in points], "k--", lw=1.2, label="one memcpy of the same bytes")
@@ -895,7 +875,7 @@ def draw_e2e(doc: dict[str, Any]) -> Any | None:
     payload_bytes = doc.get("payload_bytes") or {}
     ncols = len(E2E_FIGURES)
     fig, grid_, rect = _figure(ncols, len(rows), _caption(caption_for(doc, "e2e"), fig_width(ncols)))
-    colors = _colors(doc["codecs"])
+    colors = arm_colors(doc["codecs"])
     by_payload = along.name in PAYLOAD_AXES
 
     def x_of(p: dict[str, Any]) -> float:
@@ -940,8 +920,7 @@ def draw_e2e(doc: dict[str, Any]) -> Any | None:
 
 def save_plots(doc: dict[str, Any], stem: Path) -> list[Path]:
     """``<stem>-micro.png`` and ``<stem>-e2e.png`` (those that have points)."""
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     written = []
     for part, draw in (("micro", draw_micro), ("e2e", draw_e2e)):
         fig = draw(doc)
@@ -1052,7 +1031,7 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError("the micro part needs a payload axis (--image-sides or --prompt-lens)")
         if payload_axis(axes) is None:
             parts.discard("micro")
-        arms = bench_run.parse_codecs(args.codec)
+        arms = bench_run.parse_arms(args.codec, args.transport)
         args.extra_flags = bench_run.parse_arm_flags(args.arm_flags, arms)
         for flag, value in (("--repeat", args.repeat), ("--micro-repeat", args.micro_repeat)):
             if value < 1:
@@ -1115,6 +1094,7 @@ def main(args: argparse.Namespace) -> int:
                 min_time_s=args.micro_min_time,
                 margin_pct=args.margin_pct,
                 delivery=default_delivery() if args.delivery else None,
+                transports=[a.transport for a in arms],
             )
             save()
         if "e2e" in parts:

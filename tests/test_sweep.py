@@ -223,7 +223,7 @@ def test_crossings_skip_points_a_codec_cannot_carry() -> None:
 def test_micro_part_measures_rounds_and_judges(tmp_path: Path) -> None:
     calls: list[tuple[str, str]] = []
 
-    def fake_delivery(codec: str, payload: str, msg: Any, iterations: int) -> float | str:
+    def fake_delivery(codec: str, payload: str, msg: Any, iterations: int, transport: str) -> float | str:
         calls.append((codec, payload))
         return "unsupported: no" if codec == "msgspec-b64" else 100.0 + len(calls)
 

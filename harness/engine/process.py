@@ -29,6 +29,7 @@ import zmq
 from harness import curve, transport
 from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore, error_output
+from harness.engine.scheduler import Scheduler
 from harness.engine.timings import EngineTimings
 from harness.integrity import request_digest
 from harness.messages import EngineCoreAbort, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
@@ -77,8 +78,7 @@ class EngineProcess:
         # the race --verify exists to catch. Never set in normal use.
         self._fault_swap = os.environ.get("WIREBENCH_FAULT") == "swap-shm-buffers"
         self._previous_handle: Handle | None = None
-        # What the heartbeat's status frame tells about the scheduler (busy loop writes, heartbeats read):
-        # gauges (requests running, waiting) and counters (steps, steps that left requests waiting, by cause).
+        # What the engine is holding now (busy loop writes, heartbeats read): requests running and waiting.
         self.load: dict[str, int] = {"running": 0, "waiting": 0}
 
     # --- input thread -------------------------------------------------------
@@ -189,7 +189,7 @@ class EngineProcess:
                     return False
         return False
 
-    def _output_loop(self, sock: zmq.Socket, ready: list[bytes]) -> None:
+    def _output_loop(self, sock: zmq.Socket, ready: list[bytes], scheduler: Scheduler) -> None:
         try:
             self._send(sock, ready)
             while True:
@@ -199,7 +199,9 @@ class EngineProcess:
                     # The engine's codec counters travel in heartbeats (JSON, not
                     # the codec under test), so once idle the frontend has them all.
                     stats = msgspec.json.encode(self.counters.snapshot())
-                    status = json.dumps({**json.loads(ready[1]), **self.load}).encode()
+                    # The status frame: requests held, and the scheduler's step counters, read here
+                    # (only heartbeats need them; their keys are fixed, so reading across threads is safe).
+                    status = json.dumps({**json.loads(ready[1]), **self.load, **scheduler.step_counts()}).encode()
                     self._send(sock, [transport.envelope(transport.HEARTBEAT), stats, status])
                     self._send_spans(sock, force=True)
                     continue
@@ -289,7 +291,6 @@ class EngineProcess:
         return parent is not None and not parent.is_alive()
 
     def _busy_loop(self, core: EngineCore) -> None:
-        self.load.update(core.scheduler.step_counts())  # zeros until the first step
         while not self.stopping.is_set():
             if self._parent_gone():
                 log.error("the frontend process is gone; stopping")
@@ -318,7 +319,6 @@ class EngineProcess:
             except Exception as exc:
                 log.exception("engine step failed")
                 outputs = core.fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
-            self.load.update(core.scheduler.step_counts())  # they change only when a step runs
             if self.timings is not None and core.last_step is not None:
                 sampled = [o.request_id for o in outputs]
                 self.timings.step(
@@ -378,7 +378,9 @@ class EngineProcess:
         ready = [transport.envelope(transport.READY), json.dumps(info).encode()]
         threads = [
             threading.Thread(target=self._input_loop, args=(in_sock,), name="engine-input", daemon=True),
-            threading.Thread(target=self._output_loop, args=(out_sock, ready), name="engine-output", daemon=True),
+            threading.Thread(
+                target=self._output_loop, args=(out_sock, ready, core.scheduler), name="engine-output", daemon=True
+            ),
         ]
         for t in threads:
             t.start()

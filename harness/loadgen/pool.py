@@ -43,6 +43,7 @@ from harness.loadgen.workers import (
     drive,
     new_session,
     quiet_gc,
+    uncancel_current_task,
 )
 
 # Between the last "ready" and the start: enough for every child to get "go".
@@ -234,9 +235,7 @@ async def _gather(
             deadline = time.monotonic() + STOP_TIMEOUT_S
             for w in _open(inboxes, outcomes, failures):
                 inboxes[w].send("stop")
-            current = asyncio.current_task()
-            if current is not None:
-                current.uncancel()  # handled: the partial result is returned
+            uncancel_current_task()  # handled: the partial result is returned
             continue
         if not done:  # the stop deadline passed
             for fut in pending:

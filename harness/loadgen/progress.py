@@ -56,7 +56,7 @@ class Progress:
             return
         if lag_ms is not None:
             self._lags_ms.append(lag_ms)
-        postfix = f"{self.failed} failed" if self.failed else "0 failed"
+        postfix = f"{self.failed} failed"
         if self._lags_ms:
             postfix += f", lag {sum(self._lags_ms) / len(self._lags_ms):.1f} ms"
         self._bar.set_postfix_str(postfix, refresh=False)

@@ -47,6 +47,7 @@ from harness.loadgen.workers import (
     drive,
     new_session,
     quiet_gc,
+    uncancel_current_task,
 )
 
 INSTALL_HINT = "pip install 'wirebench[distributed]'"
@@ -198,9 +199,7 @@ async def _collect(
         for actor in actors:
             actor.stop.remote()
         await asyncio.wait(futures, timeout=STOP_TIMEOUT_S)
-        current = asyncio.current_task()
-        if current is not None:
-            current.uncancel()
+        uncancel_current_task()
     outcomes: dict[int, WorkerOutcome] = {}
     failures: dict[int, str] = {}
     for w, fut in enumerate(futures):

@@ -28,7 +28,13 @@ from harness.loadgen.client import ENDPOINTS, RequestRecord, build_payload, enco
 from harness.loadgen.looplag import LoopLagProbe
 from harness.loadgen.progress import Progress
 from harness.loadgen.serverstats import CodecFigures, codec_figures, codec_name, scrape_metrics
-from harness.loadgen.workers import LoadWorkerError, WorkerCount, send_on_schedule, send_within
+from harness.loadgen.workers import (
+    LoadWorkerError,
+    WorkerCount,
+    send_on_schedule,
+    send_within,
+    uncancel_current_task,
+)
 from harness.spans import IpcBudget
 from harness.workloads.sample import SampleRequest
 
@@ -227,7 +233,7 @@ async def run_benchmark(
                 await _settle()
             except asyncio.CancelledError:  # Ctrl-C now: keep the finished run
                 interrupted = True
-                _uncancel_current_task()
+                uncancel_current_task()
         after = await scrape_metrics(session, base_url)
         budget = await ipc.fetch_budget(session, base_url, cursor, [r.server_id for r in records if r.success])
 
@@ -264,13 +270,6 @@ def exposes_codec_counters(metrics_text: str | None) -> bool:
 
 async def _settle() -> None:
     await asyncio.sleep(SCRAPE_SETTLE_S)
-
-
-def _uncancel_current_task() -> None:
-    """The cancellation was handled here: the partial result is returned."""
-    current = asyncio.current_task()
-    if current is not None:
-        current.uncancel()
 
 
 async def _warmup(

@@ -211,10 +211,15 @@ async def send_on_schedule(
         for rec in records:
             if not rec.success and not rec.error:
                 rec.error = "cancelled"
-        current = asyncio.current_task()
-        if current is not None:
-            current.uncancel()
+        uncancel_current_task()
         return True
+
+
+def uncancel_current_task() -> None:
+    """The cancellation (Ctrl-C) was handled here: what was measured is kept and returned."""
+    current = asyncio.current_task()
+    if current is not None:
+        current.uncancel()
 
 
 async def send_within(
@@ -273,9 +278,7 @@ async def drive(
         interrupted = True
         for rec in records:
             rec.error = "cancelled"
-        current = asyncio.current_task()
-        if current is not None:
-            current.uncancel()
+        uncancel_current_task()
     if not interrupted:
         interrupted = await send_on_schedule(records, origin, one)
     end = time.perf_counter() - origin
