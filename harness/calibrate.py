@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -76,15 +77,19 @@ def summarize(comparison: Comparison, costs: dict[str, float], probe_ms: float) 
     ref, aa = comparison.arms[0].label, comparison.arms[1].label
     aa_cells = [c for c in comparison.cells if c.arm == aa]
     false_pos = [c.figure.label for c in aa_cells if c.verdict.verdict in ("slower", "faster")]
+    # The costs are sized on the probe; the rounds' own reference TTFT says what they came to.
+    ref_ttft = statistics.median(comparison.arms[0].values(JUDGED_FOR_DETECTION))
     injected: list[dict[str, Any]] = []
     for label, pct in costs.items():
         cell = comparison.cell(label, JUDGED_FOR_DETECTION)
         verdict = cell.verdict if cell else None
+        cost_ms = pct / 100 * probe_ms
         injected.append(
             {
                 "arm": label,
                 "cost_pct_of_ttft": pct,
-                "cost_ms": pct / 100 * probe_ms,
+                "cost_ms": cost_ms,
+                "cost_pct_of_measured_ttft": 100 * cost_ms / ref_ttft,
                 "verdict": verdict.verdict if verdict else "not comparable",
                 "text": verdict.text if verdict else "",
                 "detected": bool(verdict and verdict.verdict == "slower"),
@@ -94,6 +99,7 @@ def summarize(comparison: Comparison, costs: dict[str, float], probe_ms: float) 
     return {
         "reference": ref,
         "probe_mean_ttft_ms": probe_ms,
+        "reference_mean_ttft_ms": ref_ttft,
         "aa_arm": aa,
         "aa_judged": len(aa_cells),
         "aa_false_positives": false_pos,
@@ -106,7 +112,8 @@ def format_summary(summary: dict[str, Any], rounds: int) -> str:
     lines = [
         "",
         "=" * 20 + " Calibration " + "=" * 20,
-        f"rounds: {rounds}; probe mean TTFT {summary['probe_mean_ttft_ms']:.2f} ms ({summary['reference']})",
+        f"rounds: {rounds}; probe mean TTFT {summary['probe_mean_ttft_ms']:.2f} ms ({summary['reference']}), "
+        f"the rounds' {summary['reference_mean_ttft_ms']:.2f} ms (median)",
         f"A/A ({summary['reference']} vs {summary['aa_arm']}): "
         f"{len(summary['aa_false_positives'])} of {summary['aa_judged']} figures called different"
         + (f" ({', '.join(summary['aa_false_positives'])})" if summary["aa_false_positives"] else ""),
@@ -114,7 +121,8 @@ def format_summary(summary: dict[str, Any], rounds: int) -> str:
     for item in summary["injected"]:
         mark = "found" if item["detected"] else "not found"
         lines.append(
-            f"injected {item['cost_pct_of_ttft']:g}% of TTFT ({item['cost_ms'] * 1000:.0f} µs per request): "
+            f"injected {item['cost_pct_of_ttft']:g}% of TTFT ({item['cost_ms'] * 1000:.0f} µs per request, "
+            f"{item['cost_pct_of_measured_ttft']:.1f}% of the rounds' reference): "
             f"{mark}; TTFT mean {item['text']}"
         )
     smallest = summary["smallest_detected_pct"]

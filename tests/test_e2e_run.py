@@ -202,5 +202,9 @@ def test_calibrate_runs_an_aa_arm_and_a_known_cost(tmp_path):
     # Half the probe's TTFT per request, split between the frontend's encode and the engine's decode.
     assert injected["arm"] == f"pickle+request-delay={round(injected['cost_ms'] * 1000 / 2)}us"
     assert injected["cost_pct_of_ttft"] == 50 and injected["verdict"] in stats.VERDICTS
+    # What the cost came to against the rounds' own reference TTFT (the probe may run in a slow moment).
+    ref_ttft = sorted(doc["table"]["pickle"]["mean_ttft_ms"]["values"])[1]  # the median of 3 rounds
+    assert cal["reference_mean_ttft_ms"] == pytest.approx(ref_ttft)
+    assert injected["cost_pct_of_measured_ttft"] == pytest.approx(100 * injected["cost_ms"] / ref_ttft)
     assert doc["metadata"]["request_rate"] == {"rate": 20.0, "auto": False}
     assert "A/A (pickle vs pickle#2)" in done.stdout
