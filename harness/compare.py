@@ -296,9 +296,12 @@ def compare_document(
     ``order``: the runs in the order they ran (default: arm by arm).
     """
     entries = order if order is not None else [r for arm in comparison.arms for r in arm.runs]
+    # A run is listed under its arm's label (what the document is read back by), not its own codec:
+    # two builds of a server measured with bench load may both say "pickle".
+    arm_of = {id(r): arm.label for arm in comparison.arms for r in arm.runs}
     runs = [
         {
-            "codec": r.codec,
+            "codec": arm_of.get(id(r), r.codec),
             "round": r.round,
             "status": r.status,
             "message": r.message,

@@ -146,10 +146,15 @@ def test_bench_compare_of_two_sets_of_bench_load_results(tmp_path: Path) -> None
     b = noisy(tmp_path / "b", {"pickle": {**BASE["pickle"], "scale": 1.3}}, seed=9)
     for compare_file in (a, b):
         compare_file.unlink()  # keep only the run files, as bench load leaves them
-    out = bench("compare", f"main={tmp_path / 'a'}", f"branch={tmp_path / 'b'}")
+    saved = tmp_path / "ab.json"
+    out = bench("compare", f"main={tmp_path / 'a'}", f"branch={tmp_path / 'b'}", "--json", saved)
     assert out.returncode == 0, out.stderr
     ttft = next(line for line in out.stdout.splitlines() if line.strip().startswith("TTFT mean") and "slower" in line)
     assert "slower by +2" in ttft or "slower by +3" in ttft, out.stdout  # truth +30%, 2% noise
+    # Both builds run the same codec: the saved document keeps them apart by their labels.
+    again = bench("compare", saved)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.split("verdicts against")[1] == out.stdout.split("verdicts against")[1]
     out = bench("compare", tmp_path / "a")
     assert out.returncode == 2 and "one arm" in out.stderr
 
