@@ -9,6 +9,12 @@ false verdicts, and that the reversal removes it). The table shows each
 figure's median over rounds; the verdicts (``harness.compare``) judge every
 codec against the first from the paired per-round ratios.
 
+With ``--block-size N`` a round starts every arm's server at once and the
+arms take turns N requests at a time (A B, B A, ...; each block waits for its
+requests to finish), so the seconds-long swings of a shared machine's speed
+land on all arms of a round instead of on whichever ran then; each arm's run
+is still one result (its blocks' records), and rounds are still the unit.
+
 The same codec may appear twice (an A/A run): the second is labelled
 ``NAME#2``. A codec name may carry calibration options
 (``pickle+request-delay=500us``, see ``wirecodecs.calibration``).
@@ -82,6 +88,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=1,
         help=f"interleaved rounds, order reversed every other round (default %(default)s; verdicts need >= "
         f"{stats.MIN_ROUNDS}, {stats.DEFAULT_ROUNDS} detect a change of 3x the round-to-round noise 4 times in 5)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep every arm's server up for the round and let the arms take turns, N requests at a time "
+        "(A B, B A, ...): each arm sees the same moments of a shared machine. 0 (default): each arm "
+        "serves the whole workload in turn",
     )
     p.add_argument(
         "--margin-pct",
@@ -201,6 +216,20 @@ def parse_codecs(spec: str) -> list[ArmSpec]:
     return arms
 
 
+def check_run_flags(args: argparse.Namespace) -> None:
+    """Refuse bad --repeat, --block-size and load flags before any server starts (ValueError or
+    BenchmarkError). An auto rate is resolved later, by the probe: the rest is checked at rate inf."""
+    from harness.loadgen.runner import LoadSettings
+
+    if args.repeat < 1:
+        raise ValueError("--repeat must be >= 1")
+    if args.block_size < 0:
+        raise ValueError(f"--block-size must be >= 0, got {args.block_size}")
+    if args.block_size and (args.workers != 1 or args.ray is not None):
+        raise ValueError("--block-size sends every arm's blocks from this process: drop --workers/--ray")
+    LoadSettings.from_args(argparse.Namespace(**{**vars(args), "request_rate": math.inf}))
+
+
 def round_order(arms: list[ArmSpec], rnd: int) -> list[ArmSpec]:
     """The arms in round ``rnd``: as given on even rounds, reversed on odd ones (drift cancels in pairs)."""
     return arms if rnd % 2 == 0 else arms[::-1]
@@ -253,7 +282,7 @@ class RunOutcome:
 
 
 def run_one(arm: ArmSpec, rnd: int, args: argparse.Namespace, workload: list, tokenizer_id: str) -> RunOutcome:
-    from harness.loadgen.report import print_report
+    """One arm's run: a fresh server, the workload, the report; the server stops afterwards."""
     from harness.loadgen.runner import BenchmarkError, run_benchmark
 
     outcome = RunOutcome(arm, rnd)
@@ -261,47 +290,146 @@ def run_one(arm: ArmSpec, rnd: int, args: argparse.Namespace, workload: list, to
     if why is not None:
         outcome.status, outcome.message = "unsupported", why
         return outcome
-    flags = [*server_flags(args), *args.extra_flags.get(arm.label, [])]
-    if arm.transport != "zmq":
-        flags += ["--transport", arm.transport]
-    if args.trace_file:
-        flags += ["--trace-file", trace_path(args.trace_file, arm, rnd)]
-    server = ServerProcess(arm.codec, flags, args.server_log)
+    server = start_server(arm, rnd, args)
     try:
         base_url = server.wait_ready(SERVER_READY_TIMEOUT_S)
-        model = args.served_model_name or default_model_name(args.model_preset)
         try:
-            result = asyncio.run(run_benchmark(base_url, model, workload, args))
+            result = asyncio.run(run_benchmark(base_url, served_model(args), workload, args))
         except BenchmarkError as exc:
-            # All warmup requests failed: for a codec that cannot carry the
-            # payload this is the server's clear 400, which the table shows.
-            refusal = _codec_refusal(exc.records)
-            outcome.status = "error" if refusal is None else "unsupported"
-            outcome.message = refusal or _error_message(str(exc))
+            refused(outcome, exc)
             return outcome
-        result.tokenizer_id = tokenizer_id
-        result.flags = {**flags_dict(args), "codec": arm.codec, "arm": arm.label, "round": rnd}
-        print_report(result)
-        outcome.result = result
-        refusal = None if result.metrics.completed else _codec_refusal(result.records)
-        if refusal:
-            outcome.result, outcome.status, outcome.message = None, "unsupported", refusal
-            return outcome
-        if result.interrupted:
-            outcome.status = "interrupted"
-        elif result.failed:
-            outcome.status = "failures"
-            outcome.message = f"{result.failed} of {result.num_prompts} requests failed"
-        if args.save_result:
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            name = f"{arm.label}-r{rnd}-{stamp}.json"
-            outcome.path = save_run(result, result_dir=args.result_dir, filename=name)
-            print(f"Result saved to {outcome.path}")
+        take_result(outcome, result, args, tokenizer_id)
     except RuntimeError as exc:
         outcome.status, outcome.message = "error", str(exc)
     finally:
         server.stop()
     return outcome
+
+
+def run_round_in_blocks(
+    arms: list[ArmSpec], rnd: int, args: argparse.Namespace, workload: list, tokenizer_id: str
+) -> list[RunOutcome]:
+    """``--block-size N``: one round of every arm, each on its own fresh server, all up for the round;
+    the arms take turns block by block (N requests each, the order reversed every other block), so
+    a few seconds' change in the shared machine's speed lands on every arm alike."""
+    outcomes = [RunOutcome(arm, rnd) for arm in arms]
+    servers: dict[int, ServerProcess] = {}
+    try:
+        for i, outcome in enumerate(outcomes):
+            why = outcome.arm.unsupported()
+            if why is not None:
+                outcome.status, outcome.message = "unsupported", why
+            else:
+                servers[i] = start_server(outcome.arm, rnd, args)  # all start before any is waited for
+        urls: dict[int, str] = {}
+        for i, server in servers.items():
+            try:
+                urls[i] = server.wait_ready(SERVER_READY_TIMEOUT_S)
+            except RuntimeError as exc:
+                outcomes[i].status, outcomes[i].message = "error", str(exc)
+        if urls:
+            results = asyncio.run(_load_in_blocks(urls, workload, args, rnd))
+            for i, result in results.items():
+                _settle_outcome(outcomes[i], result, args, tokenizer_id)
+    finally:
+        for server in servers.values():
+            server.stop()
+    return outcomes
+
+
+async def _load_in_blocks(urls: dict[int, str], workload: list, args: argparse.Namespace, rnd: int) -> dict[int, Any]:
+    """Each server warmed up, then block after block of the workload to each in turn; per server its
+    result, or the BenchmarkError of a warmup that failed. Ctrl-C ends the round; what ran is kept."""
+    from dataclasses import replace
+
+    import aiohttp
+
+    from harness.loadgen.runner import BenchmarkError, LoadSettings, ServerLoad
+
+    settings = replace(LoadSettings.from_args(args), progress=False)  # blocks are too short for a bar
+    results: dict[int, Any] = {}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        loads: dict[int, ServerLoad] = {}
+        for i, url in urls.items():
+            load = ServerLoad(session, url, served_model(args), workload, settings)
+            try:
+                await load.begin()
+            except BenchmarkError as exc:  # e.g. the codec cannot carry this payload
+                results[i] = exc
+                continue
+            loads[i] = load
+        stopped = await _take_turns(list(loads.values()), len(workload), args.block_size, rnd)
+        for i, load in loads.items():
+            load.interrupted = load.interrupted or stopped  # the round ended early for every arm
+            results[i] = await load.finish()
+    return results
+
+
+async def _take_turns(loads: list[Any], n: int, block: int, rnd: int) -> bool:
+    """Blocks of ``block`` requests to each load in turn, the order reversed every other block (and
+    round). True when Ctrl-C stopped it."""
+    for b, start in enumerate(range(0, n, block)):
+        for load in loads if (b + rnd) % 2 == 0 else loads[::-1]:
+            if await load.send_block(start, min(start + block, n)):
+                return True
+    return False
+
+
+def _settle_outcome(outcome: RunOutcome, result: Any, args: argparse.Namespace, tokenizer_id: str) -> None:
+    """An arm's outcome from what its load returned (a result) or raised (a failed warmup)."""
+    from harness.loadgen.runner import BenchmarkError
+
+    if isinstance(result, BenchmarkError):
+        refused(outcome, result)
+    else:
+        take_result(outcome, result, args, tokenizer_id)
+
+
+def served_model(args: argparse.Namespace) -> str:
+    return args.served_model_name or default_model_name(args.model_preset)
+
+
+def start_server(arm: ArmSpec, rnd: int, args: argparse.Namespace) -> ServerProcess:
+    """A fresh `bench serve` for ``arm`` with this run's model and engine settings."""
+    flags = [*server_flags(args), *args.extra_flags.get(arm.label, [])]
+    if arm.transport != "zmq":
+        flags += ["--transport", arm.transport]
+    if args.trace_file:
+        flags += ["--trace-file", trace_path(args.trace_file, arm, rnd)]
+    return ServerProcess(arm.codec, flags, args.server_log)
+
+
+def refused(outcome: RunOutcome, exc: Any) -> None:
+    """Every warmup request failed: for a codec that cannot carry the payload
+    this is the server's clear 400, which the table shows."""
+    refusal = _codec_refusal(exc.records)
+    outcome.status = "error" if refusal is None else "unsupported"
+    outcome.message = refusal or _error_message(str(exc))
+
+
+def take_result(outcome: RunOutcome, result: Any, args: argparse.Namespace, tokenizer_id: str) -> None:
+    """Report one run's BenchmarkResult, set the outcome's status from it, save it."""
+    from harness.loadgen.report import print_report
+
+    arm, rnd = outcome.arm, outcome.round
+    result.tokenizer_id = tokenizer_id
+    result.flags = {**flags_dict(args), "codec": arm.codec, "arm": arm.label, "round": rnd}
+    print_report(result)
+    outcome.result = result
+    refusal = None if result.metrics.completed else _codec_refusal(result.records)
+    if refusal:
+        outcome.result, outcome.status, outcome.message = None, "unsupported", refusal
+        return
+    if result.interrupted:
+        outcome.status = "interrupted"
+    elif result.failed:
+        outcome.status = "failures"
+        outcome.message = f"{result.failed} of {result.num_prompts} requests failed"
+    if args.save_result:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        name = f"{arm.label}-r{rnd}-{stamp}.json"
+        outcome.path = save_run(result, result_dir=args.result_dir, filename=name)
+        print(f"Result saved to {outcome.path}")
 
 
 def _codec_refusal(records: list[Any]) -> str | None:
@@ -397,17 +525,14 @@ def format_report(arm_list: list[Arm], comparison: Comparison | None) -> str:
 
 def main(args: argparse.Namespace) -> int:
     from harness.loadgen.cli import check_endpoint, load_workload
-    from harness.loadgen.runner import BenchmarkError, LoadSettings
+    from harness.loadgen.runner import BenchmarkError
 
     try:
         arms = parse_arms(args.codec, args.transport)
         args.extra_flags = parse_arm_flags(args.arm_flags, arms)
-        if args.repeat < 1:
-            raise ValueError("--repeat must be >= 1")
         if chat_for_images(args):
             print("bench run: image workload, using /v1/chat/completions")
-        # Validate every load flag now; an auto rate is resolved later, by the probe.
-        LoadSettings.from_args(argparse.Namespace(**{**vars(args), "request_rate": math.inf}))
+        check_run_flags(args)
         workload, tokenizer_id = load_workload(args)
         check_endpoint(workload, args.endpoint)
     except (ValueError, BenchmarkError, OSError) as exc:
@@ -484,6 +609,8 @@ def run_rounds(
     arms: list[ArmSpec], args: argparse.Namespace, workload: list, tokenizer_id: str
 ) -> tuple[list[RunOutcome], bool]:
     """Every round of every arm, in round_order; stops at Ctrl-C keeping what finished."""
+    if getattr(args, "block_size", 0):
+        return _rounds_in_blocks(arms, args, workload, tokenizer_id)
     plan = [(rnd, arm) for rnd in range(args.repeat) for arm in round_order(arms, rnd)]
     outcomes: list[RunOutcome] = []
     for i, (rnd, arm) in enumerate(plan, 1):
@@ -497,5 +624,28 @@ def run_rounds(
         if outcome.status in ("error", "unsupported"):
             print(f"[{i}/{len(plan)}] {arm.label}: {outcome.status}: {outcome.message}", flush=True)
         if outcome.status == "interrupted":
+            return outcomes, True
+    return outcomes, False
+
+
+def _rounds_in_blocks(
+    arms: list[ArmSpec], args: argparse.Namespace, workload: list, tokenizer_id: str
+) -> tuple[list[RunOutcome], bool]:
+    outcomes: list[RunOutcome] = []
+    for rnd in range(args.repeat):
+        print(
+            f"\n[round {rnd + 1}/{args.repeat}] {len(arms)} arms taking turns in blocks of {args.block_size} "
+            "requests: starting their servers",
+            flush=True,
+        )
+        try:
+            done = run_round_in_blocks(arms, rnd, args, workload, tokenizer_id)
+        except KeyboardInterrupt:
+            return outcomes, True
+        outcomes += done
+        for outcome in done:
+            if outcome.status in ("error", "unsupported"):
+                print(f"[round {rnd + 1}] {outcome.arm.label}: {outcome.status}: {outcome.message}", flush=True)
+        if any(o.status == "interrupted" for o in done):
             return outcomes, True
     return outcomes, False

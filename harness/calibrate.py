@@ -17,7 +17,6 @@ compare document is saved as ``calibrate-<stamp>.json`` with that summary.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import time
@@ -135,7 +134,7 @@ def format_summary(summary: dict[str, Any], rounds: int) -> str:
 
 def main(args: argparse.Namespace) -> int:
     from harness.loadgen.cli import check_endpoint, load_workload
-    from harness.loadgen.runner import BenchmarkError, LoadSettings
+    from harness.loadgen.runner import BenchmarkError
 
     try:
         costs_pct = parse_costs(args.costs_pct)
@@ -145,7 +144,7 @@ def main(args: argparse.Namespace) -> int:
         (reference,) = [a.codec for a in bench_run.parse_codecs(args.codec)]
         if "+" in reference:
             raise ValueError("calibrate takes one plain codec (it adds the injected arms itself)")
-        LoadSettings.from_args(argparse.Namespace(**{**vars(args), "request_rate": math.inf}))  # auto: later
+        bench_run.check_run_flags(args)
         workload, tokenizer_id = load_workload(args)
         check_endpoint(workload, args.endpoint)
     except ValueError as exc:

@@ -376,7 +376,7 @@ def arms_from_sources(sources: Sequence[str]) -> list[Arm]:
     if len(specs) == 1:
         label, path = specs[0]
         runs = collect_runs(path)
-        arms = _group_by_label(runs)
+        arms = arms_by_label(runs)
         if len(arms) < 2:
             raise ResultsError(f"{path}: holds one arm ({arms[0].label if arms else 'none'}); give two sources")
         return arms
@@ -403,7 +403,8 @@ def _split_label(spec: str) -> tuple[str | None, str]:
     return None, spec
 
 
-def _group_by_label(runs: list[RunEntry]) -> list[Arm]:
+def arms_by_label(runs: Sequence[RunEntry]) -> list[Arm]:
+    """The runs grouped into arms by label, in the order the labels first appear."""
     arms: dict[str, list[RunEntry]] = {}
     for r in runs:
         arms.setdefault(r.codec, []).append(r)
@@ -424,4 +425,4 @@ def load_any_compare(path: str | Path) -> list[Arm]:
     doc = read_json(Path(path))
     if not is_compare(doc):
         raise ResultsError(f"{path}: not a compare file (the compare-*.json of bench run or bench compare --json)")
-    return _group_by_label(collect_runs(path))
+    return arms_by_label(collect_runs(path))

@@ -53,8 +53,8 @@ MICRO_SCHEMA = 2
 DEFAULT_RESULT_DIR = "results"
 
 PathLike = str | os.PathLike[str]
-# One file or folder, or several.
-Source = PathLike | Iterable[PathLike]
+# One file or folder, or several; runs already collected (RunEntry) pass through as they are.
+Source = PathLike | Iterable["PathLike | RunEntry"]
 
 # Codec figure columns of runs_frame, in bench run's naming (request_encode_us, ...).
 DIRECTIONS = ("request", "output")
@@ -433,6 +433,9 @@ def collect_runs(source: Source) -> list[RunEntry]:
         entries.append(entry)
 
     for item in items:
+        if isinstance(item, RunEntry):
+            add(item)
+            continue
         p = Path(item)
         if p.is_dir():
             for child in sorted(p.glob("*.json")):

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import stats
-from harness.compare import Arm, Comparison, compare, load_any_compare, median_cell, summary_line
+from harness.compare import Arm, Comparison, arms_by_label, compare, median_cell, summary_line
 from harness.documents import ResultsError, RunEntry, collect_runs, is_compare, read_json
 from harness.plots import arm_colors, pyplot
 from harness.stats import Figure
@@ -87,10 +87,16 @@ nav a { margin-right: 1em; } ul.crossings li { margin: 0.2em 0; }
 class Inputs:
     """What the RESULTS arguments hold: run/compare sources, compare files, sweep documents."""
 
-    sources: list[str] = field(default_factory=list)  # for collect_runs / the frames (no sweeps)
-    compares: list[Path] = field(default_factory=list)
+    runs: dict[str, list[RunEntry]] = field(default_factory=dict)  # per run/compare source, read once
+    compares: list[str] = field(default_factory=list)
     direct: list[str] = field(default_factory=list)  # run files and folders (not compare files)
     sweeps: list[tuple[Path, dict[str, Any]]] = field(default_factory=list)
+
+    def entries(self, sources: Sequence[str] | None = None) -> list[RunEntry]:
+        """The runs of these sources (default all), a run named by two of them once."""
+        chosen = self.runs if sources is None else sources
+        picked = [e for item in chosen for e in self.runs[item]]
+        return collect_runs(picked) if picked else []
 
 
 def classify(results: Sequence[str]) -> Inputs:
@@ -104,8 +110,9 @@ def classify(results: Sequence[str]) -> Inputs:
                 doc = read_json(s)
                 if doc.get("kind") == "sweep":
                     out.sweeps.append((s, _with_crossings(doc)))
-            if _has_runs(path):
-                out.sources.append(item)
+            runs = _runs_in(path)
+            if runs:
+                out.runs[item] = runs
                 out.direct.append(item)
             elif not sweeps:
                 raise ResultsError(f"{path}: no run files and no sweep documents in this folder")
@@ -113,20 +120,17 @@ def classify(results: Sequence[str]) -> Inputs:
         doc = read_json(path)
         if doc.get("kind") == "sweep":
             out.sweeps.append((path, _with_crossings(doc)))
-        elif is_compare(doc):
-            out.sources.append(item)
-            out.compares.append(path)
         else:
-            out.sources.append(item)
-            out.direct.append(item)
+            out.runs[item] = collect_runs(path)
+            (out.compares if is_compare(doc) else out.direct).append(item)
     return out
 
 
-def _has_runs(folder: Path) -> bool:
+def _runs_in(folder: Path) -> list[RunEntry]:
     try:
-        return bool(collect_runs(folder))
+        return collect_runs(folder)
     except ResultsError:
-        return False
+        return []
 
 
 # --- plots ----------------------------------------------------------------------------------------
@@ -390,13 +394,6 @@ def ipc_table(arms: list[Arm]) -> str:
     )
 
 
-def _arms_of(entries: Sequence[RunEntry]) -> list[Arm]:
-    arms: dict[str, list[RunEntry]] = {}
-    for e in entries:
-        arms.setdefault(e.codec, []).append(e)
-    return [Arm(label, runs) for label, runs in arms.items()]
-
-
 def _with_crossings(doc: dict[str, Any]) -> dict[str, Any]:
     """A sweep document with its crossings (an interrupted sweep saved none): the section and the summary
     read the same ones."""
@@ -519,27 +516,26 @@ def build_report(
     if fmt not in IMAGE_FORMATS:
         raise ValueError(f"image format must be one of {', '.join(IMAGE_FORMATS)}")
     inputs = classify(results)
-    entries = collect_runs(inputs.sources) if inputs.sources else []
+    entries = inputs.entries()
     codecs = list(dict.fromkeys(e.codec for e in entries))
     sections: dict[str, str] = {}
     summaries: list[str] = []
 
     comp_parts = []
-    for path in inputs.compares:
-        body, line = comparison_html(path.name, load_any_compare(path), margin_pct)
+    for item in inputs.compares:
+        body, line = comparison_html(Path(item).name, arms_by_label(inputs.runs[item]), margin_pct)
         comp_parts.append(body)
         summaries.append(line)
     if inputs.direct:
-        direct = collect_runs(inputs.direct)
         name = "runs given directly: " + ", ".join(Path(d).name for d in inputs.direct)
-        body, line = comparison_html(name, _arms_of(direct), margin_pct)
+        body, line = comparison_html(name, arms_by_label(inputs.entries(inputs.direct)), margin_pct)
         comp_parts.append(body)
         summaries.append(line)
     sections["comparison"] = "\n".join(comp_parts) or '<p class="note">No compare or run files given.</p>'
 
     if entries:
-        runs = runs_frame(inputs.sources)
-        requests = requests_frame(inputs.sources)
+        runs = runs_frame(entries)
+        requests = requests_frame(entries)
         fig = cdf_figure(requests, codecs)
         sections["distributions"] = (
             img(
@@ -565,7 +561,7 @@ def build_report(
             if fig is not None
             else '<p class="note">No codec figures (a server without wirebench /metrics).</p>'
         )
-        sections["budget"] = budget + ipc_table(_arms_of(entries))
+        sections["budget"] = budget + ipc_table(arms_by_label(entries))
         fig = timeline_figure(send_times(entries), codecs)
         sections["timeline"] = (
             img(

@@ -1019,7 +1019,7 @@ def parse_parts(text: str) -> set[str]:
 def main(args: argparse.Namespace) -> int:
     from harness import bench_run
     from harness.loadgen.cli import flags_dict
-    from harness.loadgen.runner import BenchmarkError, LoadSettings
+    from harness.loadgen.runner import BenchmarkError
     from harness.loadgen.sysinfo import collect_sysinfo
 
     try:
@@ -1039,7 +1039,7 @@ def main(args: argparse.Namespace) -> int:
         if args.micro_min_iterations < 1 or not args.micro_min_time >= 0:
             raise ValueError("--micro-min-iterations must be >= 1 and --micro-min-time >= 0")
         if "e2e" in parts:
-            LoadSettings.from_args(argparse.Namespace(**{**vars(args), "request_rate": math.inf}))
+            bench_run.check_run_flags(args)
     except (ValueError, BenchmarkError) as exc:
         print(f"bench sweep: error: {exc}", file=sys.stderr)
         return 2

@@ -63,3 +63,26 @@ def test_report_with_only_unsupported_codecs():
     arm = Arm("msgspec", [RunEntry("msgspec", 0, "unsupported", "cannot carry images", None, None, None)])
     text = format_report([arm], None)
     assert "msgspec: unsupported: cannot carry images" in text
+
+
+def test_arms_take_turns_block_by_block_in_reversed_order_every_other_block():
+    import asyncio
+
+    from harness.bench_run import _take_turns
+
+    class FakeLoad:
+        def __init__(self, name: str, calls: list, stop_at: tuple | None = None) -> None:
+            self.name, self.calls, self.stop_at = name, calls, stop_at
+
+        async def send_block(self, start: int, stop: int) -> bool:
+            self.calls.append((self.name, start, stop))
+            return (self.name, start) == self.stop_at  # Ctrl-C during this block
+
+    calls: list = []
+    stopped = asyncio.run(_take_turns([FakeLoad("a", calls), FakeLoad("b", calls)], 7, 3, rnd=1))
+    assert not stopped
+    assert calls == [("b", 0, 3), ("a", 0, 3), ("a", 3, 6), ("b", 3, 6), ("b", 6, 7), ("a", 6, 7)]
+    calls.clear()
+    loads = [FakeLoad("a", calls, stop_at=("a", 3)), FakeLoad("b", calls)]
+    assert asyncio.run(_take_turns(loads, 7, 3, rnd=0))
+    assert calls == [("a", 0, 3), ("b", 0, 3), ("b", 3, 6), ("a", 3, 6)]  # nothing after the interrupted block

@@ -137,7 +137,7 @@ def wait_for_completed_requests(server_log: Path, at_least: int, timeout_s: floa
     return False
 
 
-def _start_bench_run(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, list[int]]:
+def _start_bench_run(tmp_path: Path, *flags: str, at_least: int = 20) -> tuple[subprocess.Popen, list[int]]:
     """A long `bench run` once it has served some requests: the process and its server's tree."""
     from serve_process import child_pids
 
@@ -152,7 +152,8 @@ def _start_bench_run(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, lis
         time.sleep(0.2)
     assert servers, "bench run should have started a server"
     # Stop it once some requests are done (however slow a shared machine is), not after a fixed time.
-    assert wait_for_completed_requests(tmp_path / "server.log", at_least=20, timeout_s=90)
+    assert wait_for_completed_requests(tmp_path / "server.log", at_least=at_least, timeout_s=90)
+    servers = child_pids(proc.pid)  # every server by now (--block-size starts them all)
     return proc, servers + [p for s in servers for p in child_pids(s)]
 
 
@@ -208,3 +209,58 @@ def test_calibrate_runs_an_aa_arm_and_a_known_cost(tmp_path):
     assert injected["cost_pct_of_measured_ttft"] == pytest.approx(100 * injected["cost_ms"] / ref_ttft)
     assert doc["metadata"]["request_rate"] == {"rate": 20.0, "auto": False}
     assert "A/A (pickle vs pickle#2)" in done.stdout
+
+
+def test_block_size_lets_the_arms_take_turns_within_a_round(tmp_path):
+    done = bench_run(
+        tmp_path,
+        *("--codec", "pickle,msgspec", "--block-size", "3", "--repeat", "3", "--executor", "sim"),
+        *("--num-prompts", "8", "--request-rate", "40", "--sonnet-output-len", "12"),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = comparison(tmp_path)
+    assert sorted((r["round"], r["codec"]) for r in summary["runs"]) == [
+        (rnd, codec) for rnd in range(3) for codec in ("msgspec", "pickle")
+    ]
+    assert all(r["status"] == "ok" for r in summary["runs"])
+    for run in summary["runs"]:
+        records = json.loads((tmp_path / run["result_file"]).read_text())["records"]
+        assert [r["index"] for r in records] == list(range(8))  # every request once, blocks in order
+        # Each block keeps the schedule's spacing and starts at its own 0.
+        assert [r["index"] for r in records if r["planned_send"] == 0] == [0, 3, 6]
+    verdicts = summary["comparison"]["verdicts"]["msgspec"]
+    assert verdicts["mean_ttft_ms"]["rounds"] == 3 and verdicts["mean_ttft_ms"]["paired"]
+
+
+def test_block_size_goes_on_when_one_arm_cannot_carry_the_payload(tmp_path):
+    done = bench_run(
+        tmp_path,
+        *("--codec", "msgspec,msgspec-oob", "--block-size", "2", "--executor", "sim", "--request-rate", "20"),
+        *("--images-per-request", "1", "--image-width", "64", "--image-height", "64"),
+        *("--num-prompts", "6", "--sonnet-output-len", "8"),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    statuses = {r["codec"]: r for r in comparison(tmp_path)["runs"]}
+    assert statuses["msgspec"]["status"] == "unsupported"  # its warmup was refused: it takes no turns
+    assert "cannot carry PIL.Image.Image" in statuses["msgspec"]["message"]
+    assert statuses["msgspec-oob"]["status"] == "ok"
+
+
+def test_ctrl_c_in_blocks_stops_every_server_and_accounts_for_every_request(tmp_path):
+    import signal
+
+    from serve_process import still_alive
+
+    # Past 40 requests on the server that logged first, the other has finished two blocks of 20 too.
+    proc, tree = _start_bench_run(tmp_path, "--codec", "msgspec,pickle", "--block-size", "20", at_least=41)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert not still_alive(tree)
+    runs = comparison(tmp_path)["runs"]
+    assert sorted(r["codec"] for r in runs) == ["msgspec", "pickle"]
+    for run in runs:
+        assert run["status"] == "interrupted"
+        result = json.loads((tmp_path / run["result_file"]).read_text())
+        assert 20 <= result["completed"] < 400, run
+        assert result["completed"] + result["failed"] == 400, run  # the blocks never sent count as failed

@@ -207,7 +207,7 @@ def test_cli_writes_the_page_and_reports_bad_input(
     assert "Report written to" in capsys.readouterr().out
     check_self_contained(out.read_text())
     inputs = htmlreport.classify([str(results["root"])])  # a folder: its sweep documents (no run files on top)
-    assert [p.name for p, _ in inputs.sweeps] == ["sweep-20260101-000000.json"] and not inputs.sources
+    assert [p.name for p, _ in inputs.sweeps] == ["sweep-20260101-000000.json"] and not inputs.runs
     assert bench(["report", str(tmp_path / "missing.json"), "-o", str(out)]) == 2
     assert "no such file" in capsys.readouterr().err
 

@@ -38,6 +38,8 @@ class FanoutSettings(Protocol):
     def max_concurrency(self) -> int | None: ...
     @property
     def progress(self) -> bool | None: ...
+    @property
+    def progress_label(self) -> str: ...
 
 
 def local_workers(workers: WorkerCount, url: str, max_concurrency: int | None) -> int:
@@ -103,6 +105,7 @@ async def run_fanout(
         timeout_s=settings.request_timeout_s,
         max_concurrency=settings.max_concurrency,
         progress=settings.progress,
+        progress_label=settings.progress_label,
     )
 
 

@@ -149,6 +149,7 @@ async def run_pool(
     timeout_s: float | None,
     max_concurrency: int | None,
     progress: bool | None,
+    progress_label: str = "requests",
 ) -> LoadOutcome:
     """Run the load from ``n_workers`` spawned processes; records come back in request order."""
     jobs = build_jobs(url, chat, timeout_s, max_concurrency, records, bodies, n_workers)
@@ -168,7 +169,9 @@ async def run_pool(
         origin = time.monotonic() + START_DELAY_S
         for inbox in inboxes:
             inbox.send("go", origin)
-        outcomes, failures, interrupted = await _gather(inboxes, procs, Progress(len(records), enabled=progress))
+        outcomes, failures, interrupted = await _gather(
+            inboxes, procs, Progress(len(records), enabled=progress, label=progress_label)
+        )
     finally:
         for inbox in inboxes:
             inbox.close()

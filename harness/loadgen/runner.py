@@ -196,71 +196,148 @@ async def run_benchmark(
     the cancellation re-raised, so the caller can still save it.
     """
     settings = args if isinstance(args, LoadSettings) else LoadSettings.from_args(args)
-    if not workload:
-        raise BenchmarkError("the workload is empty")
-    check_endpoint(workload, settings.endpoint)
-    url = base_url.rstrip("/") + settings.endpoint
-    chat = is_chat(settings.endpoint)
-    bodies = [
-        encode_payload(build_payload(s, model, settings.endpoint, continuous_usage=settings.continuous_usage))
-        for s in workload
-    ]
-    offsets = plan_arrivals(len(workload), settings.request_rate, settings.burstiness, settings.seed)
-    started_at = datetime.now().astimezone()
-
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
-        warmup_failed = await _warmup(session, url, bodies, workload, settings, chat)
-        before = await scrape_metrics(session, base_url)
-        # Only wirebench's server needs the settle wait; others (vLLM) are not slowed.
-        wirebench = exposes_codec_counters(before)
-        if wirebench:
-            await _settle()
-            before = await scrape_metrics(session, base_url)
-        cursor = await ipc.spans_cursor(session, base_url) if wirebench else None
-        if fanout.in_process(settings, url):
-            probe = LoopLagProbe.start()  # the guard's event-loop lag, as every worker measures it
-            records, duration, interrupted = await _run_load(session, url, bodies, workload, offsets, settings, chat)
-            load = fanout.single(records, duration, interrupted, probe.stop())
+        load = ServerLoad(session, base_url, model, workload, settings)
+        await load.begin()
+        if fanout.in_process(settings, load.url):
+            await load.send_block(0, len(workload))
         else:  # --workers N / --ray: the same schedule sent from other processes or hosts
-            try:
-                load = await fanout.run_fanout(url, chat, workload, bodies, offsets, settings)
-            except LoadWorkerError as exc:
-                raise BenchmarkError(str(exc)) from None
-            records, duration, interrupted = load.records, load.duration_s, load.interrupted
-        if wirebench and not interrupted:
+            await load.send_fanout()
+        return await load.finish()
+
+
+class ServerLoad:
+    """One server's part of a benchmark, in three steps: ``begin`` (warm up, count before),
+    ``send_block`` once for the whole workload (run_benchmark) or once per block of it
+    (bench run --block-size: the arms take turns), ``finish`` (count after, compute)."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        model: str,
+        workload: list[SampleRequest],
+        settings: LoadSettings,
+    ) -> None:
+        if not workload:
+            raise BenchmarkError("the workload is empty")
+        check_endpoint(workload, settings.endpoint)
+        self.session, self.base_url, self.model = session, base_url, model
+        self.workload, self.settings = workload, settings
+        self.url = base_url.rstrip("/") + settings.endpoint
+        self.chat = is_chat(settings.endpoint)
+        self.bodies = [
+            encode_payload(build_payload(s, model, settings.endpoint, continuous_usage=settings.continuous_usage))
+            for s in workload
+        ]
+        self.offsets = plan_arrivals(len(workload), settings.request_rate, settings.burstiness, settings.seed)
+        self.started_at = datetime.now().astimezone()
+        self.records: list[RequestRecord] = []
+        self.unsent = range(len(workload))  # what no block has sent yet
+        self.duration = 0.0
+        self.interrupted = False
+        self.warmup_failed = 0
+        self.before: str | None = None
+        self.wirebench = False
+        self.cursor: Any = None
+        self.probe: LoopLagProbe | None = None
+        self.outcome: fanout.LoadOutcome | None = None
+
+    async def begin(self) -> None:
+        """Warm up (raises BenchmarkError when every warmup request failed), then count before."""
+        s = self.settings
+        self.warmup_failed = await _warmup(self.session, self.url, self.bodies, self.workload, s, self.chat)
+        self.before = await scrape_metrics(self.session, self.base_url)
+        # Only wirebench's server needs the settle wait; others (vLLM) are not slowed.
+        self.wirebench = exposes_codec_counters(self.before)
+        if self.wirebench:
+            await _settle()
+            self.before = await scrape_metrics(self.session, self.base_url)
+        self.cursor = await ipc.spans_cursor(self.session, self.base_url) if self.wirebench else None
+        self.probe = LoopLagProbe.start()  # the guard's event-loop lag, as every worker measures it
+
+    async def send_block(self, start: int, stop: int) -> bool:
+        """Requests start..stop-1 on their schedule, from now (offsets taken from the block's first);
+        waits for all of them. Returns whether it was interrupted (then nothing more should be sent)."""
+        base = self.offsets[start]
+        records, duration, interrupted = await _run_load(
+            self.session,
+            self.url,
+            self.bodies,
+            self.workload,
+            [(i, self.offsets[i] - base) for i in range(start, stop)],
+            self.settings,
+            self.chat,
+        )
+        self.records += records
+        self.unsent = range(stop, len(self.workload))
+        self.duration += duration
+        self.interrupted = self.interrupted or interrupted
+        return interrupted
+
+    def _cancelled(self, i: int) -> RequestRecord:
+        s = self.workload[i]
+        rec = RequestRecord(i, s.prompt_len, s.expected_output_len, self.offsets[i])
+        rec.error = "cancelled"
+        return rec
+
+    async def send_fanout(self) -> None:
+        """The whole workload from other processes or hosts (--workers N / --ray)."""
+        try:
+            self.outcome = await fanout.run_fanout(
+                self.url, self.chat, self.workload, self.bodies, self.offsets, self.settings
+            )
+        except LoadWorkerError as exc:
+            raise BenchmarkError(str(exc)) from None
+        self.records, self.duration = self.outcome.records, self.outcome.duration_s
+        self.interrupted = self.outcome.interrupted
+
+    async def finish(self) -> BenchmarkResult:
+        """Count after (once the engine's counters arrived), then compute the result."""
+        lag = self.probe.stop() if self.probe is not None else []
+        load = self.outcome or fanout.single(self.records, self.duration, self.interrupted, lag)
+        if self.wirebench and not self.interrupted:
             try:
                 await _settle()
             except asyncio.CancelledError:  # Ctrl-C now: keep the finished run
-                interrupted = True
+                self.interrupted = True
                 uncancel_current_task()
-        after = await scrape_metrics(session, base_url)
-        budget = await ipc.fetch_budget(session, base_url, cursor, [r.server_id for r in records if r.success])
-
-    result_metrics = M.compute_metrics(
-        records,
-        duration,
-        selected_metrics=settings.selected_metrics,
-        percentiles=settings.percentiles,
-        goodput_slos_ms=settings.goodput_slos_ms,
-    )
-    return BenchmarkResult(
-        metrics=result_metrics,
-        records=records,
-        settings=settings,
-        base_url=base_url,
-        model=model,
-        codec=codec_name(after) or codec_name(before),
-        payload_kind=payload_kind(workload),
-        num_prompts=len(workload),
-        started_at=started_at,
-        interrupted=interrupted,
-        warmup_failed=warmup_failed,
-        codec_figures=codec_figures(before, after),
-        client_health=fanout.health(load, settings.request_rate, settings.max_concurrency),
-        ipc=budget,
-        engine=runs_on.with_step_counts(runs_on.from_metrics(after) or runs_on.from_metrics(before), before, after),
-    )
+        after = await scrape_metrics(self.session, self.base_url)
+        if self.interrupted and self.outcome is None:  # blocks never sent are requests lost to Ctrl-C
+            self.records += [self._cancelled(i) for i in self.unsent]
+            self.unsent = range(0)
+        records = self.records
+        budget = await ipc.fetch_budget(
+            self.session, self.base_url, self.cursor, [r.server_id for r in records if r.success]
+        )
+        settings = self.settings
+        result_metrics = M.compute_metrics(
+            records,
+            self.duration,
+            selected_metrics=settings.selected_metrics,
+            percentiles=settings.percentiles,
+            goodput_slos_ms=settings.goodput_slos_ms,
+        )
+        return BenchmarkResult(
+            metrics=result_metrics,
+            records=records,
+            settings=settings,
+            base_url=self.base_url,
+            model=self.model,
+            codec=codec_name(after) or codec_name(self.before),
+            payload_kind=payload_kind(self.workload),
+            num_prompts=len(self.workload),
+            started_at=self.started_at,
+            interrupted=self.interrupted,
+            warmup_failed=self.warmup_failed,
+            codec_figures=codec_figures(self.before, after),
+            client_health=fanout.health(load, settings.request_rate, settings.max_concurrency),
+            ipc=budget,
+            engine=runs_on.with_step_counts(
+                runs_on.from_metrics(after) or runs_on.from_metrics(self.before), self.before, after
+            ),
+        )
 
 
 def exposes_codec_counters(metrics_text: str | None) -> bool:
@@ -307,11 +384,12 @@ async def _run_load(
     url: str,
     bodies: list[bytes],
     workload: list[SampleRequest],
-    offsets: list[float],
+    planned: list[tuple[int, float]],
     settings: LoadSettings,
     chat: bool,
 ) -> tuple[list[RequestRecord], float, bool]:
-    records = [RequestRecord(i, s.prompt_len, s.expected_output_len, offsets[i]) for i, s in enumerate(workload)]
+    """Send each (index, offset) of ``planned`` at its offset from now; wait for all."""
+    records = [RequestRecord(i, workload[i].prompt_len, workload[i].expected_output_len, at) for i, at in planned]
     slots = asyncio.Semaphore(settings.max_concurrency) if settings.max_concurrency else None
     progress = Progress(len(records), enabled=settings.progress, label=settings.progress_label)
     # As benchmark_serving does: collect now and keep the prepared workload out
