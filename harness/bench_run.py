@@ -95,8 +95,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="keep every arm's server up for the round and let the arms take turns, N requests at a time "
-        "(A B, B A, ...): each arm sees the same moments of a shared machine. 0 (default): each arm "
-        "serves the whole workload in turn",
+        "(A B, B A, ...): each arm sees the same moments of a shared machine; 0: each arm serves the "
+        "whole workload in turn (default %(default)s)",
     )
     p.add_argument(
         "--margin-pct",

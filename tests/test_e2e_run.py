@@ -208,6 +208,7 @@ def test_calibrate_runs_an_aa_arm_and_a_known_cost(tmp_path):
     assert cal["reference_mean_ttft_ms"] == pytest.approx(ref_ttft)
     assert injected["cost_pct_of_measured_ttft"] == pytest.approx(100 * injected["cost_ms"] / ref_ttft)
     assert doc["metadata"]["request_rate"] == {"rate": 20.0, "auto": False}
+    assert doc["metadata"]["flags"]["block_size"] == 20  # calibrate takes turns in blocks by default
     assert "A/A (pickle vs pickle#2)" in done.stdout
 
 
