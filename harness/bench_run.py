@@ -330,11 +330,18 @@ def run_round_in_blocks(
         if urls:
             results = asyncio.run(_load_in_blocks(urls, workload, args, rnd))
             for i, result in results.items():
-                _settle_outcome(outcomes[i], result, args, tokenizer_id)
+                _outcome_from(outcomes[i], result, args, tokenizer_id)
     finally:
-        for server in servers.values():
-            server.stop()
+        stop_all(list(servers.values()))
     return outcomes
+
+
+def stop_all(servers: list[ServerProcess]) -> None:
+    """Signal every server first, then wait for each: they stop together, not one after another."""
+    for server in servers:
+        server.request_stop()
+    for server in servers:
+        server.stop()
 
 
 async def _load_in_blocks(urls: dict[int, str], workload: list, args: argparse.Namespace, rnd: int) -> dict[int, Any]:
@@ -345,9 +352,11 @@ async def _load_in_blocks(urls: dict[int, str], workload: list, args: argparse.N
     import aiohttp
 
     from harness.loadgen.runner import BenchmarkError, LoadSettings, ServerLoad
+    from harness.loadgen.workers import uncancel_current_task
 
     settings = replace(LoadSettings.from_args(args), progress=False)  # blocks are too short for a bar
     results: dict[int, Any] = {}
+    stopped = False
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         loads: dict[int, ServerLoad] = {}
         for i, url in urls.items():
@@ -357,11 +366,21 @@ async def _load_in_blocks(urls: dict[int, str], workload: list, args: argparse.N
             except BenchmarkError as exc:  # e.g. the codec cannot carry this payload
                 results[i] = exc
                 continue
+            except asyncio.CancelledError:  # Ctrl-C while warming up: nothing is sent, what began is kept
+                uncancel_current_task()
+                stopped = True
+                break
             loads[i] = load
-        stopped = await _take_turns(list(loads.values()), len(workload), args.block_size, rnd)
+        if not stopped:
+            stopped = await _take_turns(list(loads.values()), len(workload), args.block_size, rnd)
         for i, load in loads.items():
             load.interrupted = load.interrupted or stopped  # the round ended early for every arm
-            results[i] = await load.finish()
+            while i not in results:
+                try:
+                    results[i] = await load.finish()
+                except asyncio.CancelledError:  # Ctrl-C while counting after: count again, keep the run
+                    uncancel_current_task()
+                    load.interrupted = True
     return results
 
 
@@ -375,7 +394,7 @@ async def _take_turns(loads: list[Any], n: int, block: int, rnd: int) -> bool:
     return False
 
 
-def _settle_outcome(outcome: RunOutcome, result: Any, args: argparse.Namespace, tokenizer_id: str) -> None:
+def _outcome_from(outcome: RunOutcome, result: Any, args: argparse.Namespace, tokenizer_id: str) -> None:
     """An arm's outcome from what its load returned (a result) or raised (a failed warmup)."""
     from harness.loadgen.runner import BenchmarkError
 
@@ -608,7 +627,8 @@ def resolve_rate(arms: list[ArmSpec], args: argparse.Namespace, workload: list, 
 def run_rounds(
     arms: list[ArmSpec], args: argparse.Namespace, workload: list, tokenizer_id: str
 ) -> tuple[list[RunOutcome], bool]:
-    """Every round of every arm, in round_order; stops at Ctrl-C keeping what finished."""
+    """Every round of every arm, in round_order (with --block-size, every arm of a round at once,
+    taking turns); stops at Ctrl-C keeping what finished."""
     if getattr(args, "block_size", 0):
         return _rounds_in_blocks(arms, args, workload, tokenizer_id)
     plan = [(rnd, arm) for rnd in range(args.repeat) for arm in round_order(arms, rnd)]

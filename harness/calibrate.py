@@ -18,6 +18,7 @@ compare document is saved as ``calibrate-<stamp>.json`` with that summary.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -70,6 +71,8 @@ def probe_ttft_ms(codec: str, args: argparse.Namespace, workload: list, tokenize
             outcome = bench_run.run_one(arm, -1, args, workload, tokenizer_id)
     finally:
         args.save_result = saved
+    if outcome.status == "interrupted":
+        raise KeyboardInterrupt
     if outcome.result is None:
         raise RuntimeError(f"the probe run of {codec} failed: {outcome.status}: {outcome.message}")
     return float(outcome.result.metrics.ttft.mean)
@@ -86,7 +89,8 @@ def summarize(comparison: Comparison, costs: dict[str, float], probe_ms: float) 
     aa_cells = [c for c in comparison.cells if c.arm == aa]
     false_pos = [c.figure.label for c in aa_cells if c.verdict.verdict in ("slower", "faster")]
     # The costs are sized on the probe; the rounds' own reference TTFT says what they came to.
-    ref_ttft = statistics.median(comparison.arms[0].values(JUDGED_FOR_DETECTION))
+    measured = [v for v in comparison.arms[0].values(JUDGED_FOR_DETECTION) if math.isfinite(v) and v > 0]
+    ref_ttft = statistics.median(measured) if measured else math.nan
     injected: list[dict[str, Any]] = []
     for label, pct in costs.items():
         cell = comparison.cell(label, JUDGED_FOR_DETECTION)
@@ -97,7 +101,7 @@ def summarize(comparison: Comparison, costs: dict[str, float], probe_ms: float) 
                 "arm": label,
                 "cost_pct_of_ttft": pct,
                 "cost_ms": cost_ms,
-                "cost_pct_of_measured_ttft": 100 * cost_ms / ref_ttft,
+                "cost_pct_of_measured_ttft": 100 * cost_ms / ref_ttft,  # NaN without a measured TTFT
                 "verdict": verdict.verdict if verdict else "not comparable",
                 "text": verdict.text if verdict else "",
                 "detected": bool(verdict and verdict.verdict == "slower"),

@@ -66,6 +66,11 @@ class ServerProcess:
             raise RuntimeError(f"bench serve did not become ready: {tail}")
         return self.base_url
 
+    def request_stop(self, sig: int = signal.SIGTERM) -> None:
+        """Ask the server to stop without waiting (stop() waits)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         """Signal the server and wait; past the timeout kill its whole process group."""
         if self.proc.poll() is None:

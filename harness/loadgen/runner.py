@@ -208,9 +208,10 @@ async def run_benchmark(
 
 
 class ServerLoad:
-    """One server's part of a benchmark, in three steps: ``begin`` (warm up, count before),
-    ``send_block`` once for the whole workload (run_benchmark) or once per block of it
-    (bench run --block-size: the arms take turns), ``finish`` (count after, compute)."""
+    """One server's part of a benchmark, in three steps: ``begin`` (warm up, count before);
+    ``send_block`` once for the whole workload (run_benchmark) or once per block of it (bench
+    run --block-size: the arms take turns), or ``send_fanout`` (--workers/--ray); ``finish``
+    (count after, compute). Record times count from the first block's start."""
 
     def __init__(
         self,
@@ -241,7 +242,8 @@ class ServerLoad:
         self.before: str | None = None
         self.wirebench = False
         self.cursor: Any = None
-        self.probe: LoopLagProbe | None = None
+        self.origin: float | None = None  # perf_counter at the first block's start: the records' zero
+        self.loop_lag_s: list[float] = []  # the guard's event-loop lag, sampled while blocks run
         self.outcome: fanout.LoadOutcome | None = None
 
     async def begin(self) -> None:
@@ -255,13 +257,13 @@ class ServerLoad:
             await _settle()
             self.before = await scrape_metrics(self.session, self.base_url)
         self.cursor = await ipc.spans_cursor(self.session, self.base_url) if self.wirebench else None
-        self.probe = LoopLagProbe.start()  # the guard's event-loop lag, as every worker measures it
 
     async def send_block(self, start: int, stop: int) -> bool:
-        """Requests start..stop-1 on their schedule, from now (offsets taken from the block's first);
-        waits for all of them. Returns whether it was interrupted (then nothing more should be sent)."""
+        """Requests start..stop-1 on their schedule, the block's first sent now; waits for all of
+        them. Returns whether it was interrupted (then nothing more should be sent)."""
         base = self.offsets[start]
-        records, duration, interrupted = await _run_load(
+        probe = LoopLagProbe.start()  # as every worker measures it
+        records, duration, interrupted, self.origin = await _run_load(
             self.session,
             self.url,
             self.bodies,
@@ -269,7 +271,9 @@ class ServerLoad:
             [(i, self.offsets[i] - base) for i in range(start, stop)],
             self.settings,
             self.chat,
+            self.origin,
         )
+        self.loop_lag_s += probe.stop()
         self.records += records
         self.unsent = range(stop, len(self.workload))
         self.duration += duration
@@ -278,7 +282,7 @@ class ServerLoad:
 
     def _cancelled(self, i: int) -> RequestRecord:
         s = self.workload[i]
-        rec = RequestRecord(i, s.prompt_len, s.expected_output_len, self.offsets[i])
+        rec = RequestRecord(i, s.prompt_len, s.expected_output_len, math.nan)  # never scheduled
         rec.error = "cancelled"
         return rec
 
@@ -295,8 +299,6 @@ class ServerLoad:
 
     async def finish(self) -> BenchmarkResult:
         """Count after (once the engine's counters arrived), then compute the result."""
-        lag = self.probe.stop() if self.probe is not None else []
-        load = self.outcome or fanout.single(self.records, self.duration, self.interrupted, lag)
         if self.wirebench and not self.interrupted:
             try:
                 await _settle()
@@ -308,6 +310,7 @@ class ServerLoad:
             self.records += [self._cancelled(i) for i in self.unsent]
             self.unsent = range(0)
         records = self.records
+        load = self.outcome or fanout.single(records, self.duration, self.interrupted, self.loop_lag_s)
         budget = await ipc.fetch_budget(
             self.session, self.base_url, self.cursor, [r.server_id for r in records if r.success]
         )
@@ -387,16 +390,24 @@ async def _run_load(
     planned: list[tuple[int, float]],
     settings: LoadSettings,
     chat: bool,
-) -> tuple[list[RequestRecord], float, bool]:
-    """Send each (index, offset) of ``planned`` at its offset from now; wait for all."""
-    records = [RequestRecord(i, workload[i].prompt_len, workload[i].expected_output_len, at) for i, at in planned]
+    run_origin: float | None = None,
+) -> tuple[list[RequestRecord], float, bool, float]:
+    """Send each (index, offset) of ``planned`` at its offset from the start (once the client's GC is
+    settled); wait for all. Record times count from ``run_origin`` (a perf_counter value; default this
+    start). Returns the records, the seconds from the start until the last finished, whether Ctrl-C
+    stopped it, and the origin used."""
     slots = asyncio.Semaphore(settings.max_concurrency) if settings.max_concurrency else None
-    progress = Progress(len(records), enabled=settings.progress, label=settings.progress_label)
     # As benchmark_serving does: collect now and keep the prepared workload out
     # of later collections, so GC pauses in the client are short.
     gc.collect()
     gc.freeze()
-    origin = time.perf_counter()
+    started = time.perf_counter()
+    origin = started if run_origin is None else run_origin
+    records = [
+        RequestRecord(i, workload[i].prompt_len, workload[i].expected_output_len, at + (started - origin))
+        for i, at in planned
+    ]
+    progress = Progress(len(records), enabled=settings.progress, label=settings.progress_label)
 
     async def one(rec: RequestRecord) -> None:
         await send_within(
@@ -409,6 +420,6 @@ async def _run_load(
         interrupted = await send_on_schedule(records, origin, one)
     finally:
         gc.unfreeze()
-    duration = time.perf_counter() - origin
+    duration = time.perf_counter() - started
     progress.close()
-    return records, duration, interrupted
+    return records, duration, interrupted, origin
