@@ -29,9 +29,11 @@ import re
 import shlex
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from harness import stats
 from harness import table as text_table
@@ -64,6 +66,7 @@ from wirecodecs import (
 )
 
 SERVER_READY_TIMEOUT_S = 300.0
+T = TypeVar("T")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -230,8 +233,8 @@ def check_run_flags(args: argparse.Namespace) -> None:
     LoadSettings.from_args(argparse.Namespace(**{**vars(args), "request_rate": math.inf}))
 
 
-def round_order(arms: list[ArmSpec], rnd: int) -> list[ArmSpec]:
-    """The arms in round ``rnd``: as given on even rounds, reversed on odd ones (drift cancels in pairs)."""
+def round_order(arms: list[T], rnd: int) -> list[T]:
+    """The arms in round ``rnd`` (or block): as given on even ones, reversed on odd ones (drift cancels in pairs)."""
     return arms if rnd % 2 == 0 else arms[::-1]
 
 
@@ -388,7 +391,7 @@ async def _take_turns(loads: list[Any], n: int, block: int, rnd: int) -> bool:
     """Blocks of ``block`` requests to each load in turn, the order reversed every other block (and
     round). True when Ctrl-C stopped it."""
     for b, start in enumerate(range(0, n, block)):
-        for load in loads if (b + rnd) % 2 == 0 else loads[::-1]:
+        for load in round_order(loads, b + rnd):
             if await load.send_block(start, min(start + block, n)):
                 return True
     return False
@@ -629,43 +632,40 @@ def run_rounds(
 ) -> tuple[list[RunOutcome], bool]:
     """Every round of every arm, in round_order (with --block-size, every arm of a round at once,
     taking turns); stops at Ctrl-C keeping what finished."""
-    if getattr(args, "block_size", 0):
-        return _rounds_in_blocks(arms, args, workload, tokenizer_id)
-    plan = [(rnd, arm) for rnd in range(args.repeat) for arm in round_order(arms, rnd)]
     outcomes: list[RunOutcome] = []
-    for i, (rnd, arm) in enumerate(plan, 1):
-        print(f"\n[{i}/{len(plan)}] {arm.label} round {rnd + 1}/{args.repeat}: starting bench serve", flush=True)
-        args.progress_label = f"[{i}/{len(plan)}] {arm.label} r{rnd + 1}"  # the progress bar says where we are
+    for tag, announce, step in _steps(arms, args, workload, tokenizer_id):
+        print(announce, flush=True)
         try:
-            outcome = run_one(arm, rnd, args, workload, tokenizer_id)
-        except KeyboardInterrupt:
-            return outcomes, True
-        outcomes.append(outcome)
-        if outcome.status in ("error", "unsupported"):
-            print(f"[{i}/{len(plan)}] {arm.label}: {outcome.status}: {outcome.message}", flush=True)
-        if outcome.status == "interrupted":
-            return outcomes, True
-    return outcomes, False
-
-
-def _rounds_in_blocks(
-    arms: list[ArmSpec], args: argparse.Namespace, workload: list, tokenizer_id: str
-) -> tuple[list[RunOutcome], bool]:
-    outcomes: list[RunOutcome] = []
-    for rnd in range(args.repeat):
-        print(
-            f"\n[round {rnd + 1}/{args.repeat}] {len(arms)} arms taking turns in blocks of {args.block_size} "
-            "requests: starting their servers",
-            flush=True,
-        )
-        try:
-            done = run_round_in_blocks(arms, rnd, args, workload, tokenizer_id)
+            done = step()
         except KeyboardInterrupt:
             return outcomes, True
         outcomes += done
         for outcome in done:
             if outcome.status in ("error", "unsupported"):
-                print(f"[round {rnd + 1}] {outcome.arm.label}: {outcome.status}: {outcome.message}", flush=True)
+                print(f"{tag} {outcome.arm.label}: {outcome.status}: {outcome.message}", flush=True)
         if any(o.status == "interrupted" for o in done):
             return outcomes, True
     return outcomes, False
+
+
+def _steps(
+    arms: list[ArmSpec], args: argparse.Namespace, workload: list, tokenizer_id: str
+) -> Iterator[tuple[str, str, Callable[[], list[RunOutcome]]]]:
+    """What run_rounds runs, in order: (tag for its messages, the line announcing it, the step)."""
+    if getattr(args, "block_size", 0):
+        for rnd in range(args.repeat):
+            announce = (
+                f"\n[round {rnd + 1}/{args.repeat}] {len(arms)} arms taking turns in blocks of {args.block_size} "
+                "requests: starting their servers"
+            )
+            yield f"[round {rnd + 1}]", announce, partial(run_round_in_blocks, arms, rnd, args, workload, tokenizer_id)
+        return
+    plan = [(rnd, arm) for rnd in range(args.repeat) for arm in round_order(arms, rnd)]
+    for i, (rnd, arm) in enumerate(plan, 1):
+        args.progress_label = f"[{i}/{len(plan)}] {arm.label} r{rnd + 1}"  # the progress bar says where we are
+        announce = f"\n[{i}/{len(plan)}] {arm.label} round {rnd + 1}/{args.repeat}: starting bench serve"
+        yield f"[{i}/{len(plan)}]", announce, partial(_one_step, arm, rnd, args, workload, tokenizer_id)
+
+
+def _one_step(arm: ArmSpec, rnd: int, args: argparse.Namespace, workload: list, tokenizer_id: str) -> list[RunOutcome]:
+    return [run_one(arm, rnd, args, workload, tokenizer_id)]

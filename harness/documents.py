@@ -445,15 +445,18 @@ def collect_runs(source: Source) -> list[RunEntry]:
                 if is_run(doc) and not is_compare(doc):
                     add(_entry_from_run(child, doc))
             continue
-        doc = read_json(p)
-        if is_compare(doc):
-            for entry in _entries_from_compare(p, doc):
-                add(entry)
-        elif is_run(doc):
-            add(_entry_from_run(p, doc))
-        else:
-            raise ResultsError(f"{p}: neither a run file nor a compare file")
+        for entry in entries_of(p, read_json(p)):
+            add(entry)
     return entries
+
+
+def entries_of(path: Path, doc: dict[str, Any]) -> list[RunEntry]:
+    """The runs of one file already read: a compare document's, or the run itself."""
+    if is_compare(doc):
+        return _entries_from_compare(path, doc)
+    if is_run(doc):
+        return [_entry_from_run(path, doc)]
+    raise ResultsError(f"{path}: neither a run file nor a compare file")
 
 
 def as_float(value: Any) -> float:

@@ -45,7 +45,7 @@ from typing import Any
 
 from harness import stats
 from harness.compare import Arm, Comparison, arms_by_label, compare, median_cell, summary_line
-from harness.documents import ResultsError, RunEntry, collect_runs, is_compare, read_json
+from harness.documents import ResultsError, RunEntry, collect_runs, entries_of, is_compare, read_json
 from harness.plots import arm_colors, pyplot
 from harness.stats import Figure
 
@@ -121,7 +121,7 @@ def classify(results: Sequence[str]) -> Inputs:
         if doc.get("kind") == "sweep":
             out.sweeps.append((path, _with_crossings(doc)))
         else:
-            out.runs[item] = collect_runs(path)
+            out.runs[item] = entries_of(path, doc)  # the file is read once
             (out.compares if is_compare(doc) else out.direct).append(item)
     return out
 
