@@ -1,8 +1,9 @@
 """``bench``: the command-line entry point.
 
-Each subcommand lives in its own module with ``add_arguments(parser)`` and
-``main(args) -> int``; modules are imported only when their command runs, so
-``bench micro`` does not pay for aiohttp and ``bench load`` not for torch.
+Each subcommand lives in its own module under ``harness/commands/`` with
+``add_arguments(parser)``, ``main(args) -> int`` and optionally ``PRESETS``;
+modules are imported only when their command runs, so ``bench micro`` does not
+pay for aiohttp and ``bench load`` not for torch.
 """
 
 from __future__ import annotations
@@ -11,20 +12,20 @@ import argparse
 import importlib
 import sys
 
-from harness import parent_watch
+from harness.wire import parent_watch
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "micro": ("harness.micro", "time each codec on fixed payloads against one memcpy"),
-    "serve": ("harness.serve", "start the OpenAI-compatible frontend and the engine"),
-    "load": ("harness.loadgen.cli", "replay a workload against an OpenAI-compatible server"),
-    "run": ("harness.bench_run", "for each codec: start a server, load it, report side by side with verdicts"),
+    "micro": ("harness.commands.micro", "time each codec on fixed payloads against one memcpy"),
+    "serve": ("harness.commands.serve", "start the OpenAI-compatible frontend and the engine"),
+    "load": ("harness.commands.load", "replay a workload against an OpenAI-compatible server"),
+    "run": ("harness.commands.run", "for each codec: start a server, load it, report side by side with verdicts"),
     "compare": (
-        "harness.bench_compare",
+        "harness.commands.compare",
         "verdicts over saved results; with --baseline, the CI regression gate",
     ),
-    "calibrate": ("harness.calibrate", "what this machine can resolve: an A/A run and injected known costs"),
-    "sweep": ("harness.sweep", "codecs over a grid of payload sizes and request rates: crossover curves"),
-    "report": ("harness.htmlreport", "one self-contained HTML file: tables, verdicts, CDFs, budgets, sweeps"),
+    "calibrate": ("harness.commands.calibrate", "what this machine can resolve: an A/A run and injected known costs"),
+    "sweep": ("harness.commands.sweep", "codecs over a grid of payload sizes and request rates: crossover curves"),
+    "report": ("harness.commands.report", "one self-contained HTML file: tables, verdicts, CDFs, budgets, sweeps"),
 }
 
 
@@ -36,7 +37,12 @@ def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
         cmd = sub.add_parser(name, help=help_text, description=help_text)
         # Only the chosen command's module is imported to add its flags.
         if name == wanted:
-            importlib.import_module(module).add_arguments(cmd)
+            command = importlib.import_module(module)
+            command.add_arguments(cmd)
+            # A preset flag (sweep's --quick) changes defaults before parsing, so flags given still win.
+            for flag, defaults in getattr(command, "PRESETS", {}).items():
+                if flag in argv:
+                    cmd.set_defaults(**defaults)
     return parser, wanted
 
 

@@ -3,7 +3,7 @@
 
     scripts/check_regression.py CURRENT_COMPARE_JSON BASELINE_COMPARE_JSON [--threshold-pct 5]
 
-The same as ``bench compare CURRENT --baseline BASELINE`` (``harness/gate.py``
+The same as ``bench compare CURRENT --baseline BASELINE`` (``harness/analysis/gate.py``
 has the method and the exit codes: 0 pass, 1 regression, 2 unusable input,
 3 too noisy with --fail-on-noise).
 """
@@ -14,7 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness import gate, stats
+from harness.analysis import stats
+from harness.commands.compare import run_gate_command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     args.sources = [args.current]
-    return gate.main_from_args(args, prog="check_regression")
+    return run_gate_command(args, prog="check_regression")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from harness.results import CODEC_US_COLUMNS, ResultsError, itls_frame, requests_frame, runs_frame  # noqa: E402
+from harness.analysis.frames import CODEC_US_COLUMNS, ResultsError, itls_frame, requests_frame, runs_frame  # noqa: E402
 
 BAR_LABELS = {
     "request_encode_us": "request encode (frontend)",

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
-"""Measure the false-positive rate and power of harness/stats.py's verdicts by simulation.
+"""Measure the false-positive rate and power of harness/analysis/stats.py's verdicts by simulation.
 
     .venv/bin/python scripts/stats_calibration.py [--simulations 1000] [--seed 1]
 
-About a minute with the defaults; harness/stats.py quotes a --simulations 10000 run.
+About a minute with the defaults; docs/method.md quotes a --simulations 10000 run.
 
 Each simulated table is one codec pair over the 11 figures of a ``bench run``
 table, arms interleaved A B in every round (A B B A in the rows that say so). Per arm
@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from harness.stats import (
+from harness.analysis.stats import (
     ALPHA,
     DEFAULT_MARGIN_PCT,
     DEFAULT_ROUNDS,

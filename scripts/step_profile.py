@@ -27,7 +27,7 @@ from harness.engine.executor import TorchExecutor
 from harness.engine.opcount import OpCounter
 from harness.engine.scheduler import Scheduler
 from harness.engine.step import SchedulerOutput
-from harness.messages import EngineCoreRequest, SamplingParams
+from harness.wire.messages import EngineCoreRequest, SamplingParams
 
 
 def _request(i: int, prompt_len: int, max_tokens: int, vocab: int, params: dict) -> EngineCoreRequest:

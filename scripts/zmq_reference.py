@@ -9,7 +9,7 @@ PUSHes them over an ipc socket in a private temporary directory exactly as the
 frontend's engine client does (``send_multipart(copy=False)``) and a receiver
 process PULLs them as the engine's input thread does (``recv_multipart(copy=False)``).
 One way = receive returned − send called, both on CLOCK_MONOTONIC, the same
-definition as the IPC budget's "request wire" (``harness.spans``). Sends are
+definition as the IPC budget's "request wire" (``harness.wire.spans``). Sends are
 paced (one in flight at a time), so no queueing enters the figure. Also
 printed: one memcpy of the same bytes, the floor of any copy.
 """
@@ -27,8 +27,8 @@ import numpy as np
 import zmq
 
 import wirecodecs
-from harness import micro
-from harness.transport import frames_nbytes
+from harness.micro.payloads import PAYLOADS
+from harness.wire.transport import frames_nbytes
 
 
 def receiver(address: str, iterations: int, conn: Connection) -> None:
@@ -48,11 +48,11 @@ def receiver(address: str, iterations: int, conn: Connection) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--codec", default="msgspec-oob")
-    p.add_argument("--payload", default="tensor-fp32-1024", choices=list(micro.PAYLOADS))
+    p.add_argument("--payload", default="tensor-fp32-1024", choices=list(PAYLOADS))
     p.add_argument("--iterations", type=int, default=200)
     args = p.parse_args()
 
-    msg = micro.PAYLOADS[args.payload]()
+    msg = PAYLOADS[args.payload]()
     frames = wirecodecs.get_codec(args.codec).encode(msg)
     nbytes = frames_nbytes(frames)
     folder = tempfile.mkdtemp(prefix="wirebench-zmqref-")

@@ -13,8 +13,8 @@ from typing import Any
 
 from harness.frontend.engine_client import EngineDeadError, RequestRejectedError
 from harness.frontend.timeline import Timelines
-from harness.messages import CodecStats, EngineCoreOutput, EngineCoreRequest, FinishReason
-from harness.spans import FrontPoints
+from harness.wire.messages import CodecStats, EngineCoreOutput, EngineCoreRequest, FinishReason
+from harness.wire.spans import FrontPoints
 
 
 class FakeEngine:

@@ -13,7 +13,7 @@ stream; ``NODONE`` → the stream ends without ``data: [DONE]``; ``BADJSON`` →
 one malformed SSE event; ``ERROREVENT`` → a ``data: {"error": ...}`` event
 after the first chunk, then the stream ends (as wirebench's frontend does).
 
-/metrics serves wirebench's codec counters (rendered by harness.prom) with
+/metrics serves wirebench's codec counters (rendered by harness.wire.prom) with
 fixed costs per message, so the load generator's codec figures are known.
 """
 
@@ -27,8 +27,8 @@ from typing import Any
 
 from aiohttp import web
 
-from harness import prom
-from harness.messages import CodecStats
+from harness.wire import prom
+from harness.wire.messages import CodecStats
 
 # Fixed fake codec costs per message.
 REQ_ENCODE_NS, REQ_DECODE_NS, REQ_BYTES, REQ_FRAMES = 5_000, 7_000, 1_000, 1

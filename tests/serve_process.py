@@ -6,7 +6,7 @@ import socket
 import time
 from pathlib import Path
 
-from harness.serve_process import ServerProcess
+from harness.experiment.server import ServerProcess
 
 
 def child_pids(pid: int) -> list[int]:
@@ -46,7 +46,7 @@ def ipc_dirs() -> set[str]:
 
 
 def shm_segments() -> set[str]:
-    from harness.shm import SHM_DIR
+    from harness.wire.shm import SHM_DIR
 
     return {p.name for p in SHM_DIR.glob("wirebench-*")}
 

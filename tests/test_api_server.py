@@ -22,14 +22,14 @@ from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestClient, TestServer
 from PIL import Image
 
-from harness import prom
 from harness.engine.config import EngineConfig
 from harness.frontend.app import build_app
 from harness.frontend.inputs import FALLBACK_IMAGE_TOKEN_ID
 from harness.frontend.outputs import StopStringFilter
 from harness.frontend.settings import FrontendSettings
-from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
-from harness.tokenizer import load_tokenizer
+from harness.wire import prom
+from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
+from harness.wire.tokenizer import load_tokenizer
 from harness.workloads.images import synthetic_image, to_data_url
 
 from fake_engine import FakeEngine

@@ -1,12 +1,15 @@
-"""bench run's pure parts: codec lists and arms, round order, forwarded flags, the report."""
+"""The experiment's pure parts: codec lists and arms, round order, forwarded flags, the report."""
 
 import argparse
 
 import pytest
 
-from harness.bench_run import ArmSpec, add_arguments, format_report, parse_codecs, round_order, server_flags
-from harness.compare import Arm, compare
-from harness.documents import RunEntry
+from harness.analysis.compare import Arm, compare
+from harness.analysis.comparison_text import format_comparison as format_report
+from harness.analysis.runs import RunEntry
+from harness.commands.run import add_arguments
+from harness.experiment.arms import ArmSpec, parse_codecs, round_order
+from harness.experiment.flags import experiment_from_args
 from wirecodecs import available_codecs
 
 
@@ -36,7 +39,7 @@ def test_server_flags_forward_only_changed_model_settings():
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(["--codec", "all", "--max-num-seqs", "8", "--mm-payload", "tensor", "--seed", "3"])
-    flags = server_flags(args)
+    flags = list(experiment_from_args(args).server.flags)
     assert flags[:2] == ["--seed", "3"]
     assert "--max-num-seqs" in flags and flags[flags.index("--max-num-seqs") + 1] == "8"
     assert "--mm-payload" in flags and "--model-preset" not in flags  # left at its default
@@ -68,7 +71,7 @@ def test_report_with_only_unsupported_codecs():
 def test_arms_take_turns_block_by_block_in_reversed_order_every_other_block():
     import asyncio
 
-    from harness.bench_run import _take_turns
+    from harness.experiment.rounds import take_turns as _take_turns
 
     class FakeLoad:
         def __init__(self, name: str, calls: list, stop_at: tuple | None = None) -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import wirecodecs
-from harness.messages import EngineCoreAbort, EngineCoreOutputs, EngineCoreRequest, SamplingParams
+from harness.wire.messages import EngineCoreAbort, EngineCoreOutputs, EngineCoreRequest, SamplingParams
 from wirecodecs import calibration
 
 from wire_samples import assert_wire_equal, multimodal_request, text_messages

@@ -16,7 +16,7 @@ import zmq
 from PIL import Image
 
 import wirecodecs
-from harness.messages import EngineCoreAbort, EngineCoreOutput, EngineCoreOutputs
+from harness.wire.messages import EngineCoreAbort, EngineCoreOutput, EngineCoreOutputs
 
 from wire_samples import (
     EXPECTATIONS,

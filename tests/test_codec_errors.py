@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import wirecodecs
-from harness.messages import EngineCoreAbort, EngineCoreOutputs, EngineCoreRequest
+from harness.wire.messages import EngineCoreAbort, EngineCoreOutputs, EngineCoreRequest
 from wirecodecs import DecodeError, EncodeError
 
 from wire_samples import (

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import wirecodecs
-from harness.messages import EngineCoreRequest, SamplingParams
+from harness.wire.messages import EngineCoreRequest, SamplingParams
 from wirecodecs import DecodeError
 
 from wire_samples import assert_wire_equal, text_messages
@@ -53,7 +53,7 @@ def test_a_torn_buffer_is_a_decode_error() -> None:
 def test_the_scheduler_slices_a_packed_prompt_and_the_model_sees_the_same_tokens() -> None:
     from harness.engine.executor import TorchExecutor
     from harness.engine.scheduler import Scheduler
-    from harness.messages import pack_token_ids
+    from harness.wire.messages import pack_token_ids
 
     from test_executor import make_config, request, serve, tokens
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 import wirecodecs
-from harness.messages import (
+from harness.wire.messages import (
     EngineCoreAbort,
     EngineCoreOutput,
     EngineCoreOutputs,

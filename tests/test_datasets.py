@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from harness.frontend.images import decode_data_url
-from harness.tokenizer import TextTokenizer, load_tokenizer
+from harness.wire.tokenizer import TextTokenizer, load_tokenizer
 from harness.workloads.datasets import (
     EMBEDDED_SONNETS,
     SONNET_BASE_PROMPT,
@@ -27,6 +27,7 @@ from harness.workloads.datasets import (
 )
 from harness.workloads.images import synthetic_image, to_data_url
 from harness.workloads.sample import SampleRequest
+from harness.workloads.spec import WorkloadSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE_SONNET = Path("/work/shared/reference/sonnet.txt")
@@ -37,10 +38,11 @@ def tok() -> TextTokenizer:
     return load_tokenizer()
 
 
-def parse(*argv: str) -> argparse.Namespace:
+def parse(*argv: str) -> WorkloadSpec:
+    """The workload the dataset flags describe, read once as the commands read it."""
     parser = argparse.ArgumentParser()
     add_dataset_arguments(parser)
-    return parser.parse_args(list(argv))
+    return WorkloadSpec.from_args(parser.parse_args(list(argv)))
 
 
 # -- corpus -------------------------------------------------------------------

@@ -14,11 +14,11 @@ import time
 import pytest
 import zmq
 
-from harness import transport
 from harness.engine.config import EngineConfig
 from harness.engine.process import run_engine
-from harness.messages import EngineCoreOutputs, EngineCoreRequest, FinishReason, SamplingParams
-from harness.transport import EngineAddresses
+from harness.wire import transport
+from harness.wire.messages import EngineCoreOutputs, EngineCoreRequest, FinishReason, SamplingParams
+from harness.wire.transport import EngineAddresses
 from wirecodecs import get_codec
 
 from serve_process import free_port_pair, pid_alive
@@ -104,7 +104,7 @@ def test_engine_stops_when_its_frontend_dies(tmp_path):
         "import multiprocessing, sys, time\n"
         "from harness.engine.config import EngineConfig\n"
         "from harness.engine.process import run_engine\n"
-        "from harness.transport import EngineAddresses\n"
+        "from harness.wire.transport import EngineAddresses\n"
         "if __name__ == '__main__':\n"
         "    addrs = EngineAddresses.private_ipc()\n"
         "    cfg = EngineConfig(codec='msgspec', executor='sim')\n"

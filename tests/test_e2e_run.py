@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import prom, stats
+from harness.analysis import stats
+from harness.experiment.server import READY_LINE
 from harness.loadgen.arrivals import plan_arrivals
-from harness.serve_process import READY_LINE
+from harness.wire import prom
 
 pytestmark = pytest.mark.e2e
 
@@ -165,7 +166,7 @@ def test_ctrl_c_or_kill_stops_servers_and_saves_what_it_has(tmp_path, sig):
     from serve_process import still_alive
 
     proc, tree = _start_bench_run(tmp_path)
-    proc.send_signal(getattr(signal, sig))  # SIGTERM takes Ctrl-C's path (harness.parent_watch)
+    proc.send_signal(getattr(signal, sig))  # SIGTERM takes Ctrl-C's path (harness.wire.parent_watch)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
     assert not still_alive(tree)

@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from harness.shm import SHM_DIR
+from harness.wire.shm import SHM_DIR
 from harness.workloads.images import synthetic_image, to_data_url
 
 from serve_process import shm_segments, start_serve, still_alive

@@ -21,14 +21,14 @@ from PIL import Image
 
 from harness.engine import device as device_mod
 from harness.engine.config import EngineConfig
-from harness.engine.device import MemoryPlan, check_fits, visible_gpu
+from harness.engine.device import MemoryPlan, check_fits, count_params, visible_gpu
 from harness.engine.executor import SimExecutor, TorchExecutor
-from harness.engine.model import count_params, get_model_config
+from harness.engine.model import get_model_config
 from harness.engine.opcount import OpCounter
 from harness.engine.scheduler import Scheduler
 from harness.engine.staging import Stager
 from harness.engine.vision import raw_pixels, to_pixels
-from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, SamplingParams
+from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, SamplingParams
 
 EOS = 1
 VOCAB = 128
@@ -182,7 +182,7 @@ def test_images_in_a_batched_prefill_match_alone(executor):
     cfg = make_config(max_num_batched_tokens=256)
     rng = np.random.default_rng(0)
     img = Image.fromarray(rng.integers(0, 256, (40, 30, 3), dtype=np.uint8))
-    from harness.messages import PlaceholderRange
+    from harness.wire.messages import PlaceholderRange
 
     def with_image(rid: str) -> EngineCoreRequest:
         r = request(rid, n=30, seed_tokens=3, max_tokens=5, temperature=0.0, ignore_eos=True)

@@ -13,7 +13,7 @@ from PIL import Image
 from harness.engine.config import EngineConfig
 from harness.engine.executor import SimExecutor, TorchExecutor, make_executor, splice_images, wait_until
 from harness.engine.scheduler import Scheduler
-from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, PlaceholderRange, SamplingParams
+from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, PlaceholderRange, SamplingParams
 
 EOS = 1
 

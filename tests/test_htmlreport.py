@@ -1,4 +1,4 @@
-"""bench report (harness/htmlreport.py): one self-contained HTML page.
+"""bench report (harness/analysis/html_report.py): one self-contained HTML page.
 
 Always run: the page is parsed (html.parser), every image is a data: URI that
 decodes as PNG or SVG, nothing points outside the file, every section is there
@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from test_sweep import synthetic_sweep
 
-from harness import htmlreport
+from harness.analysis import html_report as htmlreport
+from harness.analysis.documents import write_json
 from harness.cli import main as bench
-from harness.documents import write_json
 
 from test_results import write_comparison
 

@@ -94,3 +94,65 @@ def test_the_graph_is_read_and_a_cycle_would_be_found() -> None:
     assert "harness.frontend.inputs" in graph["harness.frontend.app"]
     assert "wirecodecs.base" in graph["wirecodecs.msgspec_codec"]
     assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+# The layers, bottom-up (docs/architecture.md): a package may import its own layer and those below.
+LAYERS = [
+    {"wirecodecs"},
+    {"harness.wire"},
+    {"harness.engine", "harness.frontend"},
+    {"harness.workloads", "harness.loadgen"},
+    {"harness.micro"},
+    {"harness.analysis"},
+    {"harness.experiment"},
+    {"harness.commands", "harness.cli"},
+]
+
+
+def _layer(module: str) -> int | None:
+    for i, packages in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in packages):
+            return i
+    return None
+
+
+def test_imports_point_down_the_layers() -> None:
+    upward = []
+    for name, deps in _graph().items():
+        here = _layer(name)
+        for dep in deps:
+            there = _layer(dep)
+            if here is not None and there is not None and there > here:
+                upward.append(f"{name} -> {dep}")
+    assert not upward, "\n".join(upward)
+
+
+def test_nothing_imports_a_command_module() -> None:
+    importers = [
+        f"{name} -> {dep}"
+        for name, deps in _graph().items()
+        for dep in deps
+        if dep.startswith("harness.commands.") and name != dep
+    ]
+    assert not importers, "\n".join(importers)
+
+
+def test_every_harness_module_is_in_a_layer_and_at_most_500_lines() -> None:
+    for name, path in _modules().items():
+        if name in ("harness", "harness.__init__"):
+            continue
+        assert _layer(name) is not None, f"{name} belongs to no layer"
+        lines = len(path.read_text().splitlines())
+        assert lines <= 500, f"{path.relative_to(ROOT)} has {lines} lines"
+
+
+def test_no_argparse_internals_and_no_namespace_below_the_commands() -> None:
+    """Flags become typed settings once (experiment/flags.py, LoadSettings.from_args, WorkloadSpec.from_args);
+    nothing reaches into argparse's private attributes."""
+    private = ("._actions", "._option_string_actions", "._action_groups", "_ActionsContainer", ".__class__ =")
+    for path in [*(ROOT / "harness").rglob("*.py"), *(ROOT / "scripts").glob("*.py")]:
+        text = path.read_text()
+        assert not any(p in text for p in private), path
+    for path in (ROOT / "harness" / "experiment").glob("*.py"):
+        if path.name not in ("flags.py", "server_flags.py"):  # the two that define flags
+            assert "import argparse" not in path.read_text(), path

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.documents import save_run
-from harness.loadgen import cli, runner
+from harness.analysis.documents import save_run
+from harness.commands import load as cli
+from harness.loadgen import runner
 from harness.loadgen.report import format_report
 from harness.loadgen.runner import BenchmarkError, BenchmarkResult, LoadSettings, run_benchmark
 from harness.workloads.sample import SampleRequest

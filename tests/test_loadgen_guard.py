@@ -159,7 +159,7 @@ def test_strict_client_exits_4_when_the_guard_fires(
 ) -> None:
     import argparse
 
-    from harness.loadgen import cli
+    from harness.commands import load as cli
 
     monkeypatch.setattr(cli, "load_workload", lambda args: ([SampleRequest("p", 4, 3)] * 3, "tok"))
     monkeypatch.setattr(guard, "LOOP_LAG_P99_MS", -1.0)  # every loop now counts as too slow

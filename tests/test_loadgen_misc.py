@@ -7,12 +7,12 @@ import io
 
 import pytest
 
-from harness import prom
-from harness.loadgen import cli
+from harness.commands import load as cli
 from harness.loadgen.progress import Progress
 from harness.loadgen.runner import BenchmarkError, LoadSettings, check_endpoint, exposes_codec_counters
 from harness.loadgen.sysinfo import collect_sysinfo
-from harness.messages import CodecStats
+from harness.wire import prom
+from harness.wire.messages import CodecStats
 
 
 def test_progress_draws_only_when_enabled() -> None:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from harness.documents import run_document
+from harness.analysis.documents import run_document
 from harness.loadgen import runner
 from harness.loadgen.runner import BenchmarkResult, LoadSettings, run_benchmark
 from harness.workloads.sample import SampleRequest

@@ -19,8 +19,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from harness.documents import run_document
-from harness.loadgen import cli, runner
+from harness.analysis.documents import run_document
+from harness.commands import load as cli
+from harness.loadgen import runner
 from harness.loadgen.client import RequestRecord
 from harness.loadgen.fanout import local_workers
 from harness.loadgen.metrics import compute_metrics

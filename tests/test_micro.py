@@ -8,36 +8,43 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import cli, micro
-from harness.messages import EngineCoreOutputs, EngineCoreRequest
+import wirecodecs
+from harness import cli
+from harness.analysis import documents
+from harness.analysis.documents import MICRO_SCHEMA
+from harness.commands import micro
+from harness.micro import delivery, payloads, timing
+from harness.wire.messages import EngineCoreOutputs, EngineCoreRequest
+
+BASELINE = Path(__file__).resolve().parents[1] / "results" / "baselines" / "micro.json"
 
 # --- statistics --------------------------------------------------------------
 
 
 def test_median_odd_and_even() -> None:
-    assert micro.median([3, 1, 2]) == 2
-    assert micro.median([4, 1, 3, 2]) == 2.5
-    assert micro.median([7]) == 7
+    assert timing.median([3, 1, 2]) == 2
+    assert timing.median([4, 1, 3, 2]) == 2.5
+    assert timing.median([7]) == 7
 
 
 def test_p99_interpolates_between_ranks() -> None:
     samples = list(range(1, 101))  # 1..100
-    assert micro.p99(samples) == pytest.approx(99.01)
-    assert micro.p99([5, 5, 5]) == 5
+    assert timing.p99(samples) == pytest.approx(99.01)
+    assert timing.p99([5, 5, 5]) == 5
 
 
 def test_p99_ignores_input_order() -> None:
-    assert micro.p99([10, 1, 1000, 5]) == micro.p99([1, 5, 10, 1000])
+    assert timing.p99([10, 1, 1000, 5]) == timing.p99([1, 5, 10, 1000])
 
 
 def test_timing_from_ns_in_microseconds() -> None:
-    t = micro.Timing.from_ns([1000, 2000, 3000])
+    t = timing.Timing.from_ns([1000, 2000, 3000])
     assert (t.p50_us, t.min_us, t.iterations) == (2.0, 1.0, 3)
 
 
 def test_time_calls_meets_min_iterations() -> None:
     calls = []
-    t = micro.time_calls(lambda: calls.append(1), min_iterations=7, min_time_s=0.0)
+    t = timing.time_calls(lambda: calls.append(1), min_iterations=7, min_time_s=0.0)
     assert t.iterations >= 7 and len(calls) >= t.iterations
 
 
@@ -45,7 +52,7 @@ def test_time_calls_meets_min_iterations() -> None:
 
 
 def test_text_payload_is_sonnet_sized() -> None:
-    req = micro.text_request()
+    req = payloads.text_request()
     assert len(req.prompt_token_ids) == 550
     assert 1900 <= len(req.prompt.encode()) <= 2048
     assert req.sampling_params.max_tokens == 150
@@ -54,33 +61,41 @@ def test_text_payload_is_sonnet_sized() -> None:
 
 
 def test_payload_bytes_definition() -> None:
-    req = micro.text_request()
+    req = payloads.text_request()
     expected = 8 * 550 + len(req.prompt.encode()) + len(req.request_id)
-    assert micro.payload_nbytes(req) == expected
-    tensor_req = micro.PAYLOADS["tensor-fp32-1024"]()
+    assert payloads.payload_nbytes(req) == expected
+    tensor_req = payloads.PAYLOADS["tensor-fp32-1024"]()
     assert (
-        micro.payload_nbytes(tensor_req)
-        == micro.payload_nbytes(micro.text_request(extra_tokens=micro.IMAGE_TOKENS)) + 3 * 1024 * 1024 * 4
+        payloads.payload_nbytes(tensor_req)
+        == payloads.payload_nbytes(payloads.text_request(extra_tokens=payloads.IMAGE_TOKENS)) + 3 * 1024 * 1024 * 4
     )
-    outputs = micro.outputs_batch()
+    outputs = payloads.outputs_batch()
     assert len(outputs.outputs) == 64
-    assert micro.payload_nbytes(outputs) == 64 * (8 + len(outputs.outputs[0].request_id))
+    assert payloads.payload_nbytes(outputs) == 64 * (8 + len(outputs.outputs[0].request_id))
 
 
 def test_payloads_are_deterministic() -> None:
-    a, b = micro.PAYLOADS["image-336"](), micro.PAYLOADS["image-336"]()
+    a, b = payloads.PAYLOADS["image-336"](), payloads.PAYLOADS["image-336"]()
     assert a.mm_hashes == b.mm_hashes
     assert a.mm_inputs[0].tobytes() == b.mm_inputs[0].tobytes()
-    assert a.mm_placeholders[0].length == micro.IMAGE_TOKENS
+    assert a.mm_placeholders[0].length == payloads.IMAGE_TOKENS
+
+
+def test_payloads_carry_the_bytes_of_the_committed_baseline() -> None:
+    # Same payload bytes as when results/baselines/micro.json was measured: new runs compare with it.
+    committed = {r["payload"]: r["payload_bytes"] for r in json.loads(BASELINE.read_text()) if "payload_bytes" in r}
+    assert committed.keys() == payloads.PAYLOADS.keys()
+    for name, build in payloads.PAYLOADS.items():
+        assert payloads.payload_nbytes(build()) == committed[name], name
 
 
 def test_round_trip_check_catches_a_changed_message() -> None:
-    sent = micro.text_request()
-    micro.check_round_trip(sent, micro.text_request())
-    changed = micro.text_request()
+    sent = payloads.text_request()
+    timing.check_round_trip(sent, payloads.text_request())
+    changed = payloads.text_request()
     changed.prompt_token_ids[3] += 1
     with pytest.raises(AssertionError):
-        micro.check_round_trip(sent, changed)
+        timing.check_round_trip(sent, changed)
 
 
 def test_parse_names() -> None:
@@ -130,16 +145,32 @@ def test_micro_command_writes_records(tmp_path: Path, capsys: pytest.CaptureFixt
     assert ok["encode_p99_us"] >= ok["encode_p50_us"]
     assert ok["encode_iterations"] >= 3 and ok["decode_iterations"] >= 3
     assert ok["ratio"] == pytest.approx((ok["encode_p50_us"] + ok["decode_p50_us"]) / ok["memcpy_p50_us"])
-    assert ok["payload_bytes"] == micro.payload_nbytes(micro.PAYLOADS["image-336"]())
+    assert ok["payload_bytes"] == payloads.payload_nbytes(payloads.PAYLOADS["image-336"]())
     meta = ok["metadata"]
     for key in ("python", "platform", "cpu_model", "cpu_count"):
         assert meta[key], key
     for lib in ("torch", "msgspec", "pyzmq"):
         assert meta["libraries"][lib], lib
     assert "hostname" not in meta
-    assert ok["schema_version"] == micro.SCHEMA_VERSION
+    assert ok["schema_version"] == MICRO_SCHEMA
     assert meta["torch_threads"] == 1
     assert ok["settings"] == {"min_iterations": 3, "min_time_s": 0.0}
+
+
+def test_micro_document_has_the_committed_keys() -> None:
+    # The same keys, in the same order, as the committed micro documents (readers index them by name).
+    committed = json.loads(BASELINE.read_text())
+    cell_keys = next(list(r) for r in committed if "kind" not in r)
+    delivery_keys = next(list(r) for r in committed if r.get("kind") == "delivery")
+    t = timing.Timing(1.0, 2.0, 0.5, 10)
+    ok = timing.Measurement(timing.MicroCell("pickle", "text-550", "ok", None, t, t, 100, 1), 6487, t)
+    missing = timing.Measurement(timing.MicroCell("pickle", "huge", "error", "building payload: no"), None, None)
+    sent = delivery.Delivery("pickle", "zmq", "text-550", "unsupported", "no frames")
+    doc = documents.micro_document([ok, missing], [timing.DeliveryMeasurement(sent, t)], {}, {})
+    assert [list(r) for r in doc] == [cell_keys, cell_keys, delivery_keys]
+    assert doc[0]["ratio"] == 2.0 and doc[1]["ratio"] is None
+    assert doc[2]["p50_us"] is None  # NaN is written as null: strict JSON
+    assert {r["schema_version"] for r in doc} == {MICRO_SCHEMA}
 
 
 def test_outputs_payload_runs(capsys: pytest.CaptureFixture[str]) -> None:
@@ -152,9 +183,9 @@ def test_a_failing_cell_becomes_an_error_row() -> None:
     class Weird:  # not a wire message: every codec should refuse or fail, not crash the run
         pass
 
-    cell = micro.measure_cell("msgspec", "weird", Weird(), 1, 0.0)
+    cell = timing.measure_cell("msgspec", "weird", Weird(), 1, 0.0)
     assert cell.status in ("unsupported", "error") and cell.reason
-    cell = micro.measure_cell("no-such-codec", "text-550", micro.text_request(), 1, 0.0)
+    cell = timing.measure_cell("no-such-codec", "text-550", payloads.text_request(), 1, 0.0)
     assert cell.status == "error" and "no-such-codec" in cell.reason
 
 
@@ -174,8 +205,8 @@ def test_bad_flags_are_clear_errors(argv: list[str], message: str, capsys: pytes
 def test_messages_types_round_trip_through_every_codec_once() -> None:
     # The payloads are valid wire messages for the codecs that carry them.
     for payload in ("text-550", "outputs-64"):
-        msg = micro.PAYLOADS[payload]()
+        msg = payloads.PAYLOADS[payload]()
         assert isinstance(msg, (EngineCoreRequest, EngineCoreOutputs))
-        for codec in micro.wirecodecs.available_codecs():
-            cell = micro.measure_cell(codec, payload, msg, 1, 0.0)
+        for codec in wirecodecs.available_codecs():
+            cell = timing.measure_cell(codec, payload, msg, 1, 0.0)
             assert cell.status == "ok", (codec, payload, cell.reason)

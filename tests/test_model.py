@@ -8,10 +8,11 @@ import torch
 from PIL import Image
 
 from harness.engine.device import resolve_dtype
-from harness.engine.model import PRESETS, Chunk, StepPlan, build_model, get_model_config
+from harness.engine.model import PRESETS, build_model, get_model_config
 from harness.engine.sampler import Sampler, SampleRow
+from harness.engine.step_plan import Chunk, StepPlan
 from harness.engine.vision import build_vision_encoder, check_mm_input, to_pixels
-from harness.messages import SamplingParams
+from harness.wire.messages import SamplingParams
 
 CPU = torch.device("cpu")
 VOCAB = 300

@@ -1,4 +1,4 @@
-"""harness.results and scripts/plot_results.py (the gate: tests/test_gate.py).
+"""harness.analysis.frames and scripts/plot_results.py (the gate: tests/test_gate.py).
 
 The files are produced by the project's own writers: run files by
 ``documents.save_run`` on hand-built BenchmarkResults, compare files by
@@ -20,15 +20,17 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness import prom
-from harness.bench_run import ArmSpec, RunOutcome, build_arms
-from harness.compare import Comparison, compare_document, judged_figures
-from harness.documents import save_run, write_json
+from harness.analysis.compare import Comparison, compare_document, judged_figures
+from harness.analysis.documents import save_run, write_json
+from harness.analysis.frames import ResultsError, itls_frame, load_compare, load_run, requests_frame, runs_frame
+from harness.experiment.arms import ArmSpec
+from harness.experiment.flow import build_arms
+from harness.experiment.rounds import RunOutcome
 from harness.loadgen.client import RequestRecord
 from harness.loadgen.metrics import compute_metrics
 from harness.loadgen.runner import BenchmarkResult, LoadSettings
 from harness.loadgen.serverstats import CodecFigures, DirectionFigures
-from harness.results import ResultsError, itls_frame, load_compare, load_run, requests_frame, runs_frame
+from harness.wire import prom
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
@@ -167,7 +169,7 @@ def compare_file(tmp_path: Path) -> Path:
     return write_comparison(tmp_path / "run", BASE)
 
 
-# ------------------------------------------------------------------ harness.results
+# ------------------------------------------------------------------ harness.analysis.frames
 
 
 def test_runs_frame_from_compare_file(compare_file: Path) -> None:

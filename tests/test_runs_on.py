@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from harness import prom, runs_on
 from harness.engine.config import EngineConfig
 from harness.engine.executor import TorchExecutor
 from harness.frontend.metrics import FrontendMetrics
-from harness.messages import CodecStats
+from harness.wire import prom, runs_on
+from harness.wire.messages import CodecStats
 
 GPU_INFO = {
     "pid": 123,

@@ -14,7 +14,7 @@ import pytest
 
 from harness.engine.config import EngineConfig
 from harness.engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
-from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, PlaceholderRange, SamplingParams
+from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, PlaceholderRange, SamplingParams
 
 EOS = 2
 
@@ -388,7 +388,7 @@ def test_bad_limits_rejected():
 def test_out_of_range_penalties_are_rejected(field, value):
     from harness.engine.config import EngineConfig
     from harness.engine.scheduler import Scheduler
-    from harness.messages import EngineCoreRequest, SamplingParams
+    from harness.wire.messages import EngineCoreRequest, SamplingParams
 
     s = Scheduler(EngineConfig(vocab_size=64, max_model_len=64, max_num_seqs=2, max_num_batched_tokens=32))
     req = EngineCoreRequest("r", None, [1, 2, 3], SamplingParams(max_tokens=2, **{field: value}), None, 0.0)

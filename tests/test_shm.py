@@ -11,9 +11,10 @@ import sys
 import pytest
 import torch
 
-from harness import delivery, shm
-from harness.micro import PAYLOADS
-from harness.shm import HEADER, Arena, Handle, Mappings, ShmError
+from harness.micro import delivery
+from harness.micro.payloads import PAYLOADS
+from harness.wire import shm
+from harness.wire.shm import HEADER, Arena, Handle, Mappings, ShmError
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 
 from harness.frontend.timeline import Timelines
 from harness.loadgen.ipc import budget_figures, report_lines
-from harness.spans import BatchPoints, EnginePoints, FrontPoints, RequestTimeline, budget, trace_events
+from harness.wire.spans import BatchPoints, EnginePoints, FrontPoints, RequestTimeline, budget, trace_events
 
 
 def points(rid_offset: int = 0) -> tuple[FrontPoints, EnginePoints, dict]:

@@ -1,4 +1,4 @@
-"""harness.stats: t distribution, Holm, paired/Welch comparisons and verdicts (pure functions, fast)."""
+"""harness.analysis.stats: t distribution, Holm, paired/Welch comparisons and verdicts (pure functions, fast)."""
 
 from __future__ import annotations
 
@@ -10,20 +10,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.stats import (
+from harness.analysis.figures import Figure
+from harness.analysis.stats import (
     DEFAULT_MARGIN_PCT,
     DEFAULT_ROUNDS,
     MIN_ROUNDS,
-    Figure,
     PairStats,
     compare_arms,
     holm,
     judge,
     mde_pct,
     rounds_needed,
-    t_ppf,
-    t_sf,
 )
+from harness.analysis.student_t import t_ppf, t_sf
 
 # --- Student t ------------------------------------------------------------------------------------
 

@@ -1,8 +1,8 @@
-"""bench sweep (harness/sweep.py): axes, intervals, crossings in words, the micro part, the plots, and one
-tiny end-to-end sweep (real servers, sim executor).
+"""bench sweep (harness/commands/sweep.py, experiment/sweep.py, analysis/sweep_*.py): axes, intervals,
+crossings in words, the micro part, the plots, and one tiny end-to-end sweep (real servers, sim executor).
 
 No timing is asserted: synthetic per-round values go through the project's own
-statistics (``sweep.judge_family`` → ``harness.stats``), and the measured parts
+statistics (``sweep_stats.judge_family`` → ``harness.analysis.stats``), and the measured parts
 are only checked for shape.
 """
 
@@ -19,11 +19,14 @@ from typing import Any
 
 import pytest
 
-from harness import sweep
+from harness.analysis import sweep_grid, sweep_plots, sweep_stats
+from harness.analysis.documents import SWEEP_SCHEMA, write_json
+from harness.analysis.figures import E2E_FIGURES, MICRO_FIGURES
+from harness.analysis.student_t import interval, t_ppf
+from harness.analysis.sweep_grid import IMAGE_SIDE, REQUEST_RATE, Axis
 from harness.cli import build_parser
-from harness.documents import write_json
-from harness.stats import t_ppf
-from harness.sweep import E2E_FIGURES, IMAGE_SIDE, MICRO_FIGURES, REQUEST_RATE, Axis
+from harness.commands import sweep
+from harness.experiment import sweep as sweep_runs
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -36,7 +39,7 @@ def _rounds(rng: random.Random, mean: float, n: int = 4, noise: float = 0.01) ->
 
 
 def synthetic_sweep(two_axes: bool = False, seed: int = 1) -> dict[str, Any]:
-    """A sweep document as bench sweep writes it, from made-up per-round values judged by harness.stats.
+    """A sweep document as bench sweep writes it, from made-up per-round values judged by harness.analysis.stats.
 
     Codec cost: msgspec-b64 ~3x pickle everywhere; msgspec-oob like pickle at small images, half of it from
     1024 px. End to end: msgspec-oob's TTFT p50 drops 20% at 1024 px; the rest is unchanged.
@@ -55,18 +58,18 @@ def synthetic_sweep(two_axes: bool = False, seed: int = 1) -> dict[str, Any]:
             c: {f.key: _rounds(rng, m * (1.5 if f.key == "delivery_us" else 1)) for f in MICRO_FIGURES}
             for c, m in means.items()
         }
-        verdicts = sweep.judge_family(values["pickle"], {c: values[c] for c in labels[1:]}, MICRO_FIGURES, 5.0)
+        verdicts = sweep_stats.judge_family(values["pickle"], {c: values[c] for c in labels[1:]}, MICRO_FIGURES, 5.0)
         micro_points.append(
             {
                 "at": {IMAGE_SIDE: side},
                 "payload": f"image-{side:g}",
                 "payload_bytes": nbytes,
-                "memcpy_us": sweep.interval(_rounds(rng, nbytes / 20000)),
+                "memcpy_us": interval(_rounds(rng, nbytes / 20000)),
                 "codecs": {
                     c: {
                         "status": "ok",
                         "reason": None,
-                        "figures": {k: sweep.interval(v) for k, v in values[c].items()},
+                        "figures": {k: interval(v) for k, v in values[c].items()},
                         "verdicts": verdicts.get(c, {}),
                     }
                     for c in labels
@@ -74,7 +77,7 @@ def synthetic_sweep(two_axes: bool = False, seed: int = 1) -> dict[str, Any]:
             }
         )
     e2e_points = []
-    for at in sweep.grid(axes):
+    for at in sweep_grid.grid(axes):
         rate = at.get(REQUEST_RATE, 5.0)
         values = {}
         for c in labels:
@@ -84,16 +87,16 @@ def synthetic_sweep(two_axes: bool = False, seed: int = 1) -> dict[str, Any]:
                 "p99_ttft_ms": _rounds(rng, 40 * rate),
                 "mean_tpot_ms": _rounds(rng, 3.0),
             }
-        verdicts = sweep.judge_family(values["pickle"], {c: values[c] for c in labels[1:]}, E2E_FIGURES, 5.0)
+        verdicts = sweep_stats.judge_family(values["pickle"], {c: values[c] for c in labels[1:]}, E2E_FIGURES, 5.0)
         e2e_points.append(
             {
                 "at": at,
-                "label": sweep.point_label(axes, at),
+                "label": sweep_grid.point_label(axes, at),
                 "status": "ok",
                 "codecs": {
                     c: {
                         "status": "ok",
-                        "figures": {k: sweep.interval(v) for k, v in values[c].items()},
+                        "figures": {k: interval(v) for k, v in values[c].items()},
                         "verdicts": verdicts.get(c, {}),
                     }
                     for c in labels
@@ -102,7 +105,7 @@ def synthetic_sweep(two_axes: bool = False, seed: int = 1) -> dict[str, Any]:
         )
     doc: dict[str, Any] = {
         "kind": "sweep",
-        "schema_version": sweep.SWEEP_SCHEMA,
+        "schema_version": SWEEP_SCHEMA,
         "codecs": labels,
         "reference": "pickle",
         "margin_pct": 5.0,
@@ -120,7 +123,7 @@ def synthetic_sweep(two_axes: bool = False, seed: int = 1) -> dict[str, Any]:
         "wall_s": 12.5,
         "metadata": {"python": "3.11", "flags": {"codec": ",".join(labels)}},
     }
-    doc["crossings"] = sweep.all_crossings(doc)
+    doc["crossings"] = sweep_stats.all_crossings(doc)
     return doc
 
 
@@ -128,22 +131,22 @@ def synthetic_sweep(two_axes: bool = False, seed: int = 1) -> dict[str, Any]:
 
 
 def test_axis_values_parse_sorted_and_checked() -> None:
-    assert sweep.parse_values("256, 64,1024", "--image-sides", True) == (64.0, 256.0, 1024.0)
+    assert sweep_grid.parse_values("256, 64,1024", "--image-sides", True) == (64.0, 256.0, 1024.0)
     for bad in ("", "0", "64,x", "64,64", "-5", "inf"):
         with pytest.raises(ValueError):
-            sweep.parse_values(bad, "--rates", False)
+            sweep_grid.parse_values(bad, "--rates", False)
     with pytest.raises(ValueError, match="whole number"):
-        sweep.parse_values("1.5", "--image-sides", True)
+        sweep_grid.parse_values("1.5", "--image-sides", True)
 
 
 def test_axes_and_grid() -> None:
     args = build_parser(["sweep"])[0].parse_args(["sweep", "--image-sides", "64,128", "--rates", "5,10,20"])
     axes = sweep.build_axes(args)
     assert [a.name for a in axes] == [IMAGE_SIDE, REQUEST_RATE]
-    assert sweep.x_axis(axes).name == REQUEST_RATE  # e2e curves run along the rate: the saturation knee
-    points = sweep.grid(axes)
+    assert sweep_grid.x_axis(axes).name == REQUEST_RATE  # e2e curves run along the rate: the saturation knee
+    points = sweep_grid.grid(axes)
     assert len(points) == 6 and points[0] == {IMAGE_SIDE: 64.0, REQUEST_RATE: 5.0}
-    assert sweep.point_slug(axes, points[-1]) == "image-128-rate-20"
+    assert sweep_grid.point_slug(axes, points[-1]) == "image-128-rate-20"
     for argv in (["sweep"], ["sweep", "--image-sides", "64", "--prompt-lens", "100"]):
         with pytest.raises(ValueError):
             sweep.build_axes(build_parser(argv)[0].parse_args(argv))
@@ -160,7 +163,7 @@ def test_help_prints(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_interval_is_the_t_interval_of_the_rounds() -> None:
-    got = sweep.interval([1.0, 2.0, 3.0])
+    got = interval([1.0, 2.0, 3.0])
     half = t_ppf(0.975, 2) * 1.0 / math.sqrt(3)
     assert got["mean"] == pytest.approx(2.0) and got["sd"] == pytest.approx(1.0)
     assert (got["ci_low"], got["ci_high"]) == pytest.approx((2.0 - half, 2.0 + half))
@@ -170,21 +173,23 @@ def test_interval_is_the_t_interval_of_the_rounds() -> None:
     assert (got["gci_low"], got["gci_high"]) == pytest.approx(
         (6 ** (1 / 3) / math.exp(g_half), 6 ** (1 / 3) * math.exp(g_half))
     )
-    one = sweep.interval([5.0, math.nan])
+    one = interval([5.0, math.nan])
     assert one["n"] == 1 and math.isnan(one["ci_low"])
 
 
 def test_quick_fills_only_the_flags_not_given() -> None:
     argv = ["sweep", "--quick", "--codec", sweep.DEFAULT_CODECS, "--repeat", "3"]
     args = build_parser(argv)[0].parse_args(argv)
-    sweep.apply_quick(args)
     # --codec given equal to its default still counts as given.
     assert args.codec == sweep.DEFAULT_CODECS and args.repeat == 3
-    assert args.image_sides == "64,128" and args.num_prompts == 6 and args.executor == "sim"
+    assert args.num_prompts == 6 and args.executor == "sim"
+    assert [a.values for a in sweep.build_axes(args)] == [(64.0, 128.0)]  # --quick's image sides
     argv = ["sweep", "--quick", "--rates", "5,10"]
     args = build_parser(argv)[0].parse_args(argv)
-    sweep.apply_quick(args)
-    assert args.image_sides is None and args.codec == "pickle,msgspec-oob"
+    assert [a.name for a in sweep.build_axes(args)] == [REQUEST_RATE] and args.codec == "pickle,msgspec-oob"
+    argv = ["sweep", "--rates", "5,10"]
+    args = build_parser(argv)[0].parse_args(argv)
+    assert args.codec == sweep.DEFAULT_CODECS and args.repeat == 1  # no preset without --quick
 
 
 # ------------------------------------------------------------------ crossings
@@ -205,7 +210,7 @@ def test_crossings_name_the_first_point_with_a_verdict() -> None:
     tpot = by[("e2e", "msgspec-oob", "mean_tpot_ms")]
     assert tpot["verdict"] is None and tpot["text"].startswith("msgspec-oob, TPOT mean: no verdict against pickle")
     assert "pickle" not in {c["codec"] for c in doc["crossings"]}  # the reference is not judged against itself
-    summary = sweep.format_summary(doc)
+    summary = sweep.format_crossings(doc)
     assert oob["text"] in summary and ttft["text"] in summary
 
 
@@ -213,7 +218,7 @@ def test_crossings_skip_points_a_codec_cannot_carry() -> None:
     doc = synthetic_sweep()
     for point in doc["micro"]["points"][:2]:
         point["codecs"]["msgspec-oob"] = {"status": "unsupported", "reason": "cannot carry X", "verdicts": {}}
-    (oob,) = [c for c in sweep.all_crossings(doc) if c["codec"] == "msgspec-oob" and c["figure"] == "codec_us"]
+    (oob,) = [c for c in sweep_stats.all_crossings(doc) if c["codec"] == "msgspec-oob" and c["figure"] == "codec_us"]
     assert oob["verdict"] == "faster" and "unsupported" in oob["text"]
 
 
@@ -228,7 +233,7 @@ def test_micro_part_measures_rounds_and_judges(tmp_path: Path) -> None:
         return "unsupported: no" if codec == "msgspec-b64" else 100.0 + len(calls)
 
     axis = Axis(IMAGE_SIDE, (16.0, 32.0))
-    part = sweep.run_micro(
+    part = sweep_runs.run_micro(
         ["pickle", "msgspec-b64", "msgspec"],
         ["pickle", "msgspec-b64", "msgspec"],
         axis,
@@ -261,7 +266,7 @@ def test_plots_carry_the_crossings_and_replot_from_a_saved_document(tmp_path: Pa
     import matplotlib.pyplot as plt
 
     doc = synthetic_sweep()
-    fig = sweep.draw_e2e(doc)
+    fig = sweep_plots.draw_e2e(doc)
     assert fig is not None
     assert len([ax for ax in fig.axes if ax.get_title()]) == 3  # TTFT p50, TTFT p99, TPOT mean
     caption = "\n".join(t.get_text() for t in fig.texts).replace("\n    ", " ")
@@ -272,8 +277,8 @@ def test_plots_carry_the_crossings_and_replot_from_a_saved_document(tmp_path: Pa
     # Two axes: one row per image side, the curves along the rate; drawn from the JSON as saved (NaN → null).
     path = write_json(tmp_path / "sweep-x.json", synthetic_sweep(two_axes=True))
     saved = json.loads(path.read_text())
-    assert [c["text"] for c in sweep.all_crossings(saved)] == [c["text"] for c in saved["crossings"]]
-    written = sweep.save_plots(saved, tmp_path / "sweep-x")
+    assert [c["text"] for c in sweep_stats.all_crossings(saved)] == [c["text"] for c in saved["crossings"]]
+    written = sweep_plots.save_plots(saved, tmp_path / "sweep-x")
     assert [p.name for p in written] == ["sweep-x-micro.png", "sweep-x-e2e.png"]
     assert all(p.read_bytes().startswith(PNG) for p in written)
 
@@ -315,7 +320,7 @@ def test_quick_sweep_end_to_end(tmp_path: Path) -> None:
     for c in doc["crossings"]:
         assert c["text"] in done.stdout
     # The report takes the sweep and a point's compare file.
-    from harness.htmlreport import build_report
+    from harness.analysis.html_report import build_report
 
     text = build_report([str(path), str(tmp_path / points[0]["compare_file"])])
     assert 'id="sweeps"' in text and text.count("data:image/png;base64,") >= 5

@@ -11,7 +11,7 @@ import pytest
 import tokenizers
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from harness.tokenizer import (
+from harness.wire.tokenizer import (
     EMBEDDED_TOKENIZER,
     IncrementalDetokenizer,
     TextTokenizer,

@@ -6,9 +6,9 @@ import stat
 
 import pytest
 
-from harness import curve, transport
-from harness.serve import check_transport_safety
-from harness.transport import EngineAddresses
+from harness.commands.serve import check_transport_safety
+from harness.wire import curve, transport
+from harness.wire.transport import EngineAddresses
 
 
 def test_private_ipc_dir_is_owner_only_and_removed():

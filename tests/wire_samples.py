@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from harness.messages import (
+from harness.wire.messages import (
     EngineCoreAbort,
     EngineCoreOutput,
     EngineCoreOutputs,

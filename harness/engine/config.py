@@ -42,7 +42,7 @@ class EngineConfig:
     long_prefill_token_threshold: int = 1024
     # Multimodal: embeddings each image occupies at its placeholder.
     image_tokens: int = 16
-    # Record the engine's half of the request timelines (harness.spans) and ship them as JSON.
+    # Record the engine's half of the request timelines (harness.wire.spans) and ship them as JSON.
     spans: bool = True
     # torch.compile the dense parts of each layer (torch executor; compiles at start).
     compile: bool = False

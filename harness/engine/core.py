@@ -10,7 +10,7 @@ from harness.engine.config import EngineConfig
 from harness.engine.executor import make_executor
 from harness.engine.scheduler import Scheduler
 from harness.engine.step import SchedulerOutput
-from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
+from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
 
 
 def error_output(request_id: str, message: str, rejected: bool = True) -> EngineCoreOutput:
@@ -58,7 +58,7 @@ class EngineCore:
         self.step_index += 1
         for new in scheduled.new_requests:
             # The executor has encoded its images: drop the payload now, not when the request ends,
-            # so its memory (shared memory included, harness.shm) is given back early.
+            # so its memory (shared memory included, harness.wire.shm) is given back early.
             new.request.mm_inputs = None
         return self.scheduler.update_from_output(scheduled, result)
 

@@ -1,5 +1,6 @@
 """Where the engine runs: device and dtype from the config's words, whether that
-silently left a GPU unused, whether the model and its cache fit, and a sync for timing."""
+silently left a GPU unused, what the model and its cache take and whether that
+fits, and a sync for timing."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from harness.engine.model import ModelConfig
 
 GIB = 1 << 30
 
@@ -73,6 +78,39 @@ def device_warning(requested: str, device: torch.device) -> str | None:
         "(TORCH_SPEC=... scripts/setup.sh; scripts/gpu_check.sh says why torch cannot use the GPU), "
         "or pass --device cpu to mean it."
     )
+
+
+# -- memory: what the model, its cache and a step take -----------------------------
+
+
+def count_params(cfg: ModelConfig) -> int:
+    """Parameters of a ``harness.engine.model.Transformer`` of ``cfg`` (untied embedding and LM head, as Llama 3)."""
+    kv_dim = cfg.n_kv_heads * cfg.head_dim
+    attn = cfg.dim * (cfg.dim + 2 * kv_dim) + cfg.dim * cfg.dim
+    ffn = cfg.dim * 2 * cfg.ffn_dim + cfg.ffn_dim * cfg.dim
+    return 2 * cfg.vocab_size * cfg.dim + cfg.n_layers * (attn + ffn + 2 * cfg.dim) + cfg.dim
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """K and V of one token in every layer."""
+    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * dtype.itemsize
+
+
+def workspace_bytes(cfg: ModelConfig, dtype: torch.dtype, max_rows: int, max_seqs: int, max_len: int) -> int:
+    """A generous estimate of a step's temporaries beyond weights and cache.
+
+    Activations of ``max_rows`` rows (residual, norm, QKV, the MLP's fused
+    gate/up and its product), the sampler's float32 and int64 copies of up to
+    ``max_seqs`` rows of logits, attention scores should SDPA fall back to its
+    math kernel for a prefill chunk of ``max_rows`` tokens against ``max_len``
+    keys, and 1 GiB of allocator slack.
+    """
+    e = dtype.itemsize
+    kv_dim = cfg.n_kv_heads * cfg.head_dim
+    activations = max_rows * (4 * cfg.dim + (cfg.dim + 2 * kv_dim) + 3 * cfg.ffn_dim) * e
+    sampler = max_seqs * cfg.vocab_size * 32
+    scores = cfg.n_heads * min(max_rows, max_len) * max_len * 4
+    return activations + sampler + scores + GIB
 
 
 @dataclass(frozen=True)

@@ -28,21 +28,24 @@ import torch
 from torch import Tensor
 
 from harness.engine.config import EngineConfig
-from harness.engine.device import MemoryPlan, check_fits, device_warning, resolve_device, resolve_dtype, synchronize
-from harness.engine.model import (
-    Chunk,
-    StepPlan,
-    build_model,
+from harness.engine.device import (
+    MemoryPlan,
+    check_fits,
     count_params,
-    get_model_config,
+    device_warning,
     kv_bytes_per_token,
+    resolve_device,
+    resolve_dtype,
+    synchronize,
     workspace_bytes,
 )
+from harness.engine.model import build_model, get_model_config
 from harness.engine.sampler import Sampler, SampleRow, uses_penalties
 from harness.engine.staging import Stager
 from harness.engine.step import ModelRunnerOutput, NewRequest, ScheduledChunk, SchedulerOutput
+from harness.engine.step_plan import Chunk, StepPlan
 from harness.engine.vision import build_vision_encoder, to_pixels
-from harness.messages import SamplingParams
+from harness.wire.messages import SamplingParams
 
 log = logging.getLogger("wirebench.engine")
 

@@ -1,4 +1,4 @@
-"""A small Llama-style decoder with a per-slot KV cache, in one file.
+"""A small Llama-style decoder with a per-slot KV cache.
 
 RMSNorm, rotary position embeddings, a SwiGLU MLP and grouped-query attention.
 Weights are random from a fixed seed: wirebench measures serving overhead, so
@@ -13,17 +13,11 @@ One engine step is one ``forward_step`` over the step's token rows: first one
 row per decoding sequence, then the prefill chunks of any number of sequences,
 concatenated (varlen). Every norm, projection and MLP runs once over all rows
 (where the FLOPs and most kernel launches are); only attention is per group:
+the decode rows together, each prefill chunk on its own (``harness.engine.attention``).
 
-- decode rows attend together over a view of the cache's first slots (ragged
-  lengths through one mask, no gather of the cache);
-- a prefill chunk that starts at position 0 attends to itself with
-  ``is_causal=True`` and no mask, which keeps the flash kernel eligible;
-- a chunk that continues a cached prefix attends to the cache with a causal
-  mask offset by its start (the efficient kernel takes masks).
-
-``StepPlan`` is the step's layout in host ints (slots, positions, chunk
-lengths): everything the model needs to size its work is known on the host,
-so a step never reads a device value back (see ``harness.engine.opcount``).
+``StepPlan`` (``harness.engine.step_plan``) is the step's layout in host ints:
+everything the model needs to size its work is known on the host, so a step
+never reads a device value back (see ``harness.engine.opcount``).
 ``prefill`` and ``decode`` are one-sequence / one-token conveniences over
 ``forward_step`` for tests and ``scripts/model_bench.py``.
 
@@ -31,6 +25,8 @@ so a step never reads a device value back (see ``harness.engine.opcount``).
 and rotary; output projection, residuals and MLP) through ``torch.compile``:
 one graph shared by all layers, dynamic in the number of rows, so decode,
 prefill and mixed steps reuse it. Attention and the cache writes stay eager.
+
+Its sizes in bytes (weights, cache, a step's workspace) are ``harness.engine.device``'s.
 
 Vocabulary: the embedding/LM-head width is ``max(preset vocab, tokenizer vocab)``
 so a llama-8b-shaped head costs what it should, while the sampler only ever
@@ -44,18 +40,17 @@ length, S slots attended by the decode rows, V vocab.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from harness.engine import attention
 from harness.engine.staging import Stager
+from harness.engine.step_plan import Chunk, StepPlan
 
-# enable_gqa (torch >= 2.5) lets SDPA read K/V heads shared by G query heads
-# without copying them G times.
-_SDPA_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2] if p.isdigit()) >= (2, 5)
 _HAS_RMS_NORM = hasattr(F, "rms_norm")
 
 
@@ -104,36 +99,6 @@ def get_model_config(preset: str, tokenizer_vocab: int) -> ModelConfig:
     return replace(cfg, vocab_size=max(cfg.vocab_size, tokenizer_vocab))
 
 
-def count_params(cfg: ModelConfig) -> int:
-    """Parameters of a ``Transformer`` of ``cfg`` (untied embedding and LM head, as Llama 3)."""
-    kv_dim = cfg.n_kv_heads * cfg.head_dim
-    attn = cfg.dim * (cfg.dim + 2 * kv_dim) + cfg.dim * cfg.dim
-    ffn = cfg.dim * 2 * cfg.ffn_dim + cfg.ffn_dim * cfg.dim
-    return 2 * cfg.vocab_size * cfg.dim + cfg.n_layers * (attn + ffn + 2 * cfg.dim) + cfg.dim
-
-
-def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    """K and V of one token in every layer."""
-    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * dtype.itemsize
-
-
-def workspace_bytes(cfg: ModelConfig, dtype: torch.dtype, max_rows: int, max_seqs: int, max_len: int) -> int:
-    """A generous estimate of a step's temporaries beyond weights and cache.
-
-    Activations of ``max_rows`` rows (residual, norm, QKV, the MLP's fused
-    gate/up and its product), the sampler's float32 and int64 copies of up to
-    ``max_seqs`` rows of logits, attention scores should SDPA fall back to its
-    math kernel for a prefill chunk of ``max_rows`` tokens against ``max_len``
-    keys, and 1 GiB of allocator slack.
-    """
-    e = dtype.itemsize
-    kv_dim = cfg.n_kv_heads * cfg.head_dim
-    activations = max_rows * (4 * cfg.dim + (cfg.dim + 2 * kv_dim) + 3 * cfg.ffn_dim) * e
-    sampler = max_seqs * cfg.vocab_size * 32
-    scores = cfg.n_heads * min(max_rows, max_len) * max_len * 4
-    return activations + sampler + scores + (1 << 30)
-
-
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """Normalise in float32 for bf16 stability, cast back, then scale."""
     xf = x.float()
@@ -172,94 +137,6 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).type_as(x)
 
 
-# -- one step's layout -------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """A prefill chunk: ``length`` tokens of the sequence in ``slot`` at positions [start, start+length)."""
-
-    slot: int
-    start: int
-    length: int
-
-    @property
-    def end(self) -> int:
-        return self.start + self.length
-
-
-@dataclass
-class StepPlan:
-    """The layout of a step's rows in host ints: B decode rows, then each chunk's rows.
-
-    Decode row b is the newest token of the sequence in ``decode_slots[b]``, at
-    ``decode_positions[b]`` (it attends to positions [0, decode_positions[b]]).
-    """
-
-    decode_slots: list[int] = field(default_factory=list)
-    decode_positions: list[int] = field(default_factory=list)
-    chunks: list[Chunk] = field(default_factory=list)
-
-    @property
-    def n_decode(self) -> int:
-        return len(self.decode_slots)
-
-    @property
-    def n_rows(self) -> int:
-        return self.n_decode + sum(c.length for c in self.chunks)
-
-    @property
-    def n_slots(self) -> int:
-        """Decode attention runs over slots [0, n_slots): a view of the cache, not a gather."""
-        return max(self.decode_slots) + 1 if self.decode_slots else 0
-
-    @property
-    def max_len(self) -> int:
-        """The longest KV length among the decode rows."""
-        return max(self.decode_positions) + 1 if self.decode_positions else 0
-
-    def index_lists(self) -> tuple[list[int], list[int], list[int]]:
-        """(slot of each row, position of each row, keys each of the first n_slots slots may see).
-
-        The first two say where each row's K/V goes in the cache; the third is
-        the decode rows' ragged lengths (1 for a slot with no decode row: its
-        dummy query sees one key and is dropped).
-        """
-        slots = list(self.decode_slots)
-        positions = list(self.decode_positions)
-        for c in self.chunks:
-            slots.extend([c.slot] * c.length)
-            positions.extend(range(c.start, c.end))
-        lengths = [1] * self.n_slots
-        for s, p in zip(self.decode_slots, self.decode_positions, strict=True):
-            lengths[s] = p + 1
-        return slots, positions, lengths
-
-    def last_rows(self) -> list[int]:
-        """The row of each chunk's last token."""
-        rows, at = [], self.n_decode
-        for c in self.chunks:
-            at += c.length
-            rows.append(at - 1)
-        return rows
-
-    def check(self, max_num_seqs: int, max_model_len: int) -> None:
-        if len(self.decode_slots) != len(self.decode_positions):
-            raise ValueError(f"{len(self.decode_slots)} decode slots but {len(self.decode_positions)} positions")
-        for c in self.chunks:
-            if c.length <= 0 or c.start < 0 or c.end > max_model_len:
-                raise ValueError(f"prefill chunk [{c.start}, {c.end}) outside [0, {max_model_len})")
-        for p in self.decode_positions:
-            if not 0 <= p < max_model_len:
-                raise ValueError(f"decode position {p} outside [0, {max_model_len})")
-        every = self.decode_slots + [c.slot for c in self.chunks]
-        for s in every:
-            if not 0 <= s < max_num_seqs:
-                raise ValueError(f"slot {s} outside [0, {max_num_seqs})")
-        if len(set(every)) != len(every):
-            raise ValueError("a slot appears twice in one step")
-
-
 @dataclass(frozen=True)
 class StepBatch:
     """What every layer needs for one step, built once per step (``Transformer.make_batch``)."""
@@ -275,19 +152,6 @@ class StepBatch:
 
 
 # -- the layers ----------------------------------------------------------------------
-
-
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
-
-
-def _sdpa_gqa_causal(q: Tensor, k: Tensor, v: Tensor, group: int) -> Tensor:
-    """Causal self-attention, q [1, H, T, D] over k/v [1, K, T, D]."""
-    if _SDPA_GQA:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=group > 1)
-    if group > 1:
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 DenseIn = Callable[..., tuple[Tensor, Tensor, Tensor]]
@@ -320,13 +184,11 @@ class Attention(nn.Module):
 
     def __init__(self, cfg: ModelConfig, max_num_seqs: int, max_model_len: int, **factory: Any) -> None:
         super().__init__()
-        self.n_heads, self.n_kv, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.group = cfg.n_heads // cfg.n_kv_heads
-        kv_dim = self.n_kv * self.head_dim
+        kv_dim = cfg.n_kv_heads * cfg.head_dim
         # One fused projection for q, k, v: fewer, larger matmuls.
         self.wqkv = nn.Linear(cfg.dim, cfg.dim + 2 * kv_dim, bias=False, **factory)
         self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False, **factory)
-        shape = (max_num_seqs, self.n_kv, max_model_len, self.head_dim)
+        shape = (max_num_seqs, cfg.n_kv_heads, max_model_len, cfg.head_dim)
         self.register_buffer("k_cache", torch.zeros(shape, **factory), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape, **factory), persistent=False)
 
@@ -338,46 +200,19 @@ class Attention(nn.Module):
         parts = []
         row = plan.n_decode
         if row:
-            parts.append(self._decode(q[:row], batch))
+            # A view of the first n_slots slots, not a gather: no copy of the cache.
+            n_slots, max_len = plan.n_slots, plan.max_len
+            keys, values = self.k_cache[:n_slots, :, :max_len], self.v_cache[:n_slots, :, :max_len]
+            parts.append(attention.decode(q[:row], keys, values, batch.decode_slots, batch.decode_mask))
         for c, mask in zip(plan.chunks, batch.chunk_masks, strict=True):
             sl = slice(row, row + c.length)
-            parts.append(self._chunk(q[sl], k[sl], v[sl], c, mask))
+            if mask is None:  # from position 0 the chunk is all the keys there are: no read of the cache
+                parts.append(attention.fresh_chunk(q[sl], k[sl], v[sl]))
+            else:
+                keys, values = self.k_cache[c.slot, :, : c.end], self.v_cache[c.slot, :, : c.end]
+                parts.append(attention.cached_chunk(q[sl], keys, values, mask))
             row += c.length
         return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-    def _chunk(self, q: Tensor, k: Tensor, v: Tensor, c: Chunk, mask: Tensor | None) -> Tensor:
-        t = c.length
-        if mask is None:
-            # From position 0 the chunk is all the keys there are: plain causal
-            # self-attention on the fresh K/V, no mask, no read of the cache.
-            out = _sdpa_gqa_causal(
-                q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], self.group
-            )
-            return out[0].transpose(0, 1).reshape(t, -1)
-        keys = self.k_cache[c.slot, :, : c.end]  # [K, L=end, D]
-        values = self.v_cache[c.slot, :, : c.end]
-        # GQA without repeating K/V: fold each kv head's G query heads into the
-        # query length: q [T, H, D] -> [K, G*T, D], row g*T + i is query i of head g.
-        qf = q.reshape(t, self.n_kv, self.group, self.head_dim).permute(1, 2, 0, 3)
-        qf = qf.reshape(self.n_kv, self.group * t, self.head_dim)
-        out = _sdpa(qf[None], keys[None], values[None], mask)[0]
-        # [K, G*T, D] -> [T, H*D]
-        return out.view(self.n_kv, self.group, t, self.head_dim).permute(2, 0, 1, 3).reshape(t, -1)
-
-    def _decode(self, q: Tensor, batch: StepBatch) -> Tensor:
-        # q [B, H, D]: one new token per sequence. Attend over a view of the
-        # first n_slots slots instead of gathering them (no copy of the cache):
-        # rows of slots not in the batch get a dummy query and a one-key mask,
-        # and are dropped afterwards.
-        b = q.shape[0]
-        plan, slots = batch.plan, batch.decode_slots
-        n_slots, max_len = plan.n_slots, plan.max_len
-        keys = self.k_cache[:n_slots, :, :max_len]  # [S, K, L, D]
-        values = self.v_cache[:n_slots, :, :max_len]
-        q_all = q.new_zeros(n_slots, self.n_kv, self.group, self.head_dim)
-        q_all[slots] = q.reshape(b, self.n_kv, self.group, self.head_dim)
-        out = _sdpa(q_all, keys, values, batch.decode_mask)
-        return out[slots].reshape(b, -1)  # [S, K, G, D] -> [B, H*D]
 
 
 class FeedForward(nn.Module):
@@ -473,20 +308,9 @@ class Transformer(nn.Module):
         Dispatches only device ops (aranges, compares, gathers): no value is read back.
         """
         plan.check(self.max_num_seqs, self.max_model_len)
-        dev = self.device
-        decode_mask = None
-        if plan.n_decode:
-            decode_mask = (torch.arange(plan.max_len, device=dev)[None, :] < lengths[:, None])[:, None, None, :]
         group = self.cfg.n_heads // self.cfg.n_kv_heads
-        masks: list[Tensor | None] = []
-        for c in plan.chunks:
-            if c.start == 0:
-                masks.append(None)
-                continue
-            # Query i (position start+i) sees keys j <= start+i; rows repeat per folded head.
-            q_pos = torch.arange(c.start, c.end, device=dev)
-            mask = torch.arange(c.end, device=dev)[None, :] <= q_pos[:, None]  # [T, L]
-            masks.append(mask.repeat(group, 1))  # [G*T, L]
+        # A chunk from position 0 needs no mask (is_causal), which keeps the flash kernel eligible.
+        masks = [None if c.start == 0 else attention.cached_chunk_mask(c, group, self.device) for c in plan.chunks]
         return StepBatch(
             plan,
             slot_rows,
@@ -494,7 +318,7 @@ class Transformer(nn.Module):
             self.rope_cos[pos_rows],
             self.rope_sin[pos_rows],
             slot_rows[: plan.n_decode],
-            decode_mask,
+            attention.decode_mask(lengths, plan.max_len) if plan.n_decode else None,
             tuple(masks),
         )
 
@@ -548,48 +372,10 @@ class Transformer(nn.Module):
         return self.forward_step(x, batch)
 
     def sdpa_backends(self) -> dict[str, str]:
-        """The SDPA kernel torch picks for each attention call this model makes (on its device and dtype).
-
-        ``prefill``: a chunk from position 0 (is_causal, no mask); ``prefill_cached``:
-        a chunk after a cached prefix (mask); ``decode``: the decode rows (mask).
-        'math' on CUDA means the slow fallback that materializes the scores.
-        """
-        try:
-            from torch.nn.attention import SDPBackend
-
-            choose = torch._fused_sdp_choice
-        except (ImportError, AttributeError):
-            return {"prefill": "unknown", "prefill_cached": "unknown", "decode": "unknown"}
-        cfg, dev, dt = self.cfg, self.device, self.dtype
-        h, k, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        g, t = h // k, 16
+        """The SDPA kernel torch picks for each attention call this model makes (``attention.sdpa_backends``)."""
         first = self.layers[0]
         assert isinstance(first, Block)
-        cache = first.attn.k_cache
-        n_len = min(2 * t, self.max_model_len)
-        n_slots = min(4, self.max_num_seqs)
-
-        def name(*args: Any, **kwargs: Any) -> str:
-            try:
-                return SDPBackend(choose(*args, **kwargs)).name.lower()
-            except Exception:  # a private API: never fail the engine over a report
-                return "unknown"
-
-        q = torch.zeros(1, h, t, d, device=dev, dtype=dt)
-        kv = torch.zeros(1, k, t, d, device=dev, dtype=dt)
-        gqa = {"enable_gqa": g > 1} if _SDPA_GQA else {}
-        if not _SDPA_GQA:
-            kv = kv.repeat_interleave(g, dim=1)
-        prefill = name(q, kv, kv, None, 0.0, True, **gqa)
-        qf = torch.zeros(1, k, g * t, d, device=dev, dtype=dt)
-        keys = cache[0, :, :n_len][None]
-        mask = torch.ones(g * t, n_len, device=dev, dtype=torch.bool)
-        cached = name(qf, keys, keys, mask, 0.0, False)
-        qd = torch.zeros(n_slots, k, g, d, device=dev, dtype=dt)
-        keys = cache[:n_slots, :, :n_len]
-        mask = torch.ones(n_slots, 1, 1, n_len, device=dev, dtype=torch.bool)
-        decode = name(qd, keys, keys, mask, 0.0, False)
-        return {"prefill": prefill, "prefill_cached": cached, "decode": decode}
+        return attention.sdpa_backends(first.attn.k_cache, self.cfg.n_heads)
 
 
 def build_model(

@@ -26,16 +26,16 @@ from typing import Any, NamedTuple
 import msgspec
 import zmq
 
-from harness import curve, transport
 from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore, error_output
 from harness.engine.scheduler import Scheduler
 from harness.engine.timings import EngineTimings
-from harness.integrity import request_digest
-from harness.messages import EngineCoreAbort, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
-from harness.shm import Handle, Mappings, ShmError
-from harness.spans import host_clock_id
-from harness.transport import CodecClock, CodecCounters, EngineAddresses
+from harness.wire import curve, transport
+from harness.wire.integrity import request_digest
+from harness.wire.messages import EngineCoreAbort, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from harness.wire.shm import Handle, Mappings, ShmError
+from harness.wire.spans import host_clock_id
+from harness.wire.transport import CodecClock, CodecCounters, EngineAddresses
 from wirecodecs import CodecError, get_codec
 
 log = logging.getLogger("wirebench.engine")
@@ -336,7 +336,7 @@ class EngineProcess:
         in_sock = self.ctx.socket(zmq.PULL)
         out_sock = self.ctx.socket(zmq.PUSH)
         keys = self.addresses.curve
-        # Only our frontend's key gets through the CURVE handshake (harness.curve).
+        # Only our frontend's key gets through the CURVE handshake (harness.wire.curve).
         auth = curve.start_authenticator(self.ctx, keys) if keys is not None else None
         for sock, address in ((in_sock, self.addresses.input), (out_sock, self.addresses.output)):
             sock.setsockopt(zmq.LINGER, 0)

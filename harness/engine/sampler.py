@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from harness.engine.staging import Stager
-from harness.messages import SamplingParams
+from harness.wire.messages import SamplingParams
 
 _GREEDY_EPS = 1e-5
 

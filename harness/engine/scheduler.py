@@ -44,7 +44,7 @@ import numpy as np
 from harness.engine.config import EngineConfig
 from harness.engine.step import ModelRunnerOutput, NewRequest, ScheduledChunk, SchedulerOutput
 from harness.engine.vision import check_mm_input
-from harness.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, validate_sampling_params
+from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, validate_sampling_params
 
 BLOCKED_BY = ("kv_cache", "max_num_seqs", "token_budget")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from harness.messages import EngineCoreRequest
+from harness.wire.messages import EngineCoreRequest
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The engine's half of the request timelines (``harness.spans``): points taken by its three threads.
+"""The engine's half of the request timelines (``harness.wire.spans``): points taken by its three threads.
 
 The input thread records when a request's frames were received and decoded,
 the busy loop when it was handed to the scheduler and in which steps it was
@@ -19,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import asdict
 from typing import Any
 
-from harness.spans import EnginePoints
+from harness.wire.spans import EnginePoints
 
 FLUSH_INTERVAL_S = 0.05
 MAX_PENDING = 100_000

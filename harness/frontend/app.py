@@ -2,7 +2,7 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming SSE
 or not), ``GET /v1/models``, ``GET /health``, ``GET /metrics``, and
-``GET /v1/wirebench/spans`` (each request's IPC timeline, ``harness.spans``).
+``GET /v1/wirebench/spans`` (each request's IPC timeline, ``harness.wire.spans``).
 
 A request goes: parse and prepare (``inputs``: tokenize, decode images, build
 the ``EngineCoreRequest``) → the engine client (codec + transport) → relay the
@@ -41,7 +41,6 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from harness import prom
 from harness.frontend import outputs
 from harness.frontend.engine_client import EngineClient, EngineDeadError, EngineRequestError, RequestRejectedError
 from harness.frontend.images import TensorAlloc
@@ -49,9 +48,10 @@ from harness.frontend.inputs import Prepared, prepare_chat, prepare_completion
 from harness.frontend.metrics import FrontendMetrics
 from harness.frontend.protocol import ProtocolError, error_body
 from harness.frontend.settings import FrontendSettings
-from harness.messages import EngineCoreOutput
-from harness.spans import FrontPoints
-from harness.tokenizer import TextTokenizer
+from harness.wire import prom
+from harness.wire.messages import EngineCoreOutput
+from harness.wire.spans import FrontPoints
+from harness.wire.tokenizer import TextTokenizer
 
 log = logging.getLogger("wirebench.frontend")
 
@@ -255,7 +255,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def spans_handler(request: web.Request) -> web.Response:
-    """Joined request timelines and output batches after the given cursors (harness.spans)."""
+    """Joined request timelines and output batches after the given cursors (harness.wire.spans)."""
     try:
         since = {k: int(request.query.get(f"since_{k}", "0")) for k in ("request", "batch", "lag")}
     except ValueError:

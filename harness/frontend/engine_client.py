@@ -32,11 +32,11 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from harness import curve, transport
 from harness.frontend.shm_sender import ShmSender
 from harness.frontend.timeline import Timelines
-from harness.integrity import request_digest
-from harness.messages import (
+from harness.wire import curve, transport
+from harness.wire.integrity import request_digest
+from harness.wire.messages import (
     CodecStats,
     EngineCoreAbort,
     EngineCoreOutput,
@@ -45,9 +45,9 @@ from harness.messages import (
     FinishReason,
     pack_token_ids,
 )
-from harness.shm import Handle, ShmError
-from harness.spans import FrontPoints, host_clock_id
-from harness.transport import CodecClock, CodecCounters, EngineAddresses
+from harness.wire.shm import Handle, ShmError
+from harness.wire.spans import FrontPoints, host_clock_id
+from harness.wire.transport import CodecClock, CodecCounters, EngineAddresses
 from wirecodecs import CodecError, EncodeError, get_codec, packs_token_ids
 
 log = logging.getLogger("wirebench.frontend")
@@ -78,7 +78,7 @@ class EngineRequestError(RuntimeError):
 
 class EngineClient(Protocol):
     codec_name: str
-    # The request timelines of both processes (harness.spans); disabled where not recorded.
+    # The request timelines of both processes (harness.wire.spans); disabled where not recorded.
     timelines: Timelines
 
     def generate(
@@ -159,10 +159,10 @@ class ZmqEngineClient:
         # The scheduler's step counters from the same heartbeat (steps, blocked_<cause>).
         self.engine_steps: dict[str, int] = {}
         self.timelines = Timelines(enabled=spans)
-        # --transport shm: big frames travel through this sender's arena (harness.shm), None over zmq.
+        # --transport shm: big frames travel through this sender's arena (harness.wire.shm), None over zmq.
         self._shm = shm
         self._packed = packs_token_ids(codec_name)
-        # --verify: each request carries its digest (harness.integrity), checked by the engine.
+        # --verify: each request carries its digest (harness.wire.integrity), checked by the engine.
         self._verify = verify
         # Pixel tensors built straight into the arena travel without a copy.
         self.tensor_alloc = shm.tensor if shm is not None else None

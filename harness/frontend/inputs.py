@@ -17,8 +17,8 @@ from harness.frontend import protocol
 from harness.frontend.images import ProcessedImage, TensorAlloc, open_data_url, process_image
 from harness.frontend.protocol import ProtocolError, StreamOptions
 from harness.frontend.settings import FrontendSettings
-from harness.messages import EngineCoreRequest, PlaceholderRange, SamplingParams
-from harness.tokenizer import DEFAULT_IMAGE_MARKER, TextTokenizer
+from harness.wire.messages import EngineCoreRequest, PlaceholderRange, SamplingParams
+from harness.wire.tokenizer import DEFAULT_IMAGE_MARKER, TextTokenizer
 
 # Placeholder token id when the tokenizer has no image token (user tokenizers):
 # the engine only needs *some* id at the placeholder positions, it replaces

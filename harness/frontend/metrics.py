@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness import prom, runs_on
 from harness.frontend.engine_client import EngineClient
+from harness.wire import prom, runs_on
 
 OUTCOMES = ("completed", "failed", "aborted", "rejected")
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from harness.frontend.engine_client import EngineRequestError, RequestRejectedError
 from harness.frontend.inputs import Prepared
-from harness.messages import EngineCoreOutput, FinishReason
-from harness.tokenizer import TextTokenizer
+from harness.wire.messages import EngineCoreOutput, FinishReason
+from harness.wire.tokenizer import TextTokenizer
 
 
 class IncompleteOutputError(EngineRequestError):

@@ -3,7 +3,7 @@
 Pure functions with no aiohttp in them. Parsing is strict about the types of
 the fields it understands (a wrong type is a 400 naming the field) and ignores
 fields it does not know, as OpenAI clients send extras such as ``user``.
-Value ranges are the sampling contract's (``harness.messages.
+Value ranges are the sampling contract's (``harness.wire.messages.
 validate_sampling_params``), checked once here so every codec carries the same
 accepted values. Fields that would change the output in a way this server
 cannot honour (``logprobs``, ``echo``, ``n > 1``...) are refused rather than
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness.messages import SamplingParams, SamplingParamsError, validate_sampling_params
+from harness.wire.messages import SamplingParams, SamplingParamsError, validate_sampling_params
 
 # --- errors -------------------------------------------------------------------
 

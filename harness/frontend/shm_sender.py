@@ -3,7 +3,7 @@
 ``message`` turns a request's codec frames into the ZeroMQ message the engine
 expects for ``ADD_SHM``: ``[envelope, table, frame 0, placeholders...]`` where
 the table (JSON) lists, for every frame of at least ``threshold`` bytes, its
-index and its handle in the arena (``harness.shm``). A frame already built in
+index and its handle in the arena (``harness.wire.shm``). A frame already built in
 the arena (a pixel tensor made there by ``tensor``) travels with no copy;
 others are copied into a block once, in a worker thread when large. Blocks
 come back when the engine's RELEASE says it no longer views them.
@@ -17,8 +17,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from harness import transport
-from harness.shm import DEFAULT_THRESHOLD, Arena, Handle, ShmError
+from harness.wire import transport
+from harness.wire.shm import DEFAULT_THRESHOLD, Arena, Handle, ShmError
 
 COPY_IN_THREAD_BYTES = 1 << 20  # bigger copies leave the event loop
 ALLOC_TIMEOUT_S = 10.0

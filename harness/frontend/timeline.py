@@ -1,4 +1,4 @@
-"""The frontend's half of the request timelines, joined with the engine's (``harness.spans``).
+"""The frontend's half of the request timelines, joined with the engine's (``harness.wire.spans``).
 
 The app and the engine client stamp each request's ``FrontPoints`` as it goes;
 the engine's points arrive in SPANS messages a little later. ``Timelines``
@@ -20,8 +20,8 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from harness import prom
-from harness.spans import CPU_SPANS, REQUEST_SPANS, BatchPoints, EnginePoints, FrontPoints, RequestTimeline
+from harness.wire import prom
+from harness.wire.spans import CPU_SPANS, REQUEST_SPANS, BatchPoints, EnginePoints, FrontPoints, RequestTimeline
 
 KEEP_REQUESTS = 100_000
 KEEP_BATCHES = 200_000

@@ -15,5 +15,5 @@ One job per module:
   rayload   ``--ray``: the same worker as Ray actors on many hosts (optional extra)
   looplag   event-loop lag of a client process
   guard     the client-bottleneck guard: did the client limit the run?
-  cli       ``bench load``
+  flags     the load flags (bench load, and the experiments' load group)
 """

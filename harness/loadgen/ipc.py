@@ -1,4 +1,4 @@
-"""The IPC budget of a run, from the server's request timelines (``harness.spans``).
+"""The IPC budget of a run, from the server's request timelines (``harness.wire.spans``).
 
 Before the load, ``spans_cursor`` notes where the server's timeline rings
 stand; after it, ``fetch_budget`` reads what came after, keeps the timelines
@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from harness.spans import REQUEST_SPANS, IpcBudget, budget, span_stats
+from harness.wire.spans import REQUEST_SPANS, IpcBudget, budget, span_stats
 
 SPANS_PATH = "/v1/wirebench/spans"
 _TIMEOUT = aiohttp.ClientTimeout(total=30)

@@ -5,7 +5,7 @@ same row names) so results read side by side with vLLM's, then adds
 wirebench's own section: the codec's cost per direction, its share of TTFT,
 and the client's schedule lag.
 
-The JSON result file is ``harness.documents``' (``save_run``).
+The JSON result file is ``harness.analysis.documents``' (``save_run``).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import math
 from collections import Counter
 from typing import Any, TextIO
 
-from harness import runs_on
 from harness.loadgen.guard import format_lines as client_health_lines
 from harness.loadgen.ipc import report_lines as ipc_report_lines
 from harness.loadgen.metrics import METRICS, MetricStats, percentile_key
 from harness.loadgen.runner import BenchmarkResult
 from harness.loadgen.serverstats import CodecFigures, DirectionFigures
+from harness.wire import runs_on
 
 WIDTH = 50
 

@@ -20,7 +20,6 @@ from typing import Any
 
 import aiohttp
 
-from harness import prom, runs_on
 from harness.loadgen import fanout, guard, ipc
 from harness.loadgen import metrics as M
 from harness.loadgen.arrivals import plan_arrivals
@@ -35,10 +34,12 @@ from harness.loadgen.workers import (
     send_within,
     uncancel_current_task,
 )
-from harness.spans import IpcBudget
+from harness.wire import prom, runs_on
+from harness.wire.spans import IpcBudget
 from harness.workloads.sample import SampleRequest
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
+DEFAULT_RESULT_DIR = "results"  # where run and compare documents go unless --result-dir says
 # Wait before a /metrics scrape of a wirebench server: the engine's codec
 # counters arrive with its idle heartbeat (sent after 0.25 s without outputs),
 # so a scrape right after the last request would miss the engine's share.
@@ -150,7 +151,7 @@ class BenchmarkResult:
     client_health: guard.ClientHealth | None = None
     # Where IPC time went (harness.loadgen.ipc); None for a server without request timelines.
     ipc: IpcBudget | None = None
-    engine: dict[str, Any] | None = None  # the engine's account of itself from /metrics (harness.runs_on)
+    engine: dict[str, Any] | None = None  # the engine's account of itself from /metrics (harness.wire.runs_on)
     # Filled by the caller when known (the CLI sets them).
     tokenizer_id: str | None = None
     flags: dict[str, Any] = field(default_factory=dict)

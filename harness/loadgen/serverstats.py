@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from harness import prom
+from harness.wire import prom
 
 _PROBE_TIMEOUT = aiohttp.ClientTimeout(total=10)
 

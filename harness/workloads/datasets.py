@@ -46,9 +46,10 @@ from typing import Any
 
 import numpy as np
 
-from harness.tokenizer import TextTokenizer
+from harness.wire.tokenizer import TextTokenizer
 from harness.workloads.images import FORMATS, synthetic_image, to_data_url
 from harness.workloads.sample import SampleRequest
+from harness.workloads.spec import WorkloadSpec
 
 EMBEDDED_SONNETS = Path(__file__).resolve().parents[2] / "datasets" / "sonnets.txt"
 SONNET_BASE_PROMPT = "Pick as many lines as you can from these poem lines:\n"
@@ -391,8 +392,9 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_workload(args: argparse.Namespace, tokenizer: TextTokenizer) -> list[SampleRequest]:
-    """The requests ``args`` describe, counted with ``tokenizer``; ValueError on bad settings."""
+def build_workload(spec: WorkloadSpec, tokenizer: TextTokenizer) -> list[SampleRequest]:
+    """The requests ``spec`` describes, counted with ``tokenizer``; ValueError on bad settings."""
+    args = spec
     if args.dataset_name == "sonnet":
         images = None
         if args.images_per_request:
@@ -419,3 +421,11 @@ def build_workload(args: argparse.Namespace, tokenizer: TextTokenizer) -> list[S
             seed=args.seed,
         )
     raise ValueError(f"unknown --dataset-name {args.dataset_name!r}; choose from {DATASET_NAMES}")
+
+
+def load_workload(spec: WorkloadSpec) -> tuple[list[SampleRequest], str]:
+    """The workload and the tokenizer's name, built before any clock starts."""
+    from harness.wire.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(spec.tokenizer)
+    return build_workload(spec, tokenizer), tokenizer.name

@@ -1,0 +1,2 @@
+"""Numbers from results: statistics, comparison and verdicts, the gate, the figure catalogue,
+result documents, frames for notebooks, exports, tables, plots and the HTML page."""

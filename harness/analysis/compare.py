@@ -1,0 +1,402 @@
+"""Comparisons with verdicts: ``bench run``'s table, ``bench compare``, Markdown and JSON.
+
+An *arm* is one thing being compared (a codec, or a server build measured with
+``bench load``) with its runs, one per round. The first arm is the reference;
+every other arm is compared with it, figure by figure, with the statistics of
+``harness.analysis.stats`` (paired per-round log ratios when the arms were interleaved,
+Welch otherwise; Holm over the whole table; "slower/faster by X% [CI]",
+"equivalent within ±δ", "inconclusive" with the rounds that would decide, or
+"too few rounds").
+
+Which figures are judged (``judged_figures``), each once: TTFT mean/p50/p99,
+TPOT mean, per-chunk ITL p50/p99 (benchmark_serving's ITL; the per-token mean
+equals TPOT's and is not judged twice), E2EL mean, the codec's µs per message
+in each direction and operation, and the throughputs only when the arrival
+rate is infinite (at a finite rate they are set by the schedule, not the server).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.analysis import stats
+from harness.analysis import table as text_table
+from harness.analysis.documents import COMPARE_SCHEMA, ResultsError, is_compare, jsonable, read_json
+from harness.analysis.figures import CODEC_FIGURES, LATENCY_FIGURES, THROUGHPUT_FIGURES, Figure
+from harness.analysis.runs import RunEntry, collect_runs
+from harness.analysis.stats import PairStats, Verdict
+
+
+def judged_figures(runs: Sequence[RunEntry]) -> list[Figure]:
+    """The figures a comparison of these runs judges: throughput only when every run sent at rate inf."""
+    figures = [*LATENCY_FIGURES, *CODEC_FIGURES]
+    rates = [r.figures.get("request_rate", math.nan) for r in runs if r.figures]
+    if rates and all(math.isinf(rate) for rate in rates):
+        figures += THROUGHPUT_FIGURES
+    return figures
+
+
+@dataclass
+class Arm:
+    """One side of a comparison: a label and its runs (measured ones carry figures), in round order."""
+
+    label: str
+    runs: list[RunEntry]
+
+    @property
+    def measured(self) -> list[RunEntry]:
+        return [r for r in self.runs if r.figures is not None and r.status in ("ok", "failures", "interrupted")]
+
+    def values(self, key: str) -> list[float]:
+        return [r.figures.get(key, math.nan) for r in self.measured if r.figures is not None]
+
+    def rounds(self) -> list[int | None]:
+        return [r.round for r in self.measured]
+
+
+@dataclass
+class VerdictCell:
+    """One arm × figure against the reference."""
+
+    arm: str
+    figure: Figure
+    pair: PairStats | None
+    verdict: Verdict
+
+
+@dataclass
+class Comparison:
+    arms: list[Arm]
+    figures: list[Figure]
+    cells: list[VerdictCell] = field(default_factory=list)
+    margin_pct: float = stats.DEFAULT_MARGIN_PCT
+    alpha: float = stats.ALPHA
+
+    @property
+    def reference(self) -> Arm:
+        return self.arms[0]
+
+    def cell(self, arm: str, key: str) -> VerdictCell | None:
+        return next((c for c in self.cells if c.arm == arm and c.figure.key == key), None)
+
+
+def paired_rounds(a: Arm, b: Arm) -> bool:
+    """Rounds pair up when both arms ran the same round numbers (interleaved in one bench run)."""
+    ra, rb = a.rounds(), b.rounds()
+    if not ra or None in ra or None in rb:
+        return False
+    return sorted(r or 0 for r in ra) == sorted(r or 0 for r in rb) and len(set(ra)) == len(ra)
+
+
+def _aligned(arm: Arm, key: str, paired: bool) -> list[float]:
+    pairs = zip(arm.rounds(), arm.values(key))
+    if paired:
+        return [v for _, v in sorted(pairs, key=lambda rv: rv[0] or 0)]
+    return [v for _, v in pairs]
+
+
+def compare(
+    arms: Sequence[Arm],
+    *,
+    figures: Sequence[Figure] | None = None,
+    paired: bool | None = None,
+    margin_pct: float = stats.DEFAULT_MARGIN_PCT,
+    alpha: float = stats.ALPHA,
+    min_rounds: int = stats.MIN_ROUNDS,
+) -> Comparison:
+    """Every arm after the first against the first, every figure; one Holm family for the table."""
+    if len(arms) < 2:
+        raise ValueError("a comparison needs at least two arms")
+    figures = list(figures or judged_figures([r for arm in arms for r in arm.measured]))
+    ref = arms[0]
+    pairs: list[tuple[str, Figure, PairStats | None]] = []
+    for arm in arms[1:]:
+        is_paired = paired_rounds(ref, arm) if paired is None else paired
+        for fig in figures:
+            a, b = _aligned(ref, fig.key, is_paired), _aligned(arm, fig.key, is_paired)
+            pair = None
+            if a and b and (len(a) == len(b) or not is_paired):
+                pair = stats.compare_arms(a, b, paired=is_paired, confidence=1 - alpha)
+            pairs.append((arm.label, fig, pair))
+    verdicts = stats.judge(
+        [p for _, _, p in pairs],
+        higher_is_better=[f.higher_is_better for _, f, _ in pairs],
+        alpha=alpha,
+        margin_pct=margin_pct,
+        min_rounds=min_rounds,
+    )
+    cells = [VerdictCell(label, fig, pair, v) for (label, fig, pair), v in zip(pairs, verdicts, strict=True)]
+    return Comparison(list(arms), figures, cells, margin_pct, alpha)
+
+
+# --- text, Markdown, JSON -----------------------------------------------------------
+
+
+def fmt_value(value: float) -> str:
+    if not math.isfinite(value):
+        return "-"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}" if abs(value) < 1 else f"{value:.2f}"
+
+
+def median_cell(arm: Arm, key: str) -> str:
+    """Median over rounds, with ± half the range in % when there are several."""
+    values = [v for v in arm.values(key) if math.isfinite(v)]
+    if not values:
+        return "-"
+    mid = statistics.median(values)
+    text = fmt_value(mid)
+    if len(values) > 1 and mid:
+        text += f" ±{(max(values) - min(values)) / 2 / abs(mid) * 100:.1f}%"
+    return text
+
+
+def figures_table(comparison: Comparison, extra: Sequence[Figure] = ()) -> list[str]:
+    """Side by side: per arm, each figure's median over rounds (± half the range)."""
+    figures = [*comparison.figures, *(f for f in extra if f not in comparison.figures)]
+    headers = ["arm", "rounds", *(f.label for f in figures)]
+    rows = [[arm.label, str(len(arm.measured)), *(median_cell(arm, f.key) for f in figures)] for arm in comparison.arms]
+    return text_table.format_table(headers, rows)
+
+
+def verdict_lines(comparison: Comparison) -> list[str]:
+    ref = comparison.reference.label
+    lines = [
+        f"verdicts against {ref} ({_method(comparison)}, 95% CI, Holm over {len(comparison.cells)} "
+        f"comparisons, equivalence margin ±{comparison.margin_pct:g}%):"
+    ]
+    for arm in comparison.arms[1:]:
+        cells = [c for c in comparison.cells if c.arm == arm.label]
+        rows = [[f"  {c.figure.label}", c.verdict.text] for c in cells]
+        lines.append(f" {arm.label}:")
+        lines += text_table.format_table(["", ""], rows, left=2)[1:]
+    return lines
+
+
+def _method(comparison: Comparison) -> str:
+    kinds = {c.pair.paired for c in comparison.cells if c.pair is not None}
+    if kinds == {True}:
+        return "log ratios paired by round"
+    if kinds == {False}:
+        return "Welch t on log values, rounds not paired"
+    return "log ratios paired by round where the rounds match, else Welch"
+
+
+def summary_line(comparison: Comparison) -> str:
+    counts: dict[str, int] = {}
+    for c in comparison.cells:
+        counts[c.verdict.verdict] = counts.get(c.verdict.verdict, 0) + 1
+    return ", ".join(f"{n} {word}" for word, n in counts.items())
+
+
+def format_text(comparison: Comparison) -> str:
+    return "\n".join(
+        [*figures_table(comparison), "", *verdict_lines(comparison), f"in all: {summary_line(comparison)}"]
+    )
+
+
+def to_markdown(comparison: Comparison, title: str = "wirebench comparison") -> str:
+    """A GitHub-flavoured Markdown table: one row per figure, one column per non-reference arm."""
+    ref = comparison.reference
+    others = comparison.arms[1:]
+    lines = [
+        f"### {title}",
+        "",
+        f"Reference **{ref.label}** ({len(ref.measured)} rounds); changes are the other arm against it "
+        f"({_method(comparison)}) with a 95% CI, Holm-corrected over {len(comparison.cells)} "
+        f"comparisons; equivalence margin ±{comparison.margin_pct:g}%.",
+        "",
+        "| figure | " + " | ".join([ref.label, *(a.label for a in others)]) + " |",
+        "|---|" + "---|" * (1 + len(others)),
+    ]
+    for fig in comparison.figures:
+        row = [fig.label, median_cell(ref, fig.key)]
+        for arm in others:
+            cell = comparison.cell(arm.label, fig.key)
+            row.append(f"{median_cell(arm, fig.key)}<br>{cell.verdict.text}" if cell else median_cell(arm, fig.key))
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", f"In all: {summary_line(comparison)}."]
+    return "\n".join(lines) + "\n"
+
+
+def verdict_dict(v: Verdict) -> dict[str, Any]:
+    return {
+        "verdict": v.verdict,
+        "text": v.text,
+        "change_pct": v.change_pct,
+        "ci_low_pct": v.ci_low_pct,
+        "ci_high_pct": v.ci_high_pct,
+        "p_value": v.p_value,
+        "p_adjusted": v.p_adjusted,
+        "rounds": v.n_rounds,
+        "rounds_needed": v.rounds_needed,
+        "mde_pct": v.mde_pct,
+    }
+
+
+def comparison_dict(comparison: Comparison) -> dict[str, Any]:
+    """The verdicts as JSON: ``{arm: {figure key: verdict}}`` plus the settings that made them."""
+    out: dict[str, Any] = {
+        "reference": comparison.reference.label,
+        "margin_pct": comparison.margin_pct,
+        "alpha": comparison.alpha,
+        "method": "log ratio per round (paired when interleaved, else Welch), 95% CI, Holm over the table",
+        "figures": [
+            {"key": f.key, "label": f.label, "higher_is_better": f.higher_is_better} for f in comparison.figures
+        ],
+        "verdicts": {},
+    }
+    for c in comparison.cells:
+        entry = verdict_dict(c.verdict)
+        entry["paired"] = c.pair.paired if c.pair else None
+        out["verdicts"].setdefault(c.arm, {})[c.figure.key] = entry
+    return out
+
+
+def compare_document(
+    comparison: Comparison,
+    *,
+    folder: Path,
+    metadata: dict[str, Any] | None = None,
+    repeat: int | None = None,
+    order: Sequence[RunEntry] | None = None,
+) -> dict[str, Any]:
+    """A compare document (schema in harness.analysis.documents): arms, every run with its figures, verdicts.
+
+    ``order``: the runs in the order they ran (default: arm by arm).
+    """
+    entries = order if order is not None else [r for arm in comparison.arms for r in arm.runs]
+    # A run is listed under its arm's label (what the document is read back by), not its own codec:
+    # two builds of a server measured with bench load may both say "pickle".
+    arm_of = {id(r): arm.label for arm in comparison.arms for r in arm.runs}
+    runs = [
+        {
+            "codec": arm_of.get(id(r), r.codec),
+            "round": r.round,
+            "status": r.status,
+            "message": r.message,
+            # Relative to the compare file, so a results folder can move (e.g. into baselines/).
+            "result_file": _relative(r.path, folder) if r.path else None,
+            "figures": r.figures,
+        }
+        for r in entries
+    ]
+    table = {
+        arm.label: {
+            "runs": len(arm.runs),
+            "measured": len(arm.measured),
+            "status": _worst_status(arm),
+            "message": next((r.message for r in arm.runs if r.message), ""),
+            **{f.key: _table_cell(arm, f.key) for f in comparison.figures},
+        }
+        for arm in comparison.arms
+    }
+    return jsonable(
+        {
+            "schema_version": COMPARE_SCHEMA,
+            "kind": "compare",
+            "codecs": [arm.label for arm in comparison.arms],
+            "repeat": repeat if repeat is not None else max((len(a.runs) for a in comparison.arms), default=0),
+            "runs": runs,
+            "table": table,
+            "comparison": comparison_dict(comparison),
+            "metadata": metadata or {},
+        }
+    )
+
+
+def _relative(path: Path, folder: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(folder.resolve()))
+    except ValueError:
+        import os
+
+        return os.path.relpath(path, folder)
+
+
+def _table_cell(arm: Arm, key: str) -> dict[str, Any] | None:
+    values = [v for v in arm.values(key) if math.isfinite(v)]
+    if not values:
+        return None
+    mid = statistics.median(values)
+    spread = (max(values) - min(values)) / 2 / abs(mid) * 100 if mid and len(values) > 1 else None
+    return {"median": mid, "spread_pct": spread, "values": values}
+
+
+STATUS_ORDER = ("error", "unsupported", "failures", "interrupted")
+
+
+def _worst_status(arm: Arm) -> str:
+    statuses = {r.status for r in arm.runs}
+    return next((s for s in STATUS_ORDER if s in statuses), "ok")
+
+
+# --- bench compare --------------------------------------------------------------------------
+
+
+def arms_from_sources(sources: Sequence[str]) -> list[Arm]:
+    """Arms from ``[LABEL=]SOURCE`` arguments.
+
+    One compare file alone: its arms (first = reference). Otherwise each source
+    is one arm (a compare file with one arm, a run file, a folder of run files,
+    e.g. the rounds of one server build measured with ``bench load``), labelled
+    LABEL or the source's name.
+    """
+    specs = [_split_label(s) for s in sources]
+    if len(specs) == 1:
+        label, path = specs[0]
+        runs = collect_runs(path)
+        arms = arms_by_label(runs)
+        if len(arms) < 2:
+            raise ResultsError(f"{path}: holds one arm ({arms[0].label if arms else 'none'}); give two sources")
+        return arms
+    arms = []
+    for label, path in specs:
+        runs = collect_runs(path)
+        labels = sorted({r.codec for r in runs})
+        if label is None and len(labels) > 1:
+            raise ResultsError(
+                f"{path}: holds runs of several arms ({', '.join(labels)}); pass a compare file alone, "
+                "or one arm's runs per source"
+            )
+        name = label or (labels[0] if labels and labels[0] != "unknown" else Path(path).stem)
+        arms.append(Arm(name, _in_time_order(runs)))
+    if len({a.label for a in arms}) != len(arms):
+        raise ResultsError(f"two arms share a label ({', '.join(a.label for a in arms)}): name them LABEL=SOURCE")
+    return arms
+
+
+def _split_label(spec: str) -> tuple[str | None, str]:
+    label, sep, path = spec.partition("=")
+    if sep and label and not Path(spec).exists():
+        return label, path
+    return None, spec
+
+
+def arms_by_label(runs: Sequence[RunEntry]) -> list[Arm]:
+    """The runs grouped into arms by label, in the order the labels first appear."""
+    arms: dict[str, list[RunEntry]] = {}
+    for r in runs:
+        arms.setdefault(r.codec, []).append(r)
+    return [Arm(label, rs) for label, rs in arms.items()]
+
+
+def _in_time_order(runs: list[RunEntry]) -> list[RunEntry]:
+    """Runs of one arm in the order they ran; numbered as rounds when they carry none."""
+    ordered = sorted(runs, key=lambda r: (r.doc or {}).get("started_at") or "")
+    if any(r.round is None for r in ordered):
+        for i, r in enumerate(ordered):
+            r.round = i
+    return ordered
+
+
+def load_any_compare(path: str | Path) -> list[Arm]:
+    """The arms of a compare document (bench run's or bench compare's), for the gate."""
+    doc = read_json(Path(path))
+    if not is_compare(doc):
+        raise ResultsError(f"{path}: not a compare file (the compare-*.json of bench run or bench compare --json)")
+    return arms_by_label(collect_runs(path))

@@ -1,0 +1,406 @@
+"""Result documents: the run, compare, micro and sweep JSON files — their schema, writing and reading.
+
+The one owner of what a result file holds. ``bench load``/``bench run`` write
+run documents, ``bench run``/``bench compare`` compare documents, ``bench
+micro --json`` micro documents, ``bench sweep`` sweep documents; ``harness.analysis.frames`` (pandas frames), ``bench
+compare``, the CI gate and ``scripts/plot_results.py`` read them through here.
+
+Schema history (``schema_version`` in every document):
+
+- run 1: vLLM benchmark_serving's field names for what both have, plus
+  ``codec``, ``payload_kind``, ``failed``, per-request ``records``,
+  ``codec_figures`` (from the server's /metrics), ``schedule_lag``,
+  ``metadata`` (versions, machine, flags). Also read: benchmark_serving's own
+  files (no ``records``).
+- compare 1: ``codecs``, ``repeat``, ``runs`` (codec, round, status, message,
+  ``result_file`` relative to the compare file), ``table`` (median and spread
+  per figure), ``changes_vs_first``.
+- compare 2: adds ``kind: "compare"``, each run's ``figures`` (so a compare
+  document stands alone as a compact baseline, without run files; its
+  ``result_file`` may be null), ``comparison`` (the verdicts of
+  ``harness.analysis.compare``), ``metadata``; drops ``changes_vs_first``. Version 1
+  files still load: their figures are read from their run files.
+- micro 2: a JSON list, one object per codec × payload cell, each with the
+  run's metadata (``micro_document``); with ``--transport``, then one object
+  per delivery cell (``kind: "delivery"``).
+- calibrate: a compare 2 document (written by ``bench calibrate``) with a
+  ``calibration`` summary beside it.
+- sweep 1: ``kind: "sweep"``, axes, payload bytes, the micro and e2e parts
+  with per-point intervals and verdicts, crossings, plots
+  (``harness/commands/sweep.py`` documents each field).
+
+NaN is written as null and infinity as the string "inf" (``jsonable``), so
+every document is strict JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness.loadgen.guard import health_dict
+from harness.loadgen.ipc import budget_figures
+from harness.loadgen.metrics import METRICS, MetricStats, chunk_itls, percentile_key
+from harness.loadgen.runner import DEFAULT_RESULT_DIR, BenchmarkResult
+from harness.loadgen.serverstats import CodecFigures
+from harness.loadgen.sysinfo import collect_sysinfo
+from harness.wire.spans import IpcBudget
+
+if TYPE_CHECKING:  # the micro figures only; importing harness.micro would import torch
+    from harness.micro.timing import DeliveryMeasurement, Measurement
+
+# The one table of schema versions: kind → the version written now (the history is above).
+SCHEMAS = {"run": 1, "compare": 2, "micro": 2, "sweep": 1}
+RUN_SCHEMA, COMPARE_SCHEMA, MICRO_SCHEMA, SWEEP_SCHEMA = (SCHEMAS[k] for k in ("run", "compare", "micro", "sweep"))
+
+
+PathLike = str | os.PathLike[str]
+
+# Codec figure columns of runs_frame, in bench run's naming (request_encode_us, ...).
+DIRECTIONS = ("request", "output")
+DIRECTION_FIELDS = (
+    "encode_us",
+    "decode_us",
+    "encode_cpu_us",
+    "decode_cpu_us",
+    "bytes_per_message",
+    "frames_per_message",
+    "messages",
+)
+CODEC_US_COLUMNS = tuple(f"{d}_{op}_us" for d in DIRECTIONS for op in ("encode", "decode"))
+
+# runs_frame always has these columns (NaN where unknown).
+ALWAYS_COLUMNS = (
+    "num_prompts",
+    "completed",
+    "failed",
+    "duration_s",
+    "request_throughput",
+    "output_throughput",
+    *(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "median", "p99")),
+    *CODEC_US_COLUMNS,
+)
+
+
+# ------------------------------------------------------------------ writing
+
+
+def jsonable(value: Any) -> Any:
+    """NaN → None, ±inf → "inf"/"-inf", tuples → lists, unknown objects → str."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return None
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return value
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return jsonable({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return str(value)
+
+
+def write_json(path: PathLike, doc: Any, indent: int | None = 1) -> Path:
+    """Write strict JSON atomically (a reader never sees half a file)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(jsonable(doc), f, indent=indent, allow_nan=False)
+        f.write("\n")
+    os.replace(tmp, target)
+    return target
+
+
+def _stats_dict(stats: MetricStats) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "count": stats.count,
+        "mean_ms": stats.mean,
+        "median_ms": stats.median,
+        "std_ms": stats.std,
+    }
+    for p, value in stats.percentiles.items():
+        out[f"p{percentile_key(p)}_ms"] = value
+    return out
+
+
+def _codec_dict(figures: CodecFigures | None, mean_ttft_ms: float) -> dict[str, Any] | None:
+    if figures is None:
+        return None
+    return {
+        "codec": figures.codec,
+        "request": dataclasses.asdict(figures.request),
+        "output": dataclasses.asdict(figures.output),
+        "first_token_path_us": figures.first_token_path_us,
+        "ttft_share": figures.ttft_share(mean_ttft_ms),
+        "cells": {f"{d}.{op}": dataclasses.asdict(cell) for (d, op), cell in figures.cells.items()},
+    }
+
+
+def _ipc_dict(budget: IpcBudget | None, mean_ttft_ms: float) -> dict[str, Any] | None:
+    if budget is None:
+        return None
+    return {**budget.to_dict(), "share_of_ttft": budget.share_of_ttft(mean_ttft_ms)}
+
+
+def run_document(result: BenchmarkResult, sysinfo: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON document of one run (already JSON-safe)."""
+    m = result.metrics
+    s = result.settings
+    records = result.records
+    doc: dict[str, Any] = {
+        "schema_version": RUN_SCHEMA,
+        "date": result.started_at.strftime("%Y%m%d-%H%M%S"),
+        "started_at": result.started_at.isoformat(),
+        "backend": result.backend,
+        "model_id": result.model,
+        "tokenizer_id": result.tokenizer_id,
+        "num_prompts": result.num_prompts,
+        "request_rate": s.request_rate,
+        "burstiness": s.burstiness,
+        "max_concurrency": s.max_concurrency,
+        "duration": m.duration_s,
+        "completed": m.completed,
+        "failed": m.failed,
+        "total_input_tokens": m.total_input,
+        "total_output_tokens": m.total_output,
+        "request_throughput": m.request_throughput,
+        "request_goodput": m.request_goodput,
+        "output_throughput": m.output_throughput,
+        "total_token_throughput": m.total_token_throughput,
+        "input_lens": [r.prompt_len for r in records],
+        "output_lens": m.output_lens,
+        # Seconds, as benchmark_serving; null for a failed request.
+        "ttfts": [r.ttft if r.success else None for r in records],
+        # Per request, the gaps between output chunks in seconds (benchmark_serving's itls).
+        "itls": [chunk_itls(r.chunk_times) if r.success else [] for r in records],
+        "generated_texts": [r.generated_text for r in records],
+        "errors": [r.error for r in records],
+    }
+    for name in m.selected_metrics:
+        for key, value in _stats_dict(m.stats(name)).items():
+            if key != "count":
+                stat, _, unit = key.rpartition("_")
+                doc[f"{stat}_{name}_{unit}"] = value
+    doc.update(
+        {
+            "codec": result.codec,
+            "payload_kind": result.payload_kind,
+            "endpoint": s.endpoint,
+            "base_url": result.base_url,
+            "seed": s.seed,
+            "interrupted": result.interrupted,
+            "warmup_requests": s.warmup_requests,
+            "warmup_failed": result.warmup_failed,
+            "percentile_metrics": list(m.selected_metrics),
+            "metric_percentiles": list(m.selected_percentiles),
+            "goodput_slos_ms": m.goodput_slos_ms,
+            "metrics": {name: _stats_dict(m.stats(name)) for name in METRICS},
+            "schedule_lag": dataclasses.asdict(m.schedule_lag),
+            "dispatch_lag": dataclasses.asdict(m.dispatch_lag),
+            "codec_figures": _codec_dict(result.codec_figures, m.ttft.mean),
+            "ipc": _ipc_dict(result.ipc, m.ttft.mean),
+            "client": health_dict(result.client_health),  # the client-bottleneck guard (loadgen/guard.py)
+            # generated_text is left out here: generated_texts has it.
+            "records": [{k: v for k, v in dataclasses.asdict(r).items() if k != "generated_text"} for r in records],
+            "metadata": {**(sysinfo or {}), "flags": result.flags, "engine": result.engine, **result.extra},
+        }
+    )
+    return jsonable(doc)
+
+
+def micro_document(
+    cells: Iterable[Measurement],
+    deliveries: Iterable[DeliveryMeasurement],
+    settings: dict[str, Any],
+    meta: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """The ``bench micro --json`` document: one object per cell (times in µs, None where the cell
+    did not run; each carries the settings and metadata so it stands alone), then one per delivery."""
+    doc = [_micro_cell(m, settings, meta) for m in cells]
+    for d in deliveries:
+        fields = dataclasses.asdict(d.delivery)
+        doc.append({"kind": "delivery", **fields, "memcpy_p50_us": d.memcpy.p50_us, "schema_version": MICRO_SCHEMA})
+    return jsonable(doc)
+
+
+def _micro_cell(m: Measurement, settings: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    cell, memcpy = m.cell, m.memcpy
+    rec: dict[str, Any] = {"schema_version": MICRO_SCHEMA, "codec": cell.codec, "payload": cell.payload}
+    rec.update(status=cell.status, reason=cell.reason)
+    for name, t in (("encode", cell.encode), ("decode", cell.decode)):
+        for figure in ("p50_us", "p99_us", "min_us", "iterations"):
+            rec[f"{name}_{figure}"] = getattr(t, figure) if t else None
+    rec.update(wire_bytes=cell.wire_bytes, frames=cell.frames, payload_bytes=m.payload_bytes)
+    rec.update(memcpy_p50_us=memcpy.p50_us if memcpy else None, memcpy_iterations=memcpy.iterations if memcpy else None)
+    rec.update(ratio=m.ratio, settings=settings, metadata=meta)
+    return rec
+
+
+def default_result_path(
+    result: BenchmarkResult,
+    result_dir: str | os.PathLike[str] = DEFAULT_RESULT_DIR,
+    filename: str | None = None,
+) -> Path:
+    """results/<codec-or-backend>-<YYYYmmdd-HHMMSS>.json unless a filename is given.
+
+    A default name that already exists gets a -1, -2, ... suffix.
+    """
+    directory = Path(result_dir)
+    if filename:
+        return directory / filename
+    stem = f"{result.codec or result.backend}-{result.started_at.strftime('%Y%m%d-%H%M%S')}"
+    path = directory / f"{stem}.json"
+    n = 1
+    while path.exists():
+        path = directory / f"{stem}-{n}.json"
+        n += 1
+    return path
+
+
+def save_run(
+    result: BenchmarkResult,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    result_dir: str | os.PathLike[str] = DEFAULT_RESULT_DIR,
+    filename: str | None = None,
+    sysinfo: dict[str, Any] | None = None,
+) -> Path:
+    """Write the JSON file (atomically) and return its path.
+
+    ``path`` wins over ``result_dir``/``filename``; sysinfo is collected
+    when not given.
+    """
+    target = Path(path) if path is not None else default_result_path(result, result_dir, filename)
+    write_json(target, run_document(result, sysinfo if sysinfo is not None else collect_sysinfo()))
+    return target
+
+
+# ------------------------------------------------------------------ reading
+
+
+class ResultsError(ValueError):
+    """A result file is missing, unreadable or not what it should be."""
+
+
+# ------------------------------------------------------------------ files
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a file; ResultsError naming the file for anything else."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise ResultsError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ResultsError(f"{path}: is a folder, expected a JSON file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ResultsError(f"{path}: cannot read: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ResultsError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ResultsError(f"{path}: expected a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def is_compare(doc: dict[str, Any]) -> bool:
+    return isinstance(doc.get("table"), dict) and isinstance(doc.get("runs"), list)
+
+
+def is_run(doc: dict[str, Any]) -> bool:
+    # benchmark_serving files have ttfts/completed too; wirebench's add records.
+    return "records" in doc or ("ttfts" in doc and "completed" in doc)
+
+
+def load_run(path: PathLike) -> dict[str, Any]:
+    """One run file as a dict (exactly the JSON); ResultsError if it is not one."""
+    p = Path(path)
+    doc = read_json(p)
+    if is_compare(doc):
+        raise ResultsError(f"{p}: is a compare file, not a run file (runs_frame/requests_frame accept it)")
+    if not is_run(doc):
+        raise ResultsError(f"{p}: not a run file (no 'records' nor benchmark_serving's 'ttfts'/'completed')")
+    return doc
+
+
+def load_compare(path: PathLike) -> dict[str, Any]:
+    """One compare-*.json as a dict; ResultsError if it is not one."""
+    p = Path(path)
+    doc = read_json(p)
+    if not is_compare(doc):
+        what = "a run file" if is_run(doc) else "not a compare file"
+        raise ResultsError(f"{p}: {what}; expected the compare-*.json of `bench run` (keys 'table' and 'runs')")
+    if not isinstance(doc.get("codecs"), list):
+        doc["codecs"] = list(doc["table"])
+    return doc
+
+
+def as_float(value: Any) -> float:
+    """A JSON figure as a float: null → NaN, "inf"/"-inf" → ±inf."""
+    if value is None:
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def run_figures(doc: dict[str, Any]) -> dict[str, float]:
+    """Every summary figure of a run document, flat: ``mean_ttft_ms``, ``p99_chunk_itl_ms``,
+    ``request_encode_us``, ... (NaN where the document lacks it). The one reader of figures:
+    tables, comparisons, the CI gate and ``results.runs_frame`` all use it."""
+    out: dict[str, float] = {
+        "num_prompts": as_float(doc.get("num_prompts")),
+        "completed": as_float(doc.get("completed")),
+        "failed": as_float(doc.get("failed")),
+        "duration_s": as_float(doc.get("duration")),
+        "request_rate": as_float(doc.get("request_rate")),
+    }
+    for key in ("request_throughput", "request_goodput", "output_throughput", "total_token_throughput"):
+        out[key] = as_float(doc.get(key))
+    metrics = doc.get("metrics")
+    for name in METRICS:
+        stats = metrics.get(name) if isinstance(metrics, dict) else None
+        if isinstance(stats, dict):
+            # {"mean_ms", "median_ms", "std_ms", "p99_ms", ...} → mean_ttft_ms, ...
+            for key, value in stats.items():
+                if key.endswith("_ms"):
+                    out[f"{key[:-3]}_{name}_ms"] = as_float(value)
+        else:
+            # benchmark_serving's flat keys, present for the selected metrics only.
+            prefix = re.compile(rf"^(mean|median|std|p[\d.]+)_{name}_ms$")
+            for key, value in doc.items():
+                if prefix.match(key):
+                    out[key] = as_float(value)
+    for which in ("schedule_lag", "dispatch_lag"):
+        lag = doc.get(which)
+        if isinstance(lag, dict):
+            for key in ("mean_ms", "p99_ms", "max_ms"):
+                out[f"{which}_{key}"] = as_float(lag.get(key))
+    codec = doc.get("codec_figures")
+    if isinstance(codec, dict):
+        for direction in DIRECTIONS:
+            figures = codec.get(direction) or {}
+            for key in DIRECTION_FIELDS:
+                out[f"{direction}_{key}"] = as_float(figures.get(key))  # request_encode_us, ...
+        out["first_token_path_us"] = as_float(codec.get("first_token_path_us"))
+        out["ttft_share"] = as_float(codec.get("ttft_share"))
+    ipc = doc.get("ipc")
+    if isinstance(ipc, dict):
+        out.update(budget_figures(ipc))  # ipc_request_wire_p50_us, ipc_ipc_mean_us, ...
+        out["ipc_share_pct"] = as_float(ipc.get("share_of_ttft")) * 100.0
+        out["loop_lag_p99_ms"] = as_float((ipc.get("loop_lag_ms") or {}).get("p99"))
+    return out

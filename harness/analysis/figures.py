@@ -1,0 +1,87 @@
+"""The figure catalogue: every figure wirebench tables, judges or plots, in one place.
+
+A figure is a key in a run's figures (``documents.run_figures``), a short label
+for tables, its unit, which way is better, and whether verdicts judge it.
+Compare, the gate, sweep, the text report and the HTML page all read these
+tuples; none keeps a list of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One benchmark figure: its key in the results, a label for tables, and which way is better."""
+
+    key: str
+    label: str
+    higher_is_better: bool = False
+    unit: str = "ms"
+    judged: bool = True
+    detail: str = ""  # a longer label for plots and the HTML page ("" = the label)
+
+    @property
+    def long_label(self) -> str:
+        return self.detail or self.label
+
+
+# Judged latency figures (benchmark_serving's names; ITL is its per-chunk ITL, the
+# per-token mean equals TPOT's and is not judged twice).
+LATENCY_FIGURES = (
+    Figure("mean_ttft_ms", "TTFT mean"),
+    Figure("median_ttft_ms", "TTFT p50"),
+    Figure("p99_ttft_ms", "TTFT p99"),
+    Figure("mean_tpot_ms", "TPOT mean"),
+    Figure("median_chunk_itl_ms", "ITL p50"),
+    Figure("p99_chunk_itl_ms", "ITL p99"),
+    Figure("mean_e2el_ms", "E2EL mean"),
+)
+# The codec's own µs per message, from the server's /metrics, per direction and operation.
+CODEC_FIGURES = (
+    Figure("request_encode_us", "req enc µs", unit="µs", detail="request encode (frontend)"),
+    Figure("request_decode_us", "req dec µs", unit="µs", detail="request decode (engine)"),
+    Figure("output_encode_us", "out enc µs", unit="µs", detail="output encode (engine)"),
+    Figure("output_decode_us", "out dec µs", unit="µs", detail="output decode (frontend)"),
+)
+# Judged only when every run sent at rate inf (at a finite rate the schedule sets them).
+THROUGHPUT_FIGURES = (
+    Figure("request_throughput", "req/s", higher_is_better=True, unit="req/s"),
+    Figure("output_throughput", "out tok/s", higher_is_better=True, unit="tok/s"),
+)
+# Shown beside the judged figures in bench run's table, never judged.
+SHOWN_FIGURES = (
+    Figure("p99_tpot_ms", "TPOT p99", judged=False),
+    Figure("request_throughput", "req/s", higher_is_better=True, unit="req/s", judged=False),
+    Figure("output_throughput", "out tok/s", higher_is_better=True, unit="tok/s", judged=False),
+)
+# The IPC budget per arm (harness.wire.spans): median over rounds of each run's p50; shown, not judged.
+IPC_SPAN_FIGURES = (
+    Figure("ipc_request_encode_p50_us", "req enc", unit="µs", judged=False, detail="req encode"),
+    Figure("ipc_request_wire_p50_us", "req wire", unit="µs", judged=False),
+    Figure("ipc_request_decode_p50_us", "req dec", unit="µs", judged=False, detail="req decode"),
+    Figure("ipc_request_queue_p50_us", "in queue", unit="µs", judged=False, detail="engine in-queue"),
+    Figure("ipc_output_queue_p50_us", "out queue", unit="µs", judged=False),
+    Figure("ipc_output_encode_p50_us", "out enc", unit="µs", judged=False, detail="out encode"),
+    Figure("ipc_output_wire_p50_us", "out wire", unit="µs", judged=False),
+    Figure("ipc_output_decode_p50_us", "out dec", unit="µs", judged=False, detail="out decode"),
+)
+IPC_FIGURES = (
+    *IPC_SPAN_FIGURES,
+    Figure("ipc_ipc_mean_us", "IPC mean", unit="µs", judged=False),
+    Figure("ipc_share_pct", "IPC % TTFT", unit="%", judged=False),
+    Figure("loop_lag_p99_ms", "loop lag p99 ms", judged=False),
+)
+# bench sweep: the micro part's figures per payload, and the e2e part's per grid point.
+MICRO_FIGURES = (
+    Figure("codec_us", "codec µs (encode + decode p50)", unit="µs"),
+    Figure("delivery_us", "delivery µs (encode → ipc → decode, p50)", unit="µs"),
+)
+E2E_FIGURES = (
+    Figure("median_ttft_ms", "TTFT p50"),
+    Figure("p99_ttft_ms", "TTFT p99"),
+    Figure("mean_tpot_ms", "TPOT mean"),
+)
+# The figure calibrate injects costs against and reads detection from.
+DETECTION_FIGURE = LATENCY_FIGURES[0]

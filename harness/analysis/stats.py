@@ -1,0 +1,405 @@
+"""Is codec B slower, faster or equivalent to codec A?  Verdicts over benchmark rounds.
+
+``bench run --repeat N`` runs the arms interleaved, so every figure (mean TTFT, p99 TTFT,
+mean TPOT, ITL p50/p99, E2EL, codec µs per message, throughput, ...) has one value per arm
+and round. Rounds are the unit of replication: requests inside one round share queues and
+are not independent samples, so nothing here looks inside a round.
+
+Pure functions, no I/O:
+
+1. ``compare_arms``: on log values (noise and effects are multiplicative). Paired:
+   d_r = ln(B_r / A_r), ratio = exp(mean d), CI and p from Student t with n-1 df.
+   Unpaired (different round counts, runs made at different times): Welch t on the ln values.
+2. ``holm``: Holm step-down over the whole family (every codec x figure of one table).
+3. ``judge``, first match wins: "not comparable", "too few rounds", "slower"/"faster"
+   (Holm-adjusted p < alpha), "equivalent" (the 1-alpha CI inside 1 +- margin), "inconclusive".
+
+``rounds_needed`` and ``mde_pct`` project the rounds that would resolve a comparison and the
+change the current rounds detect four times in five.
+
+DEFAULT_ROUNDS, DEFAULT_MARGIN_PCT, ROUNDS_POWER and MIN_ROUNDS were chosen from simulated
+false-positive rates and power (``scripts/stats_calibration.py --simulations 10000 --seed 1``).
+The procedure in full, those tables and the calibrations on real runs: docs/method.md
+(sections "Verdicts" and "Calibration: what this machine resolves").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any
+
+from harness.analysis.student_t import t_ppf, t_sf
+
+ALPHA = 0.05
+MIN_ROUNDS = 3
+DEFAULT_ROUNDS = 7
+DEFAULT_MARGIN_PCT = 5.0
+ROUNDS_POWER = 0.8
+MDE_POWER = 0.8
+MAX_ROUNDS = 1000
+
+VERDICTS = ("slower", "faster", "equivalent", "inconclusive", "too few rounds", "not comparable")
+
+
+# --- comparing two arms ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PairStats:
+    """B against A for one figure, on log values.
+
+    ratio = exp(mean_log) is B/A (a geometric-mean ratio), [ci_low, ci_high] its CI at compare_arms' confidence.
+    sd_log is the SD of one round's log difference: of d_r when paired, sqrt(s_A^2 + s_B^2) when not.
+    reason is non-empty when the arms cannot be compared at all (then every number is NaN).
+    """
+
+    n_a: int
+    n_b: int
+    paired: bool
+    mean_log: float
+    se_log: float
+    sd_log: float
+    df: float
+    ratio: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    reason: str = ""
+
+    @property
+    def n_rounds(self) -> int:
+        """Rounds per arm (the fewer of the two when unpaired)."""
+        return min(self.n_a, self.n_b)
+
+    @property
+    def comparable(self) -> bool:
+        return not self.reason
+
+
+def _mean_var(xs: Sequence[float]) -> tuple[float, float]:
+    n = len(xs)
+    if n == 0:
+        return math.nan, math.nan
+    mean = math.fsum(xs) / n
+    var = math.fsum((x - mean) ** 2 for x in xs) / (n - 1) if n > 1 else math.nan
+    return mean, var
+
+
+def _t_test(mean: float, se: float, df: float) -> float:
+    """Two-sided p of mean = 0; a zero SE (identical or constant differences) gives 1 or 0, not NaN."""
+    if not (math.isfinite(se) and df > 0):
+        return math.nan
+    if se == 0.0:
+        return 1.0 if mean == 0.0 else 0.0
+    return min(1.0, 2.0 * t_sf(abs(mean) / se, df))
+
+
+def compare_arms(a: Sequence[float], b: Sequence[float], *, paired: bool, confidence: float = 1 - ALPHA) -> PairStats:
+    """B (candidate) against A (baseline): geometric-mean ratio B/A, its CI and the t-test p-value.
+
+    paired: a[i] and b[i] come from the same round (interleaved runs); requires equal lengths.
+    Otherwise Welch's t on the log values. A NaN, infinite or non-positive value makes the
+    result "not comparable" (reason set) rather than raising: one broken figure must not sink a table.
+    """
+    if paired and len(a) != len(b):
+        raise ValueError(
+            f"paired arms need the same number of rounds, got {len(a)} and {len(b)}; "
+            "drop unmatched rounds or pass paired=False"
+        )
+    bad = [v for v in (*a, *b) if not (math.isfinite(v) and v > 0)]
+    if bad:
+        nan = math.nan
+        return PairStats(
+            len(a),
+            len(b),
+            paired,
+            nan,
+            nan,
+            nan,
+            nan,
+            nan,
+            nan,
+            nan,
+            nan,
+            reason=f"value {bad[0]!r} is not a positive finite number",
+        )
+    log_a = [math.log(v) for v in a]
+    log_b = [math.log(v) for v in b]
+    if paired:
+        mean, var = _mean_var([y - x for x, y in zip(log_a, log_b, strict=True)])
+        n = len(a)
+        sd, se, df = math.sqrt(var), math.sqrt(var / n) if n else math.nan, float(n - 1)
+    else:
+        mean_a, var_a = _mean_var(log_a)
+        mean_b, var_b = _mean_var(log_b)
+        mean = mean_b - mean_a
+        sd = math.sqrt(var_a + var_b)
+        se, df = _welch(var_a, len(a), var_b, len(b))
+    p = _t_test(mean, se, df)
+    half = t_ppf(0.5 + confidence / 2, df) * se if df > 0 and math.isfinite(se) else math.nan
+    return PairStats(len(a), len(b), paired, mean, se, sd, df, _exp(mean), _exp(mean - half), _exp(mean + half), p)
+
+
+def _welch(var_a: float, n_a: int, var_b: float, n_b: int) -> tuple[float, float]:
+    """Standard error of the difference of means and the Welch-Satterthwaite df."""
+    if n_a < 2 or n_b < 2:
+        return math.nan, math.nan
+    va, vb = var_a / n_a, var_b / n_b
+    se = math.sqrt(va + vb)
+    if va + vb == 0.0:
+        return 0.0, float(n_a + n_b - 2)  # no spread at all: df does not matter, keep it finite
+    df = (va + vb) ** 2 / (va**2 / (n_a - 1) + vb**2 / (n_b - 1))
+    return se, df
+
+
+def _exp(x: float) -> float:
+    return math.exp(x) if math.isfinite(x) else math.nan
+
+
+# --- multiple comparisons --------------------------------------------------------------------------
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm step-down adjusted p-values, in input order: monotone in the sorted p, clipped to 1."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [1.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        # The rank-th smallest p faces alpha/(m - rank); carrying the running max keeps the order.
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+# --- rounds needed and minimum detectable effect -----------------------------------------------------
+
+
+def _half_width(sd_log: float, n: float, level: float, power: float, df_per_round: float) -> float:
+    """(t[1-level/2] + t[power]) * sd / sqrt(n) with df = df_per_round * (n - 1)."""
+    df = df_per_round * (n - 1)
+    if df <= 0:
+        return math.inf
+    return (t_ppf(1 - level / 2, df) + t_ppf(power, df)) * sd_log / math.sqrt(n)
+
+
+def _check_power(power: float) -> None:
+    # Below 0.5 the t term turns negative and the normal-theory start of the search is no longer a lower bound.
+    if not 0.5 <= power < 1:
+        raise ValueError(f"power must be in [0.5, 1), got {power}")
+
+
+def mde_pct(
+    sd_log: float, n: int, *, level: float = ALPHA, power: float = MDE_POWER, df_per_round: float = 1.0
+) -> float:
+    """Minimum detectable effect in %: the change a two-sided t test at `level` detects with `power` in n rounds.
+
+    (t[1-level/2, df] + t[power, df]) * sd_log / sqrt(n), turned into a ratio: exp(that) - 1.
+    sd_log is the SD of one round's log difference; df = df_per_round * (n - 1) (1 when paired).
+    """
+    _check_power(power)
+    if not (math.isfinite(sd_log) and n >= 2):
+        return math.nan
+    return 100.0 * math.expm1(_half_width(sd_log, n, level, power, df_per_round))
+
+
+def rounds_needed(
+    mean_log: float,
+    sd_log: float,
+    *,
+    n_now: int,
+    level: float,
+    alpha: float = ALPHA,
+    margin_pct: float = DEFAULT_MARGIN_PCT,
+    power: float = ROUNDS_POWER,
+    df_per_round: float = 1.0,
+    max_rounds: int = MAX_ROUNDS,
+) -> tuple[int | None, str | None]:
+    """Total rounds after which, if mean and SD stayed as observed, a verdict would be reached.
+
+    Returns (n, outcome) with outcome "difference" (the CI excludes 0 at `level`, the Holm threshold
+    the comparison faces next) or "equivalence" (the 1-alpha CI fits inside +-margin), whichever
+    needs fewer rounds; (None, None) when neither happens within max_rounds.
+    """
+    _check_power(power)
+    if not (math.isfinite(mean_log) and math.isfinite(sd_log)):
+        return None, None
+    lo, hi = math.log1p(-margin_pct / 100), math.log1p(margin_pct / 100)
+    targets = [("difference", abs(mean_log), level), ("equivalence", min(hi - mean_log, mean_log - lo), alpha)]
+    best: tuple[int | None, str | None] = (None, None)
+    for outcome, gap, lvl in targets:
+        if gap <= 0:
+            continue
+        # t quantiles exceed normal ones, so no n below the normal-theory answer can do: start there.
+        z = NormalDist().inv_cdf(1 - lvl / 2) + NormalDist().inv_cdf(power)
+        n_normal = (z * sd_log / gap) ** 2
+        if n_normal > max_rounds:
+            continue
+
+        def resolves(k: int, lvl: float = lvl, gap: float = gap) -> bool:
+            return _half_width(sd_log, k, lvl, power, df_per_round) < gap
+
+        n = _first_n(
+            resolves,
+            max(n_now + 1, 2, math.floor(n_normal)),
+            max_rounds,
+        )
+        if n is not None and (best[0] is None or n < best[0]):
+            best = (n, outcome)
+    return best
+
+
+def _first_n(ok: Callable[[int], bool], start: int, stop: int) -> int | None:
+    """Smallest n in [start, stop] with ok(n), for ok monotone in n (galloping from start, then bisection)."""
+    if start > stop:
+        return None
+    if ok(start):
+        return start
+    lo, step = start, 1
+    while not ok(hi := min(start + step, stop)):
+        if hi >= stop:
+            return None
+        lo, step = hi, 2 * step
+    while hi - lo > 1:  # ok(hi) holds, ok(lo) does not
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
+
+
+# --- verdicts --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The verdict on one comparison of a family, with the figures behind it (changes in %, B against A)."""
+
+    verdict: str
+    change_pct: float
+    ci_low_pct: float
+    ci_high_pct: float
+    p_value: float
+    p_adjusted: float
+    rounds_needed: int | None
+    mde_pct: float
+    n_rounds: int
+    margin_pct: float = DEFAULT_MARGIN_PCT
+    min_rounds: int = MIN_ROUNDS
+    resolves_to: str | None = None  # "difference" | "equivalence": what rounds_needed would show
+    reason: str = ""
+
+    @property
+    def text(self) -> str:
+        """One short line for a table cell or a log."""
+        change = f"{self.change_pct:+.1f}% [{self.ci_low_pct:+.1f}%, {self.ci_high_pct:+.1f}%]"
+        margin = f"±{self.margin_pct:g}%"
+        if self.verdict in ("slower", "faster"):
+            inside = -self.margin_pct < self.ci_low_pct and self.ci_high_pct < self.margin_pct
+            return f"{self.verdict} by {change}" + (f", within {margin}" if inside else "")
+        if self.verdict == "equivalent":
+            return f"equivalent within {margin} ({change})"
+        if self.verdict == "inconclusive":
+            if self.rounds_needed is None:
+                return f"inconclusive: {change}; over {MAX_ROUNDS} rounds would be needed"
+            what = margin if self.resolves_to == "equivalence" else "the difference"
+            return f"inconclusive: {change}; ≈{self.rounds_needed} rounds would resolve {what}"
+        if self.verdict == "too few rounds":
+            return f"too few rounds for a verdict ({self.n_rounds} < {self.min_rounds})"
+        return f"not comparable: {self.reason}"
+
+
+def judge(
+    family: Sequence[PairStats | None],
+    *,
+    higher_is_better: Sequence[bool],
+    alpha: float = ALPHA,
+    margin_pct: float = DEFAULT_MARGIN_PCT,
+    min_rounds: int = MIN_ROUNDS,
+) -> list[Verdict]:
+    """Verdicts for one table's comparisons (every codec x figure), Holm-adjusted together.
+
+    None stands for a comparison that could not be made (a figure missing on one side).
+    """
+    if len(higher_is_better) != len(family):
+        raise ValueError(f"higher_is_better has {len(higher_is_better)} entries for {len(family)} comparisons")
+    if min_rounds < 2:
+        raise ValueError("min_rounds must be >= 2: one round has no spread to test against")
+    tested_stats = {i: s for i, s in enumerate(family) if s is not None and s.comparable and s.n_rounds >= min_rounds}
+    tested = list(tested_stats)
+    adjusted = dict(zip(tested, holm([s.p_value for s in tested_stats.values()]), strict=True))
+    rejected = {i for i, p in adjusted.items() if p < alpha}
+    common: dict[str, Any] = {"margin_pct": margin_pct, "min_rounds": min_rounds}
+    verdicts = []
+    for i, stats in enumerate(family):
+        if stats is None or not stats.comparable:
+            reason = "missing on one side" if stats is None else stats.reason
+            n = 0 if stats is None else stats.n_rounds
+            nan = math.nan
+            verdicts.append(Verdict("not comparable", nan, nan, nan, nan, nan, None, nan, n, reason=reason, **common))
+            continue
+        # The Holm threshold this comparison faces once the other rejections are made.
+        level = alpha / max(1, len(tested) - len(rejected - {i}))
+        verdicts.append(
+            _one_verdict(
+                stats,
+                higher_is_better[i],
+                adjusted.get(i, math.nan),
+                i in rejected,
+                level,
+                alpha,
+                margin_pct,
+                min_rounds,
+            )
+        )
+    return verdicts
+
+
+def _one_verdict(
+    stats: PairStats,
+    higher_is_better: bool,
+    p_adj: float,
+    rejected: bool,
+    level: float,
+    alpha: float,
+    margin_pct: float,
+    min_rounds: int,
+) -> Verdict:
+    n = stats.n_rounds
+    half = t_ppf(1 - alpha / 2, stats.df) * stats.se_log if stats.df > 0 else math.nan
+    low, high = stats.mean_log - half, stats.mean_log + half
+
+    def pct(x: float) -> float:
+        return 100.0 * math.expm1(x) if math.isfinite(x) else math.nan
+
+    # Welch df per round relative to a paired design (1 when paired); with equal rounds per arm it lies in [1, 2].
+    df_per_round = min(2.0, max(1.0, stats.df / (n - 1))) if n > 1 and math.isfinite(stats.df) else 1.0
+    fields: dict[str, Any] = {
+        "change_pct": pct(stats.mean_log),
+        "ci_low_pct": pct(low),
+        "ci_high_pct": pct(high),
+        "p_value": stats.p_value,
+        "p_adjusted": p_adj,
+        "n_rounds": n,
+        "margin_pct": margin_pct,
+        "min_rounds": min_rounds,
+    }
+    if n < min_rounds:
+        return Verdict("too few rounds", rounds_needed=None, mde_pct=math.nan, **fields)
+    mde = mde_pct(stats.sd_log, n, level=level, df_per_round=df_per_round)
+    if rejected:
+        worse = stats.mean_log < 0 if higher_is_better else stats.mean_log > 0
+        return Verdict("slower" if worse else "faster", rounds_needed=None, mde_pct=mde, **fields)
+    if math.log1p(-margin_pct / 100) < low and high < math.log1p(margin_pct / 100):
+        return Verdict("equivalent", rounds_needed=None, mde_pct=mde, **fields)
+    needed, outcome = rounds_needed(
+        stats.mean_log,
+        stats.sd_log,
+        n_now=n,
+        level=level,
+        alpha=alpha,
+        margin_pct=margin_pct,
+        df_per_round=df_per_round,
+    )
+    return Verdict("inconclusive", rounds_needed=needed, mde_pct=mde, resolves_to=outcome, **fields)

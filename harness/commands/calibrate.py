@@ -1,0 +1,181 @@
+"""``bench calibrate``: what can this machine resolve?  An A/A run and injected known costs.
+
+One ``bench run`` with these arms, interleaved over ``--repeat`` rounds (in
+blocks of 20 requests by default, ``--block-size``):
+
+- ``CODEC`` (the reference) and ``CODEC#2``: the same codec twice (A/A). Any
+  "slower"/"faster" between them is a false positive, observed on this machine;
+- ``CODEC+request-delay=D`` for each ``--costs-pct`` P: a known cost added to
+  every request (2·D, busy-waited in the frontend's encode and the engine's
+  decode), sized as P% of the mean TTFT measured by a short probe run first.
+
+It prints the comparison and a summary: the false positives of the A/A arm,
+and for each injected cost whether mean TTFT was found "slower", so the
+smallest detectable per-request cost at these settings can be read off. The
+compare document is saved as ``calibrate-<stamp>.json`` with that summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from harness.analysis import stats
+from harness.analysis.compare import Comparison
+from harness.analysis.comparison_text import format_comparison
+from harness.analysis.documents import write_json
+from harness.analysis.figures import DETECTION_FIGURE
+from harness.experiment.arms import parse_codecs
+from harness.experiment.flags import add_experiment_arguments, experiment_from_args
+from harness.experiment.flow import judged, prepare
+from harness.experiment.probe import probe_mean_ttft, resolve_rate
+from harness.experiment.rounds import run_rounds
+from harness.loadgen.runner import BenchmarkError
+
+JUDGED_FOR_DETECTION = DETECTION_FIGURE.key
+CALIBRATE_BLOCK_SIZE = 20
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_experiment_arguments(p)
+    p.add_argument(
+        "--costs-pct",
+        default="1,2,5",
+        help="injected per-request costs as percent of the probe's mean TTFT, comma-separated (default 1,2,5)",
+    )
+    # Shorter rounds than bench run's defaults: calibration runs many of them. The rate stays
+    # bench run's auto (half the probed capacity): a fixed one may be a queue on a slower machine.
+    # Blocks of 20 by default: on a shared machine they resolve 3-5x finer than whole-run turns
+    # (docs/method.md); --block-size 0 calibrates bench run's default instead.
+    p.set_defaults(repeat=stats.DEFAULT_ROUNDS, num_prompts=200, block_size=CALIBRATE_BLOCK_SIZE)
+
+
+def parse_costs(text: str) -> list[float]:
+    try:
+        costs = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--costs-pct must be numbers, got {text!r}") from None
+    if not costs or any(not 0 < c < 100 for c in costs):
+        raise ValueError(f"--costs-pct must be percentages in (0, 100), got {text!r}")
+    return costs
+
+
+def delay_spec(codec: str, cost_ms: float) -> str:
+    """The calibration codec adding ``cost_ms`` per request: half in encode, half in decode."""
+    per_op_us = max(1, round(cost_ms * 1000 / 2))
+    return f"{codec}+request-delay={per_op_us}us"
+
+
+def summarize(comparison: Comparison, costs: dict[str, float], probe_ms: float) -> dict[str, Any]:
+    ref, aa = comparison.arms[0].label, comparison.arms[1].label
+    aa_cells = [c for c in comparison.cells if c.arm == aa]
+    false_pos = [c.figure.label for c in aa_cells if c.verdict.verdict in ("slower", "faster")]
+    # The costs are sized on the probe; the rounds' own reference TTFT says what they came to.
+    measured = [v for v in comparison.arms[0].values(JUDGED_FOR_DETECTION) if math.isfinite(v) and v > 0]
+    ref_ttft = statistics.median(measured) if measured else math.nan
+    injected: list[dict[str, Any]] = []
+    for label, pct in costs.items():
+        cell = comparison.cell(label, JUDGED_FOR_DETECTION)
+        verdict = cell.verdict if cell else None
+        cost_ms = pct / 100 * probe_ms
+        injected.append(
+            {
+                "arm": label,
+                "cost_pct_of_ttft": pct,
+                "cost_ms": cost_ms,
+                "cost_pct_of_measured_ttft": 100 * cost_ms / ref_ttft,  # NaN without a measured TTFT
+                "verdict": verdict.verdict if verdict else "not comparable",
+                "text": verdict.text if verdict else "",
+                "detected": bool(verdict and verdict.verdict == "slower"),
+            }
+        )
+    detected: list[float] = [float(i["cost_pct_of_ttft"]) for i in injected if i["detected"]]
+    return {
+        "reference": ref,
+        "probe_mean_ttft_ms": probe_ms,
+        "reference_mean_ttft_ms": ref_ttft,
+        "aa_arm": aa,
+        "aa_judged": len(aa_cells),
+        "aa_false_positives": false_pos,
+        "injected": injected,
+        "smallest_detected_pct": min(detected) if detected else None,
+    }
+
+
+def format_calibration(summary: dict[str, Any], rounds: int) -> str:
+    lines = [
+        "",
+        "=" * 20 + " Calibration " + "=" * 20,
+        f"rounds: {rounds}; probe mean TTFT {summary['probe_mean_ttft_ms']:.2f} ms ({summary['reference']}), "
+        f"the rounds' {summary['reference_mean_ttft_ms']:.2f} ms (median)",
+        f"A/A ({summary['reference']} vs {summary['aa_arm']}): "
+        f"{len(summary['aa_false_positives'])} of {summary['aa_judged']} figures called different"
+        + (f" ({', '.join(summary['aa_false_positives'])})" if summary["aa_false_positives"] else ""),
+    ]
+    for item in summary["injected"]:
+        mark = "found" if item["detected"] else "not found"
+        lines.append(
+            f"injected {item['cost_pct_of_ttft']:g}% of TTFT ({item['cost_ms'] * 1000:.0f} µs per request, "
+            f"{item['cost_pct_of_measured_ttft']:.1f}% of the rounds' reference): "
+            f"{mark}; TTFT mean {item['text']}"
+        )
+    smallest = summary["smallest_detected_pct"]
+    lines.append(
+        "smallest injected per-request cost found: "
+        + (f"{smallest:g}% of mean TTFT" if smallest is not None else "none of those tried")
+    )
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        costs_pct = parse_costs(args.costs_pct)
+        if args.arm_flags:
+            raise ValueError("calibrate makes its own arms: --arm-flags does not apply")
+        codecs = parse_codecs(args.codec)
+        if len(codecs) != 1:
+            raise ValueError("calibrate takes one codec")
+        reference = codecs[0].codec
+        if "+" in reference:
+            raise ValueError("calibrate takes one plain codec (it adds the injected arms itself)")
+        prepared = prepare(experiment_from_args(args, arms=codecs))
+    except (ValueError, BenchmarkError, OSError) as exc:
+        print(f"bench calibrate: error: {exc}", file=sys.stderr)
+        return 2
+    resolved = resolve_rate(prepared.experiment, prepared.workload, prepared.tokenizer_id)
+    if resolved is None:
+        return 1
+    exp, rate_note = resolved
+    print(f"bench calibrate: probe run of {reference} to size the injected costs", flush=True)
+    try:
+        probe_ms = probe_mean_ttft(exp, reference, prepared.workload, prepared.tokenizer_id)
+    except (RuntimeError, KeyboardInterrupt) as exc:
+        print(f"bench calibrate: error: {exc}", file=sys.stderr)
+        return 1
+    injected = {delay_spec(reference, pct / 100 * probe_ms): pct for pct in costs_pct}
+    arms = parse_codecs(",".join([reference, reference, *injected]))
+    exp = replace(exp, arms=tuple(arms))
+    outcomes, interrupted = run_rounds(exp, prepared.workload, prepared.tokenizer_id)
+    result = judged(exp, rate_note, outcomes, interrupted)
+    if interrupted or any(not a.measured for a in result.arms):
+        print(format_comparison(result.arms, None))
+        print("bench calibrate: not every arm was measured; no calibration", file=sys.stderr)
+        return 130 if interrupted else 1
+    comparison = result.comparison
+    assert comparison is not None
+    print(format_comparison(result.arms, comparison))
+    summary = summarize(comparison, {a.label: injected[a.codec] for a in arms if a.codec in injected}, probe_ms)
+    print(format_calibration(summary, exp.plan.repeat))
+    if exp.plan.save_result:
+        path = Path(exp.plan.result_dir) / f"calibrate-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        doc = result.document(path.parent)
+        doc["calibration"] = summary
+        write_json(path, doc, indent=2)
+        print(f"Calibration saved to {path}")
+    return 0

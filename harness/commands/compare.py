@@ -1,0 +1,139 @@
+"""``bench compare``: verdicts over saved results; with ``--baseline``, the CI regression gate.
+
+    bench compare results/compare-X.json                      the arms of one bench run
+    bench compare main=results/main/ branch=results/branch/   two sets of bench load rounds
+    bench compare results/compare-NEW.json --baseline results/baselines/text.json
+
+The comparison is ``harness.analysis.compare``'s, the gate ``harness.analysis.gate``'s (exit
+codes there). Both can also write Markdown (a CI job summary, a pull-request
+comment) and JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness.analysis import gate, stats
+from harness.analysis.compare import (
+    arms_from_sources,
+    compare,
+    compare_document,
+    format_text,
+    judged_figures,
+    load_any_compare,
+    to_markdown,
+)
+from harness.analysis.documents import ResultsError, write_json
+from harness.analysis.exports import write_exports
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "sources",
+        nargs="+",
+        metavar="[LABEL=]SOURCE",
+        help="a compare file alone (its arms), or one source per arm: a run file, a folder of run files "
+        "(e.g. bench load rounds of one server), or a compare file with one arm; the first arm is the reference",
+    )
+    p.add_argument(
+        "--baseline",
+        default=None,
+        metavar="COMPARE_FILE",
+        help="CI gate: judge SOURCE (one compare file) against this baseline compare file",
+    )
+    p.add_argument(
+        "--threshold-pct",
+        type=float,
+        default=5.0,
+        help="gate: a regression must be statistically supported and larger than this (default 5)",
+    )
+    p.add_argument(
+        "--ratios-only",
+        action="store_true",
+        help="gate: judge only ratios to the reference codec (a baseline made on another kind of machine)",
+    )
+    p.add_argument(
+        "--fail-on-noise",
+        action="store_true",
+        help="gate: exit 3 when a figure is too noisy to rule out a regression above the threshold",
+    )
+    p.add_argument(
+        "--margin-pct",
+        type=float,
+        default=stats.DEFAULT_MARGIN_PCT,
+        help=f"equivalence margin in percent (default {stats.DEFAULT_MARGIN_PCT:g})",
+    )
+    p.add_argument("--unpaired", action="store_true", help="compare as independent samples even when rounds match")
+    p.add_argument("--markdown", type=Path, default=None, help="also write the table as Markdown here")
+    p.add_argument("--json", type=Path, default=None, help="also write the compare document (JSON) here")
+    dash = p.add_argument_group("dashboard exports (the figures of SOURCE: median over rounds, min..max)")
+    dash.add_argument(
+        "--github-benchmark",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="github-action-benchmark customSmallerIsBetter JSON (latencies, codec µs)",
+    )
+    dash.add_argument(
+        "--github-benchmark-bigger",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="github-action-benchmark customBiggerIsBetter JSON (throughputs, when judged)",
+    )
+    dash.add_argument("--bencher", type=Path, default=None, metavar="PATH", help="Bencher Metric Format (BMF) JSON")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        arms = arms_from_sources(args.sources) if args.baseline is None else load_any_compare(args.sources[0])
+        if args.baseline is None:
+            comparison = compare(arms, paired=False if args.unpaired else None, margin_pct=args.margin_pct)
+    except (ResultsError, ValueError) as exc:
+        print(f"bench compare: error: {exc}", file=sys.stderr)
+        return 2
+    write_exports(
+        arms,
+        judged_figures([r for arm in arms for r in arm.measured]),
+        github_path=args.github_benchmark,
+        github_bigger_path=args.github_benchmark_bigger,
+        bencher_path=args.bencher,
+    )
+    if args.baseline is not None:
+        return run_gate_command(args)
+    print(format_text(comparison))
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(to_markdown(comparison))
+    if args.json:
+        write_json(args.json, compare_document(comparison, folder=args.json.parent), indent=2)
+    return 0
+
+
+def run_gate_command(args: argparse.Namespace, prog: str = "bench compare") -> int:
+    """--baseline: the CI regression gate over one current compare file (harness.analysis.gate)."""
+    if len(args.sources) != 1:
+        print(f"{prog}: error: the gate takes one current compare file and --baseline", file=sys.stderr)
+        return gate.EXIT_UNUSABLE
+    try:
+        current = load_any_compare(args.sources[0])
+        baseline = load_any_compare(args.baseline)
+        result = gate.run_gate(
+            current,
+            baseline,
+            threshold_pct=args.threshold_pct,
+            margin_pct=args.margin_pct,
+            ratios_only=getattr(args, "ratios_only", False),
+        )
+    except (ResultsError, ValueError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return gate.EXIT_UNUSABLE
+    print(gate.format_text(result))
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(gate.to_markdown(result))
+    if args.json:
+        write_json(args.json, gate.to_json(result), indent=2)
+    return result.exit_code(args.fail_on_noise)

@@ -1,0 +1,148 @@
+"""``bench load``: replay a workload against an OpenAI-compatible server.
+
+Exit codes: 0 every request succeeded; 1 some requests failed (the partial
+result is still printed and saved); 2 bad flags, an unreachable server or a
+failed warmup; 4 with --strict-client, the client-bottleneck guard found that
+the client, not the server, limited the run (checked after 1; the result is
+still printed and saved); 130 interrupted by Ctrl-C (what finished is saved).
+
+``bench run`` reuses ``add_load_arguments`` and ``run_benchmark`` for each
+codec; ``report.print_report`` prints and ``harness.analysis.documents.save_run`` saves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+import aiohttp
+
+from harness.analysis.documents import DEFAULT_RESULT_DIR, save_run
+from harness.loadgen.arrivals import describe_arrivals
+from harness.loadgen.flags import add_load_arguments, add_server_arguments
+from harness.loadgen.report import print_report
+from harness.loadgen.runner import (
+    BenchmarkError,
+    BenchmarkResult,
+    LoadSettings,
+    check_endpoint,
+    run_benchmark,
+)
+from harness.loadgen.serverstats import ServerUnreachable, fetch_model_ids
+from harness.workloads.sample import SampleRequest
+
+__all__ = [
+    "add_arguments",
+    "add_load_arguments",
+    "add_server_arguments",
+    "main",
+    "run_benchmark",
+    "BenchmarkResult",
+    "BenchmarkError",
+    "LoadSettings",
+]
+
+EXIT_FAILED_REQUESTS = 1
+EXIT_USAGE = 2
+EXIT_CLIENT_LIMITED = 4
+EXIT_INTERRUPTED = 130
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from harness.workloads.datasets import add_dataset_arguments  # owns --seed
+
+    add_dataset_arguments(parser)
+    add_server_arguments(parser)
+    scale = add_load_arguments(parser)
+    scale.add_argument(
+        "--strict-client",
+        action="store_true",
+        help=f"exit {EXIT_CLIENT_LIMITED} when the client-bottleneck guard finds the client limited the run (for CI)",
+    )
+
+
+def load_workload(args: argparse.Namespace) -> tuple[list[SampleRequest], str]:
+    """The workload the dataset flags describe, and the tokenizer's name."""
+    from harness.workloads.datasets import load_workload as build
+    from harness.workloads.spec import WorkloadSpec
+
+    return build(WorkloadSpec.from_args(args))
+
+
+async def resolve_model(base_url: str, model: str | None) -> str:
+    """Check the server answers; pick the first model it lists when none is given."""
+    async with aiohttp.ClientSession() as session:
+        ids = await fetch_model_ids(session, base_url)
+    if model:
+        return model
+    if not ids:
+        raise BenchmarkError(f"{base_url}/v1/models lists no model; pass --model")
+    return ids[0]
+
+
+def flags_dict(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: v for k, v in vars(args).items() if not callable(v)}
+
+
+def _error(message: str) -> None:
+    print(f"bench load: error: {message}", file=sys.stderr)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        settings = LoadSettings.from_args(args)
+    except BenchmarkError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+    base_url = args.base_url.rstrip("/")
+    try:
+        model = asyncio.run(resolve_model(base_url, getattr(args, "model", None)))
+    except (ServerUnreachable, BenchmarkError) as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+    try:
+        workload, tokenizer_id = load_workload(args)
+        check_endpoint(workload, settings.endpoint)
+    except (BenchmarkError, ValueError, OSError) as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+
+    conc = f", max concurrency {settings.max_concurrency}" if settings.max_concurrency else ""
+    print(
+        f"Sending {len(workload)} requests to {base_url}{settings.endpoint}: "
+        f"{describe_arrivals(settings.request_rate, settings.burstiness)}{conc}",
+        flush=True,
+    )
+    try:
+        result = asyncio.run(run_benchmark(base_url, model, workload, settings))
+    except BenchmarkError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        _error("interrupted before the load started; nothing to save")
+        return EXIT_INTERRUPTED
+
+    result.tokenizer_id = tokenizer_id
+    result.flags = flags_dict(args)
+    print_report(result)
+    if getattr(args, "save_result", True):
+        path = save_run(
+            result,
+            result_dir=getattr(args, "result_dir", None) or DEFAULT_RESULT_DIR,
+            filename=getattr(args, "result_filename", None),
+        )
+        print(f"Result saved to {path}")
+    if result.interrupted:
+        return EXIT_INTERRUPTED
+    if result.failed:
+        _error(f"{result.failed} of {result.num_prompts} requests failed")
+        return EXIT_FAILED_REQUESTS
+    if getattr(args, "strict_client", False) and result.client_health is not None and result.client_health.limited:
+        _error("the client, not the server, limited this run (--strict-client): see 'Client health' above")
+        return EXIT_CLIENT_LIMITED
+    return 0

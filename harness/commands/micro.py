@@ -1,0 +1,228 @@
+"""``bench micro``: time each codec on fixed payloads against one memcpy.
+
+Prints one table row per codec x payload cell as it is measured: encode and
+decode p50/p99, wire bytes and frames of one encode, the memcpy reference and
+ratio = (enc p50 + dec p50) / memcpy p50. What is timed and how is
+``harness.micro.timing``'s docstring; the payloads and what counts as their
+bytes are ``harness.micro.payloads``'s.
+
+``--transport zmq,shm`` adds the delivery table (``harness.micro.delivery``):
+encode, send to another process, receive, decode, against the same memcpy.
+
+``--json PATH`` writes the micro document (``harness.analysis.documents.micro_document``):
+a JSON list with one object per cell, each carrying the run's metadata so it
+stands alone, then one object per delivery cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import wirecodecs
+from harness.analysis.table import format_line
+from harness.micro import delivery
+from harness.micro.payloads import PAYLOADS
+from harness.micro.timing import (
+    DEFAULT_MIN_ITERATIONS,
+    DEFAULT_MIN_TIME_S,
+    DeliveryMeasurement,
+    Measurement,
+    measure,
+    measure_delivery,
+    one_torch_thread,
+    run_metadata,
+)
+
+# --- the tables --------------------------------------------------------------
+
+
+def _us(x: float) -> str:
+    return f"{x:,.2f}" if x < 100 else f"{x:,.1f}" if x < 10_000 else f"{x:,.0f}"
+
+
+def _ratio_text(r: float) -> str:
+    return f"{r:,.0f}" if r >= 100 else f"{r:.1f}" if r >= 10 else f"{r:.2f}" if r >= 1 else f"{r:.3f}"
+
+
+def machine_line(meta: dict[str, Any]) -> str:
+    libs = meta["libraries"]
+    return (
+        f"CPU: {meta['cpu_model']} ({meta['cpu_count']} cores) | "
+        f"Python {meta['python']} | torch {libs['torch']} (threads pinned to "
+        f"{meta['torch_threads']}) | msgspec {libs['msgspec']} | pyzmq {libs['pyzmq']}"
+    )
+
+
+# Fixed widths (title, width), so rows can print as they are measured;
+# the codec and payload columns are left-aligned.
+COLUMNS = [
+    ("codec", 14),
+    ("payload", 17),
+    ("enc p50 µs", 11),
+    ("enc p99 µs", 11),
+    ("dec p50 µs", 11),
+    ("dec p99 µs", 11),
+    ("bytes", 12),
+    ("frames", 6),
+    ("memcpy µs", 10),
+    ("ratio", 8),
+]
+_WIDTHS = [w for _, w in COLUMNS]
+
+
+def _row(values: Sequence[str]) -> str:
+    return format_line(values, _WIDTHS, left=2)
+
+
+def header_lines() -> list[str]:
+    titles = _row([t for t, _ in COLUMNS])
+    return [titles, "-" * len(titles)]
+
+
+def format_row(m: Measurement) -> str:
+    cell, memcpy = m.cell, m.memcpy
+    if cell.status != "ok" or cell.encode is None or cell.decode is None:
+        return _row([cell.codec, cell.payload, f"{cell.status}: {cell.reason}"])
+    ratio = m.ratio
+    return _row(
+        [
+            cell.codec,
+            cell.payload,
+            _us(cell.encode.p50_us),
+            _us(cell.encode.p99_us),
+            _us(cell.decode.p50_us),
+            _us(cell.decode.p99_us),
+            f"{cell.wire_bytes:,}",
+            str(cell.frames),
+            _us(memcpy.p50_us) if memcpy else "-",
+            _ratio_text(ratio) if ratio is not None else "-",
+        ]
+    )
+
+
+DELIVERY_COLUMNS = [
+    ("codec", 14),
+    ("payload", 17),
+    ("transport", 11),
+    ("p50 µs", 11),
+    ("p99 µs", 11),
+    ("memcpy µs", 10),
+    ("ratio", 8),
+]
+_DELIVERY_WIDTHS = [w for _, w in DELIVERY_COLUMNS]
+
+
+def format_delivery_row(dm: DeliveryMeasurement) -> str:
+    d, memcpy = dm.delivery, dm.memcpy
+    row = [d.codec, d.payload, d.transport]
+    if d.status != "ok":
+        row.append(f"{d.status}: {d.reason}")
+    else:
+        row += [_us(d.p50_us), _us(d.p99_us), _us(memcpy.p50_us), _ratio_text(dm.ratio)]
+    return format_line(row, _DELIVERY_WIDTHS, left=3)
+
+
+# --- command -----------------------------------------------------------------
+
+
+def parse_names(value: str | None, known: Sequence[str], kind: str) -> list[str]:
+    """A comma-separated selection, validated against ``known``; None selects all."""
+    if value is None:
+        return list(known)
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"--{kind} needs at least one name; available: {', '.join(known)}")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown {kind} {', '.join(map(repr, unknown))}; available: {', '.join(known)}")
+    return list(dict.fromkeys(names))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--codec", metavar="A,B", help="codecs to time (default: all registered)")
+    parser.add_argument("--payload", metavar="X,Y", help=f"payloads to time (default: all of {', '.join(PAYLOADS)})")
+    parser.add_argument(
+        "--min-iterations",
+        type=int,
+        default=DEFAULT_MIN_ITERATIONS,
+        help="timed calls per measurement, at least (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--min-time",
+        type=float,
+        default=DEFAULT_MIN_TIME_S,
+        metavar="SECONDS",
+        help="seconds per measurement, at least (default: %(default)s)",
+    )
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write a JSON list, one object per cell")
+    parser.add_argument(
+        "--transport",
+        metavar="X,Y",
+        default=None,
+        help=f"also time delivery to another process over these transports ({', '.join(delivery.TRANSPORTS)})",
+    )
+    parser.add_argument("--delivery-iterations", type=int, default=50, help="sends per delivery cell (default 50)")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        codecs = parse_names(args.codec, wirecodecs.available_codecs(), "codec")
+        payloads = parse_names(args.payload, list(PAYLOADS), "payload")
+        transports = parse_names(args.transport, list(delivery.TRANSPORTS), "transport") if args.transport else []
+        if args.min_iterations < 1:
+            raise ValueError(f"--min-iterations must be at least 1, got {args.min_iterations}")
+        if not args.min_time >= 0:
+            raise ValueError(f"--min-time must be >= 0, got {args.min_time}")
+    except ValueError as exc:
+        print(f"bench micro: error: {exc}", file=sys.stderr)
+        return 2
+
+    settings = {"min_iterations": args.min_iterations, "min_time_s": args.min_time}
+    with one_torch_thread():
+        meta = run_metadata()  # inside: it records the pinned thread count
+        cells = _print_cells(codecs, payloads, args.min_iterations, args.min_time, meta)
+    deliveries = _print_deliveries(codecs, payloads, transports, args.delivery_iterations) if transports else []
+    if args.json is not None:
+        # Here, not at the top: documents imports the load generator (aiohttp), which timing never needs.
+        from harness.analysis import documents
+
+        documents.write_json(args.json, documents.micro_document(cells, deliveries, settings, meta))
+    return 0
+
+
+def _print_cells(
+    codecs: list[str], payloads: list[str], min_iterations: int, min_time_s: float, meta: dict[str, Any]
+) -> list[Measurement]:
+    print(machine_line(meta))
+    print(
+        f"min {min_iterations} iterations and {min_time_s:g} s per measurement; "
+        "ratio = (enc p50 + dec p50) / memcpy p50"
+    )
+    for line in header_lines():
+        print(line)
+    cells = []
+    for m in measure(codecs, payloads, min_iterations, min_time_s):
+        print(format_row(m), flush=True)
+        cells.append(m)
+    return cells
+
+
+def _print_deliveries(
+    codecs: list[str], payloads: list[str], transports: list[str], iterations: int
+) -> list[DeliveryMeasurement]:
+    print(
+        f"\ndelivery: encode → send → receive in another process → decode, {iterations} one-at-a-time sends; "
+        "ratio = p50 / memcpy p50"
+    )
+    head = format_line([t for t, _ in DELIVERY_COLUMNS], _DELIVERY_WIDTHS, left=3)
+    print(head)
+    print("-" * len(head))
+    deliveries = []
+    for dm in measure_delivery(codecs, payloads, transports, iterations):
+        print(format_delivery_row(dm), flush=True)
+        deliveries.append(dm)
+    return deliveries

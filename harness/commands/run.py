@@ -1,0 +1,48 @@
+"""``bench run``: for each codec, serve, load, report; then compare side by side with verdicts.
+
+Every run starts a fresh ``bench serve`` process with the same model, seed,
+limits and workload; only the arm (codec × transport) differs. With
+``--repeat N`` the arms are interleaved and the order reverses every other
+round; with ``--block-size N`` every arm's server is up for the round and the
+arms take turns N requests at a time (``harness.experiment.rounds``). The table
+shows each figure's median over rounds; the verdicts judge every arm against
+the first from the paired per-round ratios (``harness.analysis.compare``).
+
+The same codec may appear twice (an A/A run): the second is labelled
+``NAME#2``. A codec name may carry calibration options
+(``pickle+request-delay=500us``, see ``wirecodecs.calibration``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from harness.analysis.comparison_text import format_comparison
+from harness.experiment.flags import add_experiment_arguments, experiment_from_args
+from harness.experiment.flow import prepare, run_experiment
+from harness.loadgen.runner import BenchmarkError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_experiment_arguments(p)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        prepared = prepare(experiment_from_args(args))
+    except (ValueError, BenchmarkError, OSError) as exc:
+        print(f"bench run: error: {exc}", file=sys.stderr)
+        return 2
+    if prepared.moved_to_chat:
+        print("bench run: image workload, using /v1/chat/completions")
+    result = run_experiment(prepared)
+    if result is None:
+        return 1
+    print(format_comparison(result.arms, result.comparison))
+    if result.experiment.plan.save_result and result.outcomes:
+        path, _ = result.save("compare")
+        print(f"Comparison saved to {path}")
+    if result.interrupted:
+        return 130
+    return 1 if result.any_failed else 0

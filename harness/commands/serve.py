@@ -1,0 +1,381 @@
+"""``bench serve``: the OpenAI-compatible frontend plus the engine process.
+
+By default the frontend spawns the engine and both talk over ipc sockets in
+a private temporary directory. ``--engine-only`` runs just the engine, bound
+on tcp, and ``--frontend-only`` connects a frontend to such an engine, so the
+two can run on different hosts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from harness.analysis.documents import write_json
+from harness.engine.config import EngineConfig
+from harness.experiment.server import ready_line
+from harness.experiment.server_flags import add_model_arguments
+from harness.frontend.engine_client import ZmqEngineClient
+from harness.frontend.settings import FrontendSettings
+from harness.frontend.shm_sender import ShmSender
+from harness.wire import curve, parent_watch, shm, transport
+from harness.wire.spans import trace_events
+from harness.wire.transport import EngineAddresses, is_loopback, transport_refusal
+from wirecodecs import (
+    UnknownCodecError,
+    available_codecs,
+    check_codec_spec,
+    unpickles_peer_data,
+)
+
+log = logging.getLogger("wirebench.serve")
+
+ENGINE_READY_TIMEOUT_S = 300.0  # an 8B model with random weights takes a while on a GPU
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--codec",
+        default="pickle",
+        type=codec_spec,
+        help=f"wire codec in both directions: {', '.join(available_codecs())}; options after + inject a known "
+        "cost (pickle+request-delay=500us, see wirecodecs.calibration)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="HTTP host")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (0 = any free port)")
+    p.add_argument("--seed", type=int, default=EngineConfig.seed, help="model weights and sampling seed")
+    add_model_arguments(p)
+    t = p.add_argument_group("engine link")
+    t.add_argument(
+        "--socket",
+        choices=("ipc", "tcp"),
+        default="ipc",
+        help="ipc (default: sockets in a private 0700 directory) or tcp to --engine-host:--engine-port",
+    )
+    t.add_argument("--engine-host", default="127.0.0.1", help="tcp: engine address (binds here with --engine-only)")
+    t.add_argument("--engine-port", type=int, default=5570, help="tcp: input port; output uses port+1")
+    mode = t.add_mutually_exclusive_group()
+    mode.add_argument("--engine-only", action="store_true", help="run only the engine, bound on tcp")
+    mode.add_argument("--frontend-only", action="store_true", help="run only the frontend against a tcp engine")
+    t.add_argument(
+        "--curve-dir",
+        default=None,
+        metavar="PATH",
+        help="tcp split: the engine's CURVE keys (created by --engine-only, read by --frontend-only; "
+        "default ~/.wirebench/curve/engine-PORT)",
+    )
+    t.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="tcp without CURVE authentication and encryption (any local process can then talk to the engine)",
+    )
+    t.add_argument(
+        "--allow-insecure-pickle",
+        action="store_true",
+        help="allow a pickle codec over tcp without authentication, or to another host (unpickling runs "
+        "code the peer chooses)",
+    )
+    t.add_argument(
+        "--transport",
+        choices=transport.TRANSPORTS,
+        default="zmq",
+        help="zmq: every frame through the socket; shm: frames of at least --shm-threshold bytes through a "
+        "shared-memory arena the frontend owns, handles through the socket (needs a codec with out-of-band "
+        "frames, and both processes on this host)",
+    )
+    t.add_argument(
+        "--shm-size",
+        type=int,
+        default=shm.DEFAULT_SIZE_MIB,
+        metavar="MIB",
+        help=f"shm: the arena's size; a full arena makes requests wait, then fail (default {shm.DEFAULT_SIZE_MIB})",
+    )
+    t.add_argument(
+        "--shm-threshold",
+        type=int,
+        default=shm.DEFAULT_THRESHOLD,
+        metavar="BYTES",
+        help=f"shm: smaller frames stay in the message (default {shm.DEFAULT_THRESHOLD})",
+    )
+    t.add_argument(
+        "--engine-stall-timeout",
+        type=float,
+        default=transport.STALL_TIMEOUT_S,
+        metavar="S",
+        help=f"seconds without a message before the engine counts as stalled (its requests fail, /health 503); "
+        f"it is taken back when it answers again (default {transport.STALL_TIMEOUT_S:g})",
+    )
+    lim = p.add_argument_group("request limits (a 400, 408, 413 or 415 with an OpenAI-style error)")
+    lim_defaults = FrontendSettings()
+    lim.add_argument(
+        "--max-prompt-bytes",
+        type=int,
+        default=lim_defaults.max_prompt_bytes,
+        help="a prompt's UTF-8 bytes, checked before tokenizing",
+    )
+    lim.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=lim_defaults.max_image_pixels,
+        help="pixels of one image, from its header before decoding",
+    )
+    lim.add_argument(
+        "--max-request-pixels",
+        type=int,
+        default=lim_defaults.max_request_pixels,
+        help="pixels of all of a request's images, from their headers before decoding",
+    )
+    lim.add_argument(
+        "--body-timeout", type=float, default=lim_defaults.body_timeout_s, help="seconds to receive a request body"
+    )
+    p.add_argument(
+        "--trace-file",
+        default=None,
+        metavar="PATH",
+        help="at stop, write the request timelines as Chrome trace-event JSON (open in ui.perfetto.dev)",
+    )
+    p.add_argument("--log-level", default="WARNING")
+
+
+def codec_spec(name: str) -> str:
+    """argparse type of --codec: a codec ``get_codec`` accepts, options included."""
+    try:
+        return check_codec_spec(name)
+    except UnknownCodecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def write_trace(path: str, client: ZmqEngineClient, engine_pid: int | None) -> None:
+    """The timelines the frontend joined, as Chrome trace events (harness.wire.spans.trace_events)."""
+    t = client.timelines
+    if not t.enabled:
+        print(f"bench serve: no trace written: request timelines {t.unavailable}", file=sys.stderr)
+        return
+    pid = engine_pid or int(client.engine_info.get("pid", 0))
+    doc = trace_events(list(t.requests), list(t.batches), list(t.steps), os.getpid(), pid)
+    write_json(path, doc, indent=None)
+    print(f"Trace written to {path} ({len(doc['traceEvents'])} events)", flush=True)
+
+
+def engine_config_from_args(args: argparse.Namespace, tokenizer: Any) -> EngineConfig:
+    return EngineConfig(
+        codec=args.codec,
+        model_preset=args.model_preset,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+        vocab_size=tokenizer.vocab_size,
+        eos_token_id=tokenizer.eos_token_id,
+        num_threads=args.engine_threads,
+        executor=args.executor,
+        sim_step_fixed_ms=args.sim_step_fixed_ms,
+        sim_step_per_token_ms=args.sim_step_per_token_ms,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        kv_cache_tokens=args.kv_cache_tokens,
+        image_tokens=args.image_tokens,
+        compile=args.compile,
+        spans=not args.no_spans,
+    )
+
+
+def _addresses(args: argparse.Namespace) -> EngineAddresses:
+    """ipc in a private directory, or tcp; tcp is CURVE-authenticated unless --no-auth (harness.wire.curve)."""
+    if not (args.socket == "tcp" or args.engine_only or args.frontend_only):
+        return EngineAddresses.private_ipc()
+    keys = None
+    if not args.no_auth:
+        if args.engine_only or args.frontend_only:
+            folder = Path(args.curve_dir) if args.curve_dir else curve.default_dir(args.engine_port)
+            keys = curve.create_or_load(folder) if args.engine_only else curve.load(folder)
+            keys = curve.for_engine(keys) if args.engine_only else curve.for_frontend(keys)
+        else:
+            keys = curve.ephemeral()  # both halves here; the spawned engine gets its own in its addresses
+    return EngineAddresses.tcp(args.engine_host, args.engine_port, keys)
+
+
+def _key_dir(args: argparse.Namespace) -> Path:
+    return Path(args.curve_dir) if args.curve_dir else curve.default_dir(args.engine_port)
+
+
+def check_shm(args: argparse.Namespace, addresses: EngineAddresses) -> str | None:
+    """An error message when --transport shm cannot serve this codec or address (never a silent fallback)."""
+    if args.transport != "shm":
+        return None
+    refusal = transport_refusal(args.codec, args.transport)
+    if refusal:
+        return refusal
+    if args.engine_only:
+        return "--transport shm is the frontend's choice: start the engine without it"
+    if not all(a.startswith("ipc://") or is_loopback(a) for a in (addresses.input, addresses.output)):
+        return f"--transport shm needs the engine on this host: {addresses.input} is another host"
+    return None
+
+
+def check_transport_safety(args: argparse.Namespace, addresses: EngineAddresses) -> str | None:
+    """An error message when a codec that unpickles peer data would face a peer that may not be ours.
+
+    ipc: fine (a private 0700 directory). tcp: only when authenticated (CURVE) and on loopback;
+    otherwise only with --allow-insecure-pickle.
+    """
+    if not unpickles_peer_data(args.codec) or args.allow_insecure_pickle:
+        return None
+    for address in (addresses.input, addresses.output):
+        if address.startswith(("ipc://", "inproc://")):
+            continue
+        if not addresses.authenticated:
+            return (
+                f"refusing codec {args.codec!r} over unauthenticated tcp {address}: it unpickles frames, and any "
+                "local process could send one that runs its code. Drop --no-auth, use a msgspec codec, or pass "
+                "--allow-insecure-pickle."
+            )
+        if not is_loopback(address):
+            return (
+                f"refusing codec {args.codec!r} over non-loopback {address}: it unpickles "
+                "frames, which runs code chosen by the peer. Use a msgspec codec, or pass "
+                "--allow-insecure-pickle if every host on that network is trusted."
+            )
+    return None
+
+
+async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) -> int:
+    from harness.engine.process import run_engine
+    from harness.frontend.app import build_app
+    from harness.wire.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(args.tokenizer)
+    config = engine_config_from_args(args, tokenizer)
+    for stale in transport.remove_stale_ipc_dirs():
+        log.warning("removed %s, left by a process that is gone", stale)
+    try:
+        addresses = _addresses(args)
+    except FileNotFoundError as exc:
+        print(f"bench serve: {exc}", file=sys.stderr)
+        return 2
+    error = check_transport_safety(args, addresses) or check_shm(args, addresses)
+    if error:
+        print(f"bench serve: {error}", file=sys.stderr)
+        addresses.cleanup()
+        return 2
+    for stale in shm.remove_stale_segments():
+        log.warning("removed shared memory %s, left by a process that is gone", stale)
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    process = None
+    client: ZmqEngineClient | None = None
+    runner: web.AppRunner | None = None
+    try:
+        if not args.frontend_only:
+            ctx = multiprocessing.get_context("spawn")
+            engine_addresses = (
+                replace(addresses, curve=curve.for_engine(addresses.curve)) if addresses.curve else addresses
+            )
+            process = ctx.Process(
+                target=run_engine,
+                args=(config, engine_addresses, args.log_level, True),
+                name="wirebench-engine",
+                daemon=True,
+            )
+            process.start()
+        client = ZmqEngineClient(
+            args.codec,
+            replace(addresses, curve=curve.for_frontend(addresses.curve)) if addresses.curve else addresses,
+            heartbeat_timeout_s=args.engine_stall_timeout,
+            verify=args.verify,
+            shm=ShmSender(shm.Arena(args.shm_size << 20), args.shm_threshold) if args.transport == "shm" else None,
+            is_process_alive=(process.is_alive if process else None),
+            owns_engine=not args.frontend_only,
+            spans=not args.no_spans,
+        )
+        ready_task = asyncio.ensure_future(
+            client.wait_ready(ENGINE_READY_TIMEOUT_S, accept_heartbeat=args.frontend_only)
+        )
+        stop_task = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({ready_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+        if stop_task.done():
+            ready_task.cancel()
+            return 130
+        stop_task.cancel()
+        info = ready_task.result()
+        client.start()
+        settings = FrontendSettings.from_engine_config(
+            config,
+            mm_payload=args.mm_payload,
+            mm_tensor_size=args.mm_tensor_size,
+            mm_tensor_dtype=args.mm_tensor_dtype,
+            max_prompt_bytes=args.max_prompt_bytes,
+            max_image_pixels=args.max_image_pixels,
+            max_request_pixels=args.max_request_pixels,
+            body_timeout_s=args.body_timeout,
+        )
+        if args.served_model_name:
+            settings = replace(settings, served_model_name=args.served_model_name)
+        app = build_app(client, tokenizer, settings)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
+        await runner.setup()
+        site = web.TCPSite(runner, args.host, args.port)
+        await site.start()
+        server = site._server
+        port = server.sockets[0].getsockname()[1] if isinstance(server, asyncio.Server) else args.port
+        engine_desc = ", ".join(f"{k}={v}" for k, v in info.items() if k != "pid")
+        engine_desc = f"transport={args.transport}, {engine_desc}"
+        print(ready_line(args.codec, f"http://{args.host}:{port}", engine_desc), flush=True)
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+        return 0
+    except Exception as exc:  # startup failures: one clear line, not a traceback
+        print(f"bench serve: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        if client is not None:
+            await client.shutdown()
+            if args.trace_file:
+                write_trace(args.trace_file, client, process.pid if process else None)
+        if process is not None:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=5)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        addresses.cleanup()
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    parent_watch.die_with_parent()
+    if args.engine_only:
+        from harness.engine.process import run_engine
+        from harness.wire.tokenizer import load_tokenizer
+
+        addresses = _addresses(args)
+        error = check_transport_safety(args, addresses)
+        if error:
+            print(f"bench serve: {error}", file=sys.stderr)
+            return 2
+        auth = "no authentication" if addresses.curve is None else f"CURVE keys in {_key_dir(args)}"
+        print(
+            f"wirebench engine codec={args.codec} listening on {addresses.input} / {addresses.output} ({auth})",
+            flush=True,
+        )
+        run_engine(engine_config_from_args(args, load_tokenizer(args.tokenizer)), addresses, args.log_level, False)
+        return 0
+    return asyncio.run(serve(args))

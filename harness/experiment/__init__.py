@@ -1,0 +1,2 @@
+"""One experiment flow: arms (codec × transport × build), server processes and their flags,
+the capacity probe, rounds and blocks; ``run``, ``calibrate`` and ``sweep`` all call it with typed settings."""

@@ -1,0 +1,126 @@
+"""The flags of an experiment (``bench run``, ``calibrate``, ``sweep``), and the one place they
+become typed settings: ``experiment_from_args``."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from harness.analysis import stats
+from harness.experiment.arms import ArmSpec, parse_arm_flags, parse_arms
+from harness.experiment.server_flags import add_model_arguments, server_flags
+from harness.experiment.settings import AUTO, AUTO_LOAD, Experiment, RunPlan, ServerSettings
+from harness.frontend.settings import default_model_name
+from harness.loadgen.arrivals import positive_rate
+from harness.loadgen.flags import add_load_arguments
+from harness.loadgen.runner import LoadSettings
+from harness.workloads.datasets import add_dataset_arguments
+from harness.workloads.spec import WorkloadSpec
+
+RATE_HELP = (
+    f"requests per second, 'inf' (all at once, benchmark_serving's default: a saturation test) or "
+    f"'auto' (default: {AUTO_LOAD * 100:.0f}%% of the capacity a short probe at rate inf measures, "
+    "so TTFT measures serving, not a queue)"
+)
+CODEC_HELP = (
+    "codec name, a comma-separated list, or 'all' (default %(default)s); the first is the reference; "
+    "a repeated name is an A/A arm; options after + inject a known cost (pickle+request-delay=500us)"
+)
+
+
+def rate_or_auto(text: str) -> float | str:
+    return AUTO if text == AUTO else positive_rate(text)
+
+
+def add_experiment_arguments(
+    p: argparse.ArgumentParser,
+    *,
+    codec_default: str = "pickle",
+    codec_help: str = CODEC_HELP,
+    rate_help: str = RATE_HELP,
+) -> None:
+    """Every flag of an experiment: arms, rounds, blocks, margin, servers, workload, model, load."""
+    p.add_argument("--codec", default=codec_default, help=codec_help)
+    p.add_argument(
+        "--transport",
+        default="zmq",
+        help="zmq, shm, or a comma list: every codec runs on every transport (interleaved in one table); "
+        "shm needs a codec with out-of-band frames (see bench serve --help)",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help=f"interleaved rounds, order reversed every other round (default %(default)s; verdicts need >= "
+        f"{stats.MIN_ROUNDS}, {stats.DEFAULT_ROUNDS} detect a change of 3x the round-to-round noise 4 times in 5)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep every arm's server up for the round and let the arms take turns, N requests at a time "
+        "(A B, B A, ...): each arm sees the same moments of a shared machine; 0: each arm serves the "
+        "whole workload in turn (default %(default)s)",
+    )
+    p.add_argument(
+        "--margin-pct",
+        type=float,
+        default=stats.DEFAULT_MARGIN_PCT,
+        help=f"equivalence margin of the verdicts in percent (default {stats.DEFAULT_MARGIN_PCT:g})",
+    )
+    p.add_argument("--server-log", default=None, help="append each server's output to this file")
+    p.add_argument(
+        "--arm-flags",
+        action="append",
+        default=[],
+        metavar="LABEL=FLAGS",
+        help="extra bench serve flags for one arm, e.g. --codec msgspec,msgspec --arm-flags 'msgspec#2=--no-spans' "
+        "(an A/B of a server setting); repeatable",
+    )
+    p.add_argument(
+        "--trace-file",
+        default=None,
+        metavar="PATH",
+        help="each server writes its request timelines as Chrome trace JSON: PATH with -<arm>-r<round> added",
+    )
+    add_dataset_arguments(p)  # defines --seed: the workload, arrivals and model weights share it
+    add_model_arguments(p)
+    # bench run's default rate is measured, not infinite (bench load keeps benchmark_serving's inf).
+    add_load_arguments(p, rate_type=rate_or_auto, rate_default=AUTO, rate_help=rate_help)
+    # A few untimed requests per server first, so one-off costs (allocator,
+    # first model call) land outside every codec's measurement alike.
+    p.set_defaults(warmup_requests=4)
+
+
+def experiment_from_args(args: argparse.Namespace, arms: list[ArmSpec] | None = None) -> Experiment:
+    """The experiment a parsed command line describes (ValueError or BenchmarkError on bad flags).
+    ``arms``: the command's own (calibrate makes them); default: --codec × --transport."""
+    arms = arms if arms is not None else parse_arms(args.codec, args.transport)
+    values = vars(args)
+    rate = args.request_rate
+    # The load is checked at rate inf when the rate is auto: the probe fixes it later.
+    load = LoadSettings.from_args(argparse.Namespace(**{**values, "request_rate": math.inf if rate == AUTO else rate}))
+    server = ServerSettings(
+        flags=tuple(server_flags(values, args.seed)),
+        served_model=args.served_model_name or default_model_name(args.model_preset),
+        arm_flags=parse_arm_flags(args.arm_flags, arms),
+        log_path=args.server_log,
+        trace_file=args.trace_file,
+        max_num_seqs=args.max_num_seqs,
+    )
+    plan = RunPlan(
+        repeat=args.repeat,
+        block_size=args.block_size,
+        margin_pct=args.margin_pct,
+        request_rate=rate,
+        save_result=args.save_result,
+        result_dir=args.result_dir,
+    )
+    return Experiment(tuple(arms), WorkloadSpec.from_args(args), load, server, plan, flags=flags_of(args))
+
+
+def flags_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The parsed command line as a plain dict (what result documents record)."""
+    return {k: v for k, v in vars(args).items() if not callable(v)}

@@ -1,0 +1,76 @@
+"""Short untimed runs that size an experiment: the capacity behind ``--request-rate auto``, and
+the mean TTFT that ``bench calibrate`` sizes its injected costs on."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from harness.experiment.arms import ArmSpec
+from harness.experiment.rounds import RunOutcome, Workload, run_one, run_round_in_blocks
+from harness.experiment.settings import AUTO, AUTO_LOAD, Experiment
+
+
+def untimed(exp: Experiment) -> Experiment:
+    """The experiment as a probe runs it: nothing saved, no trace written."""
+    return replace(exp, plan=replace(exp.plan, save_result=False), server=replace(exp.server, trace_file=None))
+
+
+def probe_capacity(exp: Experiment, arm: ArmSpec, workload: Workload, tokenizer_id: str) -> float:
+    """Completed requests per second of a burst (rate inf) against ``arm``'s server: its capacity."""
+    n = min(len(workload), max(64, 2 * exp.server.max_num_seqs))
+    print(f"\n[probe] {arm.label}: {n} requests at rate inf to measure capacity for --request-rate auto", flush=True)
+    outcome = run_one(untimed(exp.at_rate(math.inf)), arm, -1, workload[:n], tokenizer_id)
+    if outcome.result is None or not outcome.result.metrics.completed:
+        raise RuntimeError(f"the capacity probe failed: {outcome.status}: {outcome.message}")
+    return float(outcome.result.metrics.request_throughput)
+
+
+def resolve_rate(exp: Experiment, workload: Workload, tokenizer_id: str) -> tuple[Experiment, dict[str, Any]] | None:
+    """The experiment at a fixed rate, and a note of how it was fixed; with auto, from a capacity
+    probe of the first arm that can serve the workload. None (said on stderr) when no arm could."""
+    import sys
+
+    rate = exp.plan.request_rate
+    if rate != AUTO:
+        return exp.at_rate(float(rate)), {"rate": float(rate), "auto": False}
+    errors = []
+    for arm in exp.arms:
+        if arm.unsupported() is not None:
+            continue
+        try:
+            capacity = probe_capacity(exp, arm, workload, tokenizer_id)
+            break
+        except RuntimeError as exc:
+            errors.append(f"{arm.label}: {exc}")
+        except KeyboardInterrupt:
+            return None
+    else:
+        print(f"error: --request-rate auto: no arm could be probed: {'; '.join(errors)}", file=sys.stderr)
+        return None
+    fixed = round(AUTO_LOAD * capacity, 2)
+    print(
+        f"\n[probe] capacity {capacity:.2f} req/s with {arm.label}: every arm runs at {fixed:g} req/s "
+        f"({AUTO_LOAD:.0%} of it; pass --request-rate to choose, inf for a saturation test)",
+        flush=True,
+    )
+    note = {"rate": fixed, "auto": True, "capacity_req_s": capacity, "load": AUTO_LOAD, "probe": arm.label}
+    return exp.at_rate(fixed), note
+
+
+def probe_mean_ttft(exp: Experiment, codec: str, workload: Workload, tokenizer_id: str) -> float:
+    """Mean TTFT of one untimed run of ``codec`` (in blocks when the experiment runs in blocks, since a
+    block's first requests meet an idle server). KeyboardInterrupt when Ctrl-C cut it short."""
+    arm = ArmSpec(codec, codec)
+    probe = untimed(exp)
+    outcome: RunOutcome
+    if exp.plan.block_size:
+        (outcome,) = run_round_in_blocks(probe, [arm], -1, workload, tokenizer_id)
+    else:
+        outcome = run_one(probe, arm, -1, workload, tokenizer_id)
+    if outcome.status == "interrupted":
+        raise KeyboardInterrupt
+    if outcome.result is None:
+        raise RuntimeError(f"the probe run of {codec} failed: {outcome.status}: {outcome.message}")
+    return float(outcome.result.metrics.ttft.mean)

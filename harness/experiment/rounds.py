@@ -1,0 +1,262 @@
+"""Rounds of an experiment: each arm served by a fresh `bench serve`, loaded, reported, saved.
+
+Sequential (``block_size`` 0): the arms take whole-workload turns in
+``round_order``. In blocks (``block_size`` N): a round starts every arm's server
+at once and the arms take turns N requests at a time (A B, B A, ...; each block
+waits for its requests), so the seconds-long swings of a shared machine land on
+every arm of a round alike; each arm's run is still one result, and the round
+is still the unit of the statistics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from harness.analysis.documents import save_run
+from harness.experiment.arms import ArmSpec, round_order
+from harness.experiment.server import ServerProcess
+from harness.experiment.settings import Experiment
+from harness.loadgen.runner import BenchmarkError, BenchmarkResult, ServerLoad, run_benchmark
+from harness.workloads.sample import SampleRequest
+from wirecodecs import UNSUPPORTED_PAYLOAD
+
+Workload = list[SampleRequest]
+
+
+@dataclass
+class RunOutcome:
+    """One arm's run in one round (round -1: a probe): its result, or why there is none."""
+
+    arm: ArmSpec
+    round: int
+    result: BenchmarkResult | None = None
+    status: str = "ok"  # ok | failures | unsupported | error | interrupted
+    message: str = ""
+    path: Path | None = None
+
+
+def start_server(exp: Experiment, arm: ArmSpec, rnd: int) -> ServerProcess:
+    """A fresh `bench serve` for ``arm`` with the experiment's model and engine settings."""
+    server = exp.server
+    flags = [*server.flags, *server.arm_flags.get(arm.label, ())]
+    if arm.transport != "zmq":
+        flags += ["--transport", arm.transport]
+    if server.trace_file:
+        flags += ["--trace-file", trace_path(server.trace_file, arm, rnd)]
+    return ServerProcess(arm.codec, flags, server.log_path)
+
+
+def trace_path(template: str, arm: ArmSpec, rnd: int) -> str:
+    """--trace-file for one run: the file name gets the arm's label and round (one trace per server)."""
+    path = Path(template)
+    return str(path.with_name(f"{path.stem}-{arm.label}-r{rnd}{path.suffix or '.json'}"))
+
+
+def run_one(exp: Experiment, arm: ArmSpec, rnd: int, workload: Workload, tokenizer_id: str) -> RunOutcome:
+    """One arm's run: a fresh server, the workload, the report; the server stops afterwards."""
+    outcome = RunOutcome(arm, rnd)
+    why = arm.unsupported()
+    if why is not None:
+        outcome.status, outcome.message = "unsupported", why
+        return outcome
+    server = start_server(exp, arm, rnd)
+    try:
+        base_url = server.wait_ready(exp.server.ready_timeout_s)
+        try:
+            result = asyncio.run(run_benchmark(base_url, exp.server.served_model, workload, exp.load))
+        except BenchmarkError as exc:
+            refused(outcome, exc)
+            return outcome
+        take_result(exp, outcome, result, tokenizer_id)
+    except RuntimeError as exc:
+        outcome.status, outcome.message = "error", str(exc)
+    finally:
+        server.stop()
+    return outcome
+
+
+def run_round_in_blocks(
+    exp: Experiment, arms: list[ArmSpec], rnd: int, workload: Workload, tokenizer_id: str
+) -> list[RunOutcome]:
+    """One round of every arm in blocks of ``exp.plan.block_size``, each arm on its own fresh server,
+    all up for the round."""
+    outcomes = [RunOutcome(arm, rnd) for arm in arms]
+    servers: dict[int, ServerProcess] = {}
+    try:
+        for i, outcome in enumerate(outcomes):
+            why = outcome.arm.unsupported()
+            if why is not None:
+                outcome.status, outcome.message = "unsupported", why
+            else:
+                servers[i] = start_server(exp, outcome.arm, rnd)  # all start before any is waited for
+        urls: dict[int, str] = {}
+        for i, server in servers.items():
+            try:
+                urls[i] = server.wait_ready(exp.server.ready_timeout_s)
+            except RuntimeError as exc:
+                outcomes[i].status, outcomes[i].message = "error", str(exc)
+        if urls:
+            results = asyncio.run(_load_in_blocks(exp, urls, workload, rnd))
+            for i, result in results.items():
+                if isinstance(result, BenchmarkError):
+                    refused(outcomes[i], result)
+                else:
+                    take_result(exp, outcomes[i], result, tokenizer_id)
+    finally:
+        stop_all(list(servers.values()))
+    return outcomes
+
+
+def stop_all(servers: list[ServerProcess]) -> None:
+    """Signal every server first, then wait for each: they stop together, not one after another."""
+    for server in servers:
+        server.request_stop()
+    for server in servers:
+        server.stop()
+
+
+async def _load_in_blocks(
+    exp: Experiment, urls: dict[int, str], workload: Workload, rnd: int
+) -> dict[int, BenchmarkResult | BenchmarkError]:
+    """Each server warmed up, then block after block of the workload to each in turn; per server its
+    result, or the BenchmarkError of a warmup that failed. Ctrl-C ends the round; what ran is kept."""
+    import aiohttp
+
+    from harness.loadgen.workers import uncancel_current_task
+
+    settings = replace(exp.load, progress=False)  # blocks are too short for a bar
+    results: dict[int, BenchmarkResult | BenchmarkError] = {}
+    stopped = False
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        loads: dict[int, ServerLoad] = {}
+        for i, url in urls.items():
+            load = ServerLoad(session, url, exp.server.served_model, workload, settings)
+            try:
+                await load.begin()
+            except BenchmarkError as exc:  # e.g. the codec cannot carry this payload
+                results[i] = exc
+                continue
+            except asyncio.CancelledError:  # Ctrl-C while warming up: nothing is sent, what began is kept
+                uncancel_current_task()
+                stopped = True
+                break
+            loads[i] = load
+        if not stopped:
+            stopped = await take_turns(list(loads.values()), len(workload), exp.plan.block_size, rnd)
+        for i, load in loads.items():
+            load.interrupted = load.interrupted or stopped  # the round ended early for every arm
+            while i not in results:
+                try:
+                    results[i] = await load.finish()
+                except asyncio.CancelledError:  # Ctrl-C while counting after: count again, keep the run
+                    uncancel_current_task()
+                    load.interrupted = True
+    return results
+
+
+async def take_turns(loads: list[Any], n: int, block: int, rnd: int) -> bool:
+    """Blocks of ``block`` requests to each load in turn, the order reversed every other block (and
+    round). True when Ctrl-C stopped it."""
+    for b, start in enumerate(range(0, n, block)):
+        for load in round_order(loads, b + rnd):
+            if await load.send_block(start, min(start + block, n)):
+                return True
+    return False
+
+
+def refused(outcome: RunOutcome, exc: BenchmarkError) -> None:
+    """Every warmup request failed: for a codec that cannot carry the payload
+    this is the server's clear 400, which the table shows."""
+    refusal = _codec_refusal(exc.records)
+    outcome.status = "error" if refusal is None else "unsupported"
+    outcome.message = refusal or _error_message(str(exc))
+
+
+def take_result(exp: Experiment, outcome: RunOutcome, result: BenchmarkResult, tokenizer_id: str) -> None:
+    """Report one run's result, set the outcome's status from it, save it."""
+    from harness.loadgen.report import print_report
+
+    arm, rnd = outcome.arm, outcome.round
+    result.tokenizer_id = tokenizer_id
+    result.flags = {**exp.record(), "codec": arm.codec, "arm": arm.label, "round": rnd}
+    print_report(result)
+    outcome.result = result
+    refusal = None if result.metrics.completed else _codec_refusal(result.records)
+    if refusal:
+        outcome.result, outcome.status, outcome.message = None, "unsupported", refusal
+        return
+    if result.interrupted:
+        outcome.status = "interrupted"
+    elif result.failed:
+        outcome.status = "failures"
+        outcome.message = f"{result.failed} of {result.num_prompts} requests failed"
+    if exp.plan.save_result:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        name = f"{arm.label}-r{rnd}-{stamp}.json"
+        outcome.path = save_run(result, result_dir=exp.plan.result_dir, filename=name)
+        print(f"Result saved to {outcome.path}")
+
+
+def _codec_refusal(records: list[Any]) -> str | None:
+    """The server's message when a request was refused because the codec cannot carry its payload."""
+    for record in records:
+        if record.error_type == UNSUPPORTED_PAYLOAD:
+            return _error_message(record.error)
+    return None
+
+
+def _error_message(text: str) -> str:
+    """The OpenAI error body's message inside an HTTP error text, else the text."""
+    match = re.search(r'"message"\s*:\s*"((?:[^"\\]|\\.)*)"', text)
+    return match.group(1) if match else text
+
+
+def run_rounds(exp: Experiment, workload: Workload, tokenizer_id: str) -> tuple[list[RunOutcome], bool]:
+    """Every round of every arm, in round_order (in blocks: every arm of a round at once, taking
+    turns); stops at Ctrl-C keeping what finished. Returns (outcomes, interrupted)."""
+    outcomes: list[RunOutcome] = []
+    for tag, announce, step in _steps(exp, workload, tokenizer_id):
+        print(announce, flush=True)
+        try:
+            done = step()
+        except KeyboardInterrupt:
+            return outcomes, True
+        outcomes += done
+        for outcome in done:
+            if outcome.status in ("error", "unsupported"):
+                print(f"{tag} {outcome.arm.label}: {outcome.status}: {outcome.message}", flush=True)
+        if any(o.status == "interrupted" for o in done):
+            return outcomes, True
+    return outcomes, False
+
+
+def _steps(
+    exp: Experiment, workload: Workload, tokenizer_id: str
+) -> Iterator[tuple[str, str, Callable[[], list[RunOutcome]]]]:
+    """What run_rounds runs, in order: (tag for its messages, the line announcing it, the step)."""
+    arms, plan = list(exp.arms), exp.plan
+    if plan.block_size:
+        for rnd in range(plan.repeat):
+            announce = (
+                f"\n[round {rnd + 1}/{plan.repeat}] {len(arms)} arms taking turns in blocks of {plan.block_size} "
+                "requests: starting their servers"
+            )
+            yield f"[round {rnd + 1}]", announce, partial(run_round_in_blocks, exp, arms, rnd, workload, tokenizer_id)
+        return
+    steps = [(rnd, arm) for rnd in range(plan.repeat) for arm in round_order(arms, rnd)]
+    for i, (rnd, arm) in enumerate(steps, 1):
+        # The progress bar says where we are.
+        labelled = replace(exp, load=replace(exp.load, progress_label=f"[{i}/{len(steps)}] {arm.label} r{rnd + 1}"))
+        announce = f"\n[{i}/{len(steps)}] {arm.label} round {rnd + 1}/{plan.repeat}: starting bench serve"
+        yield f"[{i}/{len(steps)}]", announce, partial(_one_step, labelled, arm, rnd, workload, tokenizer_id)
+
+
+def _one_step(exp: Experiment, arm: ArmSpec, rnd: int, workload: Workload, tokenizer_id: str) -> list[RunOutcome]:
+    return [run_one(exp, arm, rnd, workload, tokenizer_id)]

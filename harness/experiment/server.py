@@ -1,0 +1,86 @@
+"""A `bench serve` child process: start it, wait for its ready line, stop it.
+
+Used by `bench run` (one server per codec run) and by the end-to-end tests.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from typing import IO
+
+from harness.wire import parent_watch
+
+READY_LINE = re.compile(r"wirebench serving codec=\S+ on (http://\S+)")
+
+
+def ready_line(codec: str, base_url: str, engine_desc: str) -> str:
+    """What `bench serve` prints once it serves; READY_LINE finds the URL in it."""
+    return f"wirebench serving codec={codec} on {base_url} (engine: {engine_desc})"
+
+
+class ServerProcess:
+    """`bench serve --port 0 --codec CODEC FLAGS` in its own process group.
+
+    Its own session: Ctrl-C in the terminal reaches only the parent, which
+    stops the server itself after saving what it has. Output is kept (and
+    optionally appended to a log file) for error messages.
+    """
+
+    def __init__(self, codec: str, flags: list[str], log_path: str | None = None) -> None:
+        cmd = [sys.executable, "-m", "harness.cli", "serve", "--codec", codec, "--port", "0", *flags]
+        # The server ends itself if this process dies without stopping it (SIGKILL): see parent_watch.
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **{parent_watch.ENV: str(os.getpid())})
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+        )
+        self.lines: list[str] = []
+        self.base_url: str | None = None
+        # Open for the server's lifetime, closed by stop().
+        self._log: IO[str] | None = open(log_path, "a") if log_path else None  # noqa: SIM115
+        self._ready = threading.Event()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if self._log:
+                self._log.write(line)
+                self._log.flush()
+            match = READY_LINE.search(line)
+            if match and self.base_url is None:
+                self.base_url = match.group(1)
+                self._ready.set()
+        self._ready.set()  # the process ended: stop waiting
+
+    def wait_ready(self, timeout: float) -> str:
+        """The server's base URL; RuntimeError with its last output if it never got ready."""
+        if not self._ready.wait(timeout) or self.base_url is None:
+            self.stop()
+            tail = "".join(self.lines[-5:]).strip() or f"exit code {self.proc.poll()}"
+            raise RuntimeError(f"bench serve did not become ready: {tail}")
+        return self.base_url
+
+    def request_stop(self, sig: int = signal.SIGTERM) -> None:
+        """Ask the server to stop without waiting (stop() waits)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        """Signal the server and wait; past the timeout kill its whole process group."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the engine too, not just the frontend
+                self.proc.wait()
+        if self._log:
+            self._log.close()
+            self._log = None
+        return self.proc.returncode

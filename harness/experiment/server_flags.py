@@ -1,0 +1,83 @@
+"""The flags of what is served (model, engine limits, payload form), and turning them back into
+``bench serve`` flags: every arm of an experiment gets the same ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import Any
+
+from harness.engine.config import EngineConfig
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of what is served (model, engine limits, payload form); `bench run` forwards these."""
+    g = p.add_argument_group("served model and engine")
+    g.add_argument("--served-model-name", default=None, help="model id in the API (default: wirebench-<preset>)")
+    g.add_argument(
+        "--verify",
+        action="store_true",
+        help="each request carries a digest of its token ids and images, checked by the engine after it "
+        "crossed: a corrupted or swapped request fails instead of being served",
+    )
+    g.add_argument(
+        "--no-spans",
+        action="store_true",
+        help="record no request timelines (GET /v1/wirebench/spans, the IPC budget): to measure what they cost",
+    )
+    g.add_argument("--tokenizer", default=None, help="path of a tokenizer.json (default: the embedded BPE)")
+    g.add_argument(
+        "--mm-payload",
+        choices=("pil", "tensor"),
+        default="pil",
+        help="images travel as PIL images or as processed pixel tensors",
+    )
+    g.add_argument("--mm-tensor-size", type=int, default=336, help="side of processed pixel tensors")
+    g.add_argument("--mm-tensor-dtype", default="float16", help="dtype of processed pixel tensors")
+    defaults = EngineConfig()
+    g.add_argument("--model-preset", default=defaults.model_preset)
+    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=defaults.device)
+    g.add_argument("--dtype", default=defaults.dtype, help="auto: float32 on CPU, bfloat16 on CUDA")
+    g.add_argument(
+        "--executor",
+        choices=("torch", "sim"),
+        default=defaults.executor,
+        help="torch runs the model; sim models each step's time with no compute",
+    )
+    g.add_argument("--sim-step-fixed-ms", type=float, default=defaults.sim_step_fixed_ms)
+    g.add_argument("--sim-step-per-token-ms", type=float, default=defaults.sim_step_per_token_ms)
+    g.add_argument("--engine-threads", type=int, default=defaults.num_threads, help="torch CPU threads in the engine")
+    g.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
+    g.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
+    g.add_argument("--max-model-len", type=int, default=defaults.max_model_len)
+    g.add_argument(
+        "--kv-cache-tokens",
+        type=int,
+        default=defaults.kv_cache_tokens,
+        help="KV tokens admission may reserve (prompt + max_tokens a request); default max-num-seqs x max-model-len",
+    )
+    g.add_argument("--compile", action="store_true", help="torch.compile each layer's dense parts (compiles at start)")
+    g.add_argument("--image-tokens", type=int, default=defaults.image_tokens, help="embeddings per image")
+
+
+def server_flags(values: Mapping[str, Any], seed: int) -> list[str]:
+    """The `bench serve` flags that reproduce ``values`` (parsed flags): ``--seed`` and every
+    model/engine flag whose value differs from its default. A flag's name is its destination with
+    dashes (``max_num_seqs`` → ``--max-num-seqs``); a True switch is the bare flag."""
+    defaults = model_defaults()
+    flags = ["--seed", str(seed)]
+    for dest, default in defaults.items():
+        value = values.get(dest)
+        if value is None or value == default:
+            continue
+        flag = "--" + dest.replace("_", "-")
+        flags += [flag] if isinstance(default, bool) else [flag, str(value)]
+    return flags
+
+
+def model_defaults() -> dict[str, Any]:
+    """Every model/engine flag's destination and default, read from a parser of those flags alone."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_model_arguments(parser)
+    return vars(parser.parse_args([]))

@@ -1,0 +1,95 @@
+"""An experiment's settings as frozen values: read from the flags once by a command, then passed down.
+
+Nothing below a command reads an ``argparse.Namespace``: a probe at rate inf or
+a sweep point is ``dataclasses.replace`` of these, never a mutated namespace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from harness.analysis.stats import DEFAULT_MARGIN_PCT
+from harness.experiment.arms import ArmSpec
+from harness.loadgen.client import CHAT_COMPLETIONS, COMPLETIONS
+from harness.loadgen.runner import LoadSettings
+from harness.workloads.spec import WorkloadSpec
+
+AUTO = "auto"  # --request-rate auto: a share of the capacity a probe measures
+AUTO_LOAD = 0.5  # that share
+SERVER_READY_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """How each arm's `bench serve` starts: the model/engine flags every arm shares, and per arm extras."""
+
+    flags: tuple[str, ...] = ()  # experiment.server_flags.server_flags of the command line
+    served_model: str = "wirebench-tiny"
+    arm_flags: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # label → extra flags
+    log_path: str | None = None  # append every server's output here
+    trace_file: str | None = None  # each server writes Chrome trace JSON (PATH-<arm>-r<round>)
+    max_num_seqs: int = 64  # the engine's batch limit: sizes the capacity probe
+    ready_timeout_s: float = SERVER_READY_TIMEOUT_S
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """How the arms are run and judged: rounds, blocks, the rate (a number or 'auto'), where results go."""
+
+    repeat: int = 1
+    block_size: int = 0  # 0: each arm serves the whole workload in turn
+    margin_pct: float = DEFAULT_MARGIN_PCT
+    request_rate: float | str = AUTO
+    save_result: bool = True
+    result_dir: str = "results"
+
+    def check(self) -> None:
+        if self.repeat < 1:
+            raise ValueError("--repeat must be >= 1")
+        if self.block_size < 0:
+            raise ValueError(f"--block-size must be >= 0, got {self.block_size}")
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """Everything one comparison needs: the arms, the workload, the load, the servers, the plan.
+
+    ``flags`` is the command line as parsed, recorded in result documents (``record`` overlays the
+    values this experiment actually used: the resolved rate, the endpoint, the workload).
+    """
+
+    arms: tuple[ArmSpec, ...]
+    workload: WorkloadSpec
+    load: LoadSettings
+    server: ServerSettings
+    plan: RunPlan
+    flags: Mapping[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        """Refuse bad settings before any server starts (ValueError, or BenchmarkError from the load)."""
+        self.plan.check()
+        if self.plan.block_size and (self.load.workers != 1 or self.load.ray is not None):
+            raise ValueError("--block-size sends every arm's blocks from this process: drop --workers/--ray")
+
+    def with_images_on_chat(self) -> tuple[Experiment, bool]:
+        """Images only travel through chat: an image workload on /v1/completions moves to chat (True when it did)."""
+        if self.workload.has_images and self.load.endpoint == COMPLETIONS:
+            return replace(self, load=replace(self.load, endpoint=CHAT_COMPLETIONS)), True
+        return self, False
+
+    def at_rate(self, rate: float) -> Experiment:
+        return replace(self, plan=replace(self.plan, request_rate=rate), load=replace(self.load, request_rate=rate))
+
+    def record(self) -> dict[str, Any]:
+        """The flags as this experiment ran them, for result documents."""
+        return {
+            **self.flags,
+            **asdict(self.workload),
+            "endpoint": self.load.endpoint,
+            "request_rate": self.plan.request_rate,
+            "repeat": self.plan.repeat,
+            "block_size": self.plan.block_size,
+            "result_dir": self.plan.result_dir,
+        }

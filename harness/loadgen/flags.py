@@ -1,0 +1,153 @@
+"""The load generator's flags: server, load, client scale, metrics and result.
+
+``bench load`` uses them all; ``bench run``, ``calibrate`` and ``sweep`` use the
+load, scale, metrics and result groups and turn them into ``LoadSettings`` once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from typing import Any
+
+from harness.loadgen.arrivals import positive_float, positive_rate
+from harness.loadgen.client import CHAT_COMPLETIONS, COMPLETIONS
+from harness.loadgen.metrics import METRICS
+from harness.loadgen.runner import DEFAULT_REQUEST_TIMEOUT_S, DEFAULT_RESULT_DIR
+from harness.loadgen.workers import parse_workers
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("server")
+    group.add_argument("--base-url", default=DEFAULT_BASE_URL, help=f"server URL (default {DEFAULT_BASE_URL})")
+    group.add_argument("--model", default=None, help="model name to send (default: the first id of GET /v1/models)")
+    group.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer.json used to count prompt tokens (default: the project's embedded tokenizer)",
+    )
+
+
+def add_load_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    rate_type: Callable[[str], Any] = positive_rate,
+    rate_default: Any = math.inf,
+    rate_help: str = "requests per second (default inf: send all at once)",
+) -> Any:
+    """Every load flag except the dataset flags (which own --seed: it seeds the arrivals too),
+    --base-url and --model. bench run passes its own --request-rate type, default and help.
+    Returns the client-scale group (bench load adds --strict-client to it)."""
+    group = parser.add_argument_group("load")
+    group.add_argument(
+        "--endpoint",
+        default=COMPLETIONS,
+        choices=(COMPLETIONS, CHAT_COMPLETIONS),
+        help=f"API endpoint (default {COMPLETIONS}); image workloads need {CHAT_COMPLETIONS}",
+    )
+    group.add_argument(
+        "--request-rate",
+        type=rate_type,
+        default=rate_default,
+        help=rate_help,
+    )
+    group.add_argument(
+        "--burstiness",
+        type=positive_float,
+        default=1.0,
+        help="gamma shape of the arrival intervals: 1.0 = Poisson, <1 burstier, >1 more regular",
+    )
+    group.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=None,
+        help="at most this many requests in flight; a request whose planned time has come "
+        "waits for a slot, which shows up as schedule lag",
+    )
+    group.add_argument(
+        "--warmup-requests",
+        type=int,
+        default=0,
+        help="requests sent before the clock starts and not counted (default 0)",
+    )
+    group.add_argument(
+        "--request-timeout",
+        type=float,
+        default=DEFAULT_REQUEST_TIMEOUT_S,
+        help=f"seconds a request may take in all; 0 = no limit (default {DEFAULT_REQUEST_TIMEOUT_S:g})",
+    )
+    group.add_argument(
+        "--no-continuous-usage",
+        action="store_true",
+        help="do not ask for usage in every chunk (stream_options.continuous_usage_stats); "
+        "then each non-empty chunk counts as one token",
+    )
+
+    scale = add_scale_arguments(parser)
+
+    stats = parser.add_argument_group("metrics")
+    stats.add_argument(
+        "--percentile-metrics",
+        default="ttft,tpot,itl",
+        help=f"comma-separated metrics to report among {','.join(METRICS)} (default ttft,tpot,itl)",
+    )
+    stats.add_argument(
+        "--metric-percentiles",
+        default="99",
+        help='comma-separated percentiles to report, e.g. "25,50,99" (default 99)',
+    )
+    stats.add_argument(
+        "--goodput",
+        nargs="+",
+        default=None,
+        metavar="NAME:MS",
+        help="SLOs for goodput, e.g. ttft:200 tpot:50 e2el:2000 (milliseconds)",
+    )
+
+    out = parser.add_argument_group("result")
+    out.add_argument(
+        "--save-result",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="save the JSON result (default: yes)",
+    )
+    out.add_argument(
+        "--result-dir", default=DEFAULT_RESULT_DIR, help=f"folder of result files (default {DEFAULT_RESULT_DIR})"
+    )
+    out.add_argument(
+        "--result-filename",
+        default=None,
+        help="file name of the result (default <codec-or-backend>-<timestamp>.json)",
+    )
+    out.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    out.add_argument("--progress", action="store_true", help="show the progress line even when stderr is not a TTY")
+    return scale
+
+
+def add_scale_arguments(parser: argparse.ArgumentParser) -> Any:
+    """Where the load comes from (harness/loadgen/fanout.py); returns the group for more flags."""
+    group = parser.add_argument_group("client scale")
+    group.add_argument(
+        "--workers",
+        type=parse_workers,
+        default=1,
+        metavar="N|auto",
+        help="client processes sharing the schedule (round-robin) and one start instant; metrics are computed "
+        "once from all raw records. auto: half the usable CPUs for a server on this host (loopback URL), all but "
+        "one for a remote one, 1..8; with --ray one actor per node. --max-concurrency is shared out among them "
+        "(default 1: this process)",
+    )
+    group.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="run the --workers as Ray actors (many hosts): ADDRESS as ray.init takes it (auto, ray://head:10001); "
+        "none: RAY_ADDRESS, else a cluster on this host, else a new local one. Needs "
+        "pip install 'wirebench[distributed]'",
+    )
+    return group

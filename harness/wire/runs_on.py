@@ -1,0 +1,157 @@
+"""What a server runs on, as the engine says it, on its way to a result: info dict -> /metrics -> run document.
+
+The engine process sends ``executor.info()`` in its READY message; the frontend
+renders the parts a reader of a result needs as the labels of one gauge,
+
+    wirebench_engine_info{device="cuda:0",dtype="bfloat16",preset="llama-8b",params="8030261248",...} 1
+
+and the load generator, which sees only /metrics, reads them back into a dict
+for the run document's ``metadata["engine"]`` and its report. A CPU run while
+a GPU was visible carries ``device_warning`` all the way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.wire import prom
+
+# label -> key of the engine's info dict
+_FIELDS = {
+    "executor": "executor",
+    "device": "device",
+    "device_name": "device_name",
+    "dtype": "dtype",
+    "preset": "model_preset",
+    "params": "num_params",
+    "kv_cache_tokens": "kv_cache_tokens",
+    "max_num_seqs": "max_num_seqs",
+    "max_model_len": "max_model_len",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "compile": "compile",
+    "device_warning": "device_warning",
+    "sdpa_warning": "sdpa_warning",
+}
+_INTS = ("params", "kv_cache_tokens", "max_num_seqs", "max_model_len", "max_num_batched_tokens")
+
+
+def _clean(value: Any) -> str:
+    """A label value the text format and ``prom.parse`` both keep intact."""
+    text = str(value).replace("\\", "/").replace('"', "'").replace("\n", " ")
+    return text.replace("{", "(").replace("}", ")")
+
+
+def metric_labels(info: dict[str, Any]) -> dict[str, str]:
+    """The gauge's labels from the engine's info dict (keys it lacks are left out)."""
+    labels = {label: _clean(info[key]) for label, key in _FIELDS.items() if info.get(key) is not None}
+    if "compile" in labels:
+        labels["compile"] = "true" if info["compile"] else "false"
+    sdpa = info.get("sdpa")
+    if isinstance(sdpa, dict) and sdpa:
+        labels["sdpa"] = _clean(",".join(f"{k}={v}" for k, v in sdpa.items()))
+    return labels
+
+
+def metric_samples(info: dict[str, Any]) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """``{ENGINE_INFO: [(labels, 1)]}``, or nothing before the engine has said anything."""
+    return {prom.ENGINE_INFO: [(metric_labels(info), 1.0)]} if info else {}
+
+
+def from_metrics(text: str | None) -> dict[str, Any] | None:
+    """The engine's account of itself from a /metrics scrape; None when the server has none."""
+    if not text:
+        return None
+    for (name, labels), value in prom.parse(text).items():
+        if name != prom.ENGINE_INFO or not value:
+            continue
+        out: dict[str, Any] = dict(labels)
+        for key in _INTS:
+            if str(out.get(key, "")).isdigit():
+                out[key] = int(out[key])
+        if "compile" in out:
+            out["compile"] = out["compile"] == "true"
+        if "sdpa" in out:
+            out["sdpa"] = dict(part.partition("=")[::2] for part in str(out["sdpa"]).split(",") if part)
+        return out
+    return None
+
+
+def with_step_counts(engine: dict[str, Any] | None, before: str | None, after: str | None) -> dict[str, Any] | None:
+    """``engine`` plus the run's engine steps and the steps that left requests waiting, by cause.
+
+    Differences of the heartbeat counters between two scrapes (``steps``,
+    ``steps_waiting``); ``engine`` unchanged when either scrape lacks them.
+    """
+    if engine is None or not before or not after:
+        return engine
+    counts = []
+    for text in (before, after):
+        values = prom.parse(text)
+        steps = values.get((prom.ENGINE_STEPS, frozenset()))
+        waiting = {
+            dict(labels).get("blocked_by", "?"): v
+            for (name, labels), v in values.items()
+            if name == prom.ENGINE_WAITING_STEPS
+        }
+        if steps is None:
+            return engine
+        counts.append((steps, waiting))
+    (steps0, waiting0), (steps1, waiting1) = counts
+    return {
+        **engine,
+        "steps": int(steps1 - steps0),
+        "steps_waiting": {k: int(v - waiting0.get(k, 0)) for k, v in waiting1.items()},
+    }
+
+
+# Above this share of steps leaving requests waiting for a KV reservation or a
+# sequence slot, the report says admission limited concurrency.
+ADMISSION_LIMITED_SHARE = 0.05
+
+
+def report_rows(engine: dict[str, Any] | None, request_tokens: float | None = None) -> list[tuple[str, str]]:
+    """(label, value) rows for the console report: what ran, and what admission allowed.
+
+    ``request_tokens``: the workload's mean prompt + output tokens, which each
+    request reserves in the KV cache while it runs.
+    """
+    if not engine:
+        return []
+    params = engine.get("params")
+    size = ""
+    if isinstance(params, int):
+        size = f", {params / 1e9:.2f}B params" if params >= 1e9 else f", {params / 1e6:.1f}M params"
+    rows = [
+        ("Engine:", f"{engine.get('preset', '?')} on {engine.get('device', '?')} ({engine.get('dtype', '?')}{size})"),
+    ]
+    if engine.get("device_name") and engine.get("device_name") != "cpu":
+        rows.append(("Engine device:", str(engine["device_name"])))
+    if engine.get("sdpa"):
+        rows.append(("Engine SDPA kernels:", ", ".join(f"{k} {v}" for k, v in engine["sdpa"].items())))
+    kv, seqs = engine.get("kv_cache_tokens"), engine.get("max_num_seqs")
+    if isinstance(kv, int) and isinstance(seqs, int):
+        admits = f"max_num_seqs {seqs}, KV {kv:,} tokens"
+        if request_tokens and request_tokens > 0:
+            fit = min(seqs, int(kv // request_tokens))
+            admits = f"{fit} requests of ~{request_tokens:.0f} tokens ({admits})"
+        rows.append(("Engine admits at once:", admits))
+    steps, waiting = engine.get("steps"), engine.get("steps_waiting")
+    if isinstance(steps, int) and steps > 0 and isinstance(waiting, dict):
+        admission = waiting.get("kv_cache", 0) + waiting.get("max_num_seqs", 0)
+        causes = ", ".join(f"{k} {v:,}" for k, v in sorted(waiting.items()))
+        rows.append(("Engine steps, with requests waiting:", f"{steps:,}; waiting after {causes}"))
+        share = admission / steps
+        if share > ADMISSION_LIMITED_SHARE:
+            rows.append(
+                (
+                    "Admission-limited:",
+                    f"in {share:.0%} of steps requests waited for a KV reservation or a sequence slot, not for "
+                    "compute: concurrency was capped by --kv-cache-tokens / --max-num-seqs",
+                )
+            )
+    if engine.get("compile"):
+        rows.append(("Engine torch.compile:", "on"))
+    for key in ("device_warning", "sdpa_warning"):
+        if engine.get(key):
+            rows.append(("WARNING:", str(engine[key])))
+    return rows

@@ -1,0 +1,242 @@
+"""Text tokenizer shared by the frontend, the load generator and the datasets.
+
+A thin wrapper over a Hugging Face ``tokenizers`` ``tokenizer.json``: the
+project's own byte-level BPE (datasets/tokenizer.json, trained by
+scripts/train_tokenizer.py) by default, or any other ``tokenizer.json`` such as
+a real Llama tokenizer.
+
+Chat template (fixed and documented, the same for every tokenizer)::
+
+    {bos}<|system|>\\n{text}\\n<|user|>\\n{text}\\n<|assistant|>\\n{text}\\n ... <|assistant|>\\n
+
+``{bos}`` is the tokenizer's BOS token string when it has one (``<|bos|>``,
+``<s>``, ``<|begin_of_text|>``), else nothing. Each message renders as its role
+marker, a newline, its text and a newline; the template ends with the
+generation prompt ``<|assistant|>\\n``. Roles: system, developer (rendered as
+system), user, assistant, tool. Content is a string or an OpenAI content-parts
+list; text parts keep their text, each image part renders as one image marker
+(the tokenizer's image token, ``<|image|>`` when it has none), and parts are
+joined with ``\\n``. In the project's tokenizer the role markers and the image
+marker are single special tokens; in others they tokenize as plain text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+EMBEDDED_TOKENIZER = Path(__file__).resolve().parents[2] / "datasets" / "tokenizer.json"
+EMBEDDED_NAME = "wirebench-bpe"
+
+# Looked up in this order; the first present wins.
+EOS_NAMES = ("<|eos|>", "</s>", "<|end_of_text|>", "<|eot_id|>", "<|endoftext|>")
+BOS_NAMES = ("<|bos|>", "<s>", "<|begin_of_text|>", "<|startoftext|>")
+PAD_NAMES = ("<|pad|>", "<pad>", "<|finetune_right_pad_id|>")
+IMAGE_NAMES = ("<|image|>", "<image>")
+DEFAULT_IMAGE_MARKER = "<|image|>"
+
+ROLE_MARKERS = {
+    "system": "<|system|>",
+    "developer": "<|system|>",
+    "user": "<|user|>",
+    "assistant": "<|assistant|>",
+    "tool": "<|tool|>",
+}
+GENERATION_PROMPT = "<|assistant|>\n"
+
+# U+FFFD: what a decoder emits for an incomplete UTF-8 sequence.
+_REPLACEMENT = "\ufffd"
+# A UTF-8 character has at most 4 bytes and every byte-level or byte-fallback
+# token carries at least one, so when this many held tokens contain no
+# character boundary at all, the U+FFFDs are invalid bytes (a random-weight
+# model emits those), and holding them longer would only stall the stream.
+_MAX_HELD_TOKENS = 8
+
+
+class TextTokenizer:
+    """Encode, decode and chat-format text with one ``tokenizer.json``."""
+
+    def __init__(self, hf_tokenizer: Tokenizer, name: str) -> None:
+        self.hf = hf_tokenizer
+        self.name = name
+        self.vocab_size: int = hf_tokenizer.get_vocab_size(with_added_tokens=True)
+        self.eos_token_id = self._first_id(EOS_NAMES)
+        self.bos_token_id = self._first_id(BOS_NAMES)
+        self.pad_token_id = self._first_id(PAD_NAMES)
+        self.image_token_id = self._first_id(IMAGE_NAMES)
+        self.bos_token = self._first_name(BOS_NAMES) or ""
+        self.image_marker = self._first_name(IMAGE_NAMES) or DEFAULT_IMAGE_MARKER
+        self.special_token_ids: frozenset[int] = frozenset(
+            tid for tid, tok in hf_tokenizer.get_added_tokens_decoder().items() if tok.special
+        )
+
+    def _first_id(self, names: Iterable[str]) -> int | None:
+        for name in names:
+            tid = self.hf.token_to_id(name)
+            if tid is not None:
+                return tid
+        return None
+
+    def _first_name(self, names: Iterable[str]) -> str | None:
+        for name in names:
+            if self.hf.token_to_id(name) is not None:
+                return name
+        return None
+
+    def __repr__(self) -> str:
+        return f"TextTokenizer(name={self.name!r}, vocab_size={self.vocab_size})"
+
+    # -- encode / decode ---------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; no special tokens are added (markers in the text still match)."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode() takes a str, got {type(text).__name__}")
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """``encode`` for many texts at once (parallel inside ``tokenizers``)."""
+        return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def incremental(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
+        """A fresh streaming detokenizer for one request."""
+        return IncrementalDetokenizer(self, skip_special_tokens=skip_special_tokens)
+
+    # -- chat ----------------------------------------------------------------
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        """Render OpenAI-style chat messages with the fixed template (module docstring)."""
+        if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+            raise ValueError("messages must be a list of {'role': ..., 'content': ...} objects")
+        if not messages:
+            raise ValueError("messages must not be empty")
+        out = [self.bos_token]
+        for i, msg in enumerate(messages):
+            if not isinstance(msg, Mapping):
+                raise ValueError(f"messages[{i}] must be an object, got {type(msg).__name__}")
+            role = msg.get("role")
+            if role not in ROLE_MARKERS:
+                raise ValueError(f"messages[{i}].role must be one of {sorted(ROLE_MARKERS)}, got {role!r}")
+            text = self.render_content(msg.get("content"), where=f"messages[{i}].content")
+            out.append(f"{ROLE_MARKERS[role]}\n{text}\n")
+        out.append(GENERATION_PROMPT)
+        return "".join(out)
+
+    def render_content(self, content: Any, where: str = "content") -> str:
+        """Text of one message's content: a string, None, or a list of content parts."""
+        if content is None:
+            return ""
+        if isinstance(content, str):
+            return content
+        if not isinstance(content, Sequence) or isinstance(content, bytes):
+            raise ValueError(f"{where} must be a string or a list of content parts")
+        pieces: list[str] = []
+        for j, part in enumerate(content):
+            if not isinstance(part, Mapping):
+                raise ValueError(f"{where}[{j}] must be an object")
+            kind = part.get("type")
+            if kind == "text":
+                text = part.get("text")
+                if not isinstance(text, str):
+                    raise ValueError(f"{where}[{j}].text must be a string")
+                pieces.append(text)
+            elif kind == "image_url":
+                pieces.append(self.image_marker)
+            else:
+                raise ValueError(f"{where}[{j}].type must be 'text' or 'image_url', got {kind!r}")
+        return "\n".join(pieces)
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of output token ids into text deltas, one request at a time.
+
+    Each ``add`` decodes only a short window: the tokens since the last emitted
+    boundary (``read_offset``) plus the tokens of the previous delta
+    (``prefix_offset``) as context, so decoders that strip a leading space
+    (SentencePiece) or need the previous bytes see the same start twice and the
+    difference is exact. While the decoded window ends with U+FFFD (half a
+    UTF-8 character) nothing is emitted; ``flush`` returns what is held.
+    Invalid UTF-8 in the output (random tokens) is released after
+    ``_MAX_HELD_TOKENS`` tokens, so it cannot stall a stream.
+    """
+
+    def __init__(self, tokenizer: TextTokenizer, skip_special_tokens: bool = True) -> None:
+        self._tok = tokenizer
+        self._skip = skip_special_tokens
+        self._ids: list[int] = []
+        self._prefix_offset = 0
+        self._read_offset = 0
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self._ids
+
+    def _decode(self, start: int, end: int | None = None) -> str:
+        return self._tok.decode(self._ids[start:end], skip_special_tokens=self._skip)
+
+    def add(self, new_ids: Sequence[int]) -> str:
+        """Append ``new_ids`` and return the newly completed text (maybe '')."""
+        self._ids.extend(new_ids)
+        end = len(self._ids)
+        if end == self._read_offset:
+            return ""
+        prefix_text = self._decode(self._prefix_offset, self._read_offset)
+        new_text = self._decode(self._prefix_offset)
+        if new_text.endswith(_REPLACEMENT):
+            if end - self._read_offset < _MAX_HELD_TOKENS:
+                return ""
+            # Held for long: release up to the last character boundary among
+            # the held tokens, or all of it when there is none (then the
+            # U+FFFDs are invalid bytes in the output itself, not half a char).
+            for j in range(end - 1, self._read_offset, -1):
+                text = self._decode(self._prefix_offset, j)
+                if not text.endswith(_REPLACEMENT):
+                    end, new_text = j, text
+                    break
+        if len(new_text) <= len(prefix_text):
+            # Tokens that decode to nothing (skipped special tokens): move on.
+            self._read_offset = end
+            return ""
+        self._prefix_offset = self._read_offset
+        self._read_offset = end
+        return new_text[len(prefix_text) :]
+
+    def flush(self) -> str:
+        """Return whatever text is still held back; call once, after the last ``add``."""
+        if self._read_offset == len(self._ids):
+            return ""
+        prefix_text = self._decode(self._prefix_offset, self._read_offset)
+        new_text = self._decode(self._prefix_offset)
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        return new_text[len(prefix_text) :]
+
+
+def load_tokenizer(path: str | Path | None = None) -> TextTokenizer:
+    """Load a ``tokenizer.json`` (or a folder holding one); None = the project's own.
+
+    ``name`` is "wirebench-bpe" for the embedded tokenizer, else the file stem,
+    or the folder's name when the file is called plain ``tokenizer.json``.
+    """
+    if path is None:
+        file, name = EMBEDDED_TOKENIZER, EMBEDDED_NAME
+        if not file.is_file():
+            raise FileNotFoundError(f"the embedded tokenizer {file} is missing; run scripts/train_tokenizer.py")
+    else:
+        file = Path(path).expanduser()
+        if file.is_dir():
+            file = file / "tokenizer.json"
+        if not file.is_file():
+            raise FileNotFoundError(f"no tokenizer.json at {path}")
+        name = file.stem if file.stem != "tokenizer" else (file.resolve().parent.name or file.stem)
+    try:
+        hf = Tokenizer.from_file(str(file))
+    except Exception as exc:  # tokenizers raises a bare Exception on bad files
+        raise ValueError(f"{file} is not a valid Hugging Face tokenizer.json: {exc}") from exc
+    return TextTokenizer(hf, name)

@@ -1,0 +1,85 @@
+"""The experiment flow that run, calibrate and sweep share, driven directly with typed settings."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from harness.analysis.documents import load_compare
+from harness.analysis.sweep_grid import IMAGE_SIDE, REQUEST_RATE, Axis
+from harness.commands.run import add_arguments
+from harness.experiment.arms import ArmSpec
+from harness.experiment.flags import experiment_from_args
+from harness.experiment.flow import prepare, run_experiment
+from harness.experiment.settings import AUTO, Experiment, RunPlan, ServerSettings
+from harness.experiment.sweep import at_point
+from harness.loadgen.client import CHAT_COMPLETIONS
+from harness.loadgen.runner import LoadSettings
+from harness.workloads.spec import WorkloadSpec
+
+
+def parsed(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_flags_become_one_frozen_experiment_and_the_namespace_is_left_alone() -> None:
+    args = parsed("--codec", "pickle,msgspec", "--num-prompts", "9", "--executor", "sim", "--block-size", "3")
+    before = dict(vars(args))
+    exp = experiment_from_args(args)
+    assert vars(args) == before  # read once, never written back
+    assert [a.label for a in exp.arms] == ["pickle", "msgspec"]
+    assert exp.workload.num_prompts == 9 and exp.plan.block_size == 3 and exp.plan.request_rate == AUTO
+    assert exp.load.request_rate == math.inf  # checked at rate inf until the probe fixes it
+    assert "--executor" in exp.server.flags and exp.server.served_model == "wirebench-tiny"
+    with pytest.raises(AttributeError):
+        exp.plan.repeat = 3  # type: ignore[misc]
+    fixed = exp.at_rate(12.5)
+    assert fixed.load.request_rate == fixed.plan.request_rate == 12.5 and exp.plan.request_rate == AUTO
+    assert fixed.record()["request_rate"] == 12.5 and fixed.record()["num_prompts"] == 9
+
+
+def test_a_sweep_point_is_a_replaced_experiment() -> None:
+    exp = experiment_from_args(parsed("--codec", "pickle", "--request-rate", "5"))
+    point = at_point(exp, {IMAGE_SIDE: 64, REQUEST_RATE: 20}, Path("out/p1"))
+    assert point.workload.images_per_request == 1 and point.workload.image_width == 64
+    assert point.plan.request_rate == 20 and point.plan.result_dir == "out/p1"
+    moved, changed = point.with_images_on_chat()
+    assert changed and moved.load.endpoint == CHAT_COMPLETIONS
+    assert exp.workload.images_per_request == 0 and exp.plan.request_rate == 5  # the original is untouched
+    assert Axis(IMAGE_SIDE, (64.0,)).text(64) == "image 64 px"
+
+
+def test_bad_settings_are_refused_before_any_server_starts() -> None:
+    exp = experiment_from_args(parsed("--block-size", "4", "--workers", "2"))
+    with pytest.raises(ValueError, match="--block-size"):
+        prepare(exp)
+    with pytest.raises(ValueError, match="--repeat"):
+        prepare(replace(exp, plan=replace(exp.plan, repeat=0)))
+
+
+@pytest.mark.e2e
+def test_the_flow_runs_two_arms_in_blocks_from_typed_settings(tmp_path: Path) -> None:
+    exp = Experiment(
+        arms=(ArmSpec("pickle", "pickle"), ArmSpec("msgspec", "msgspec")),
+        workload=WorkloadSpec(num_prompts=6, sonnet_output_len=8),
+        load=LoadSettings(warmup_requests=1, progress=False),
+        server=ServerSettings(flags=("--seed", "0", "--executor", "sim")),
+        plan=RunPlan(repeat=3, block_size=3, request_rate=20.0, result_dir=str(tmp_path)),
+    )
+    result = run_experiment(prepare(exp))
+    assert result is not None and not result.interrupted and not result.any_failed
+    assert [a.label for a in result.arms] == ["pickle", "msgspec"]
+    assert [len(a.measured) for a in result.arms] == [3, 3]
+    for outcome in result.outcomes:  # every request a round sent is accounted for
+        assert outcome.result is not None and outcome.result.metrics.completed == 6
+    assert result.comparison is not None and result.comparison.cells
+    path, doc = result.save()
+    loaded = load_compare(path)
+    assert loaded["codecs"] == ["pickle", "msgspec"] and len(loaded["runs"]) == 6
+    assert doc["metadata"]["request_rate"] == {"rate": 20.0, "auto": False}
