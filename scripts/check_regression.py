@@ -5,7 +5,7 @@
 
 The same as ``bench compare CURRENT --baseline BASELINE`` (``harness/analysis/gate.py``
 has the method and the exit codes: 0 pass, 1 regression, 2 unusable input,
-3 too noisy with --fail-on-noise).
+3 when the gate cannot rule out a regression: too noisy, too few rounds, a codec missing).
 """
 
 from __future__ import annotations

@@ -83,3 +83,4 @@ def test_the_flow_runs_two_arms_in_blocks_from_typed_settings(tmp_path: Path) ->
     loaded = load_compare(path)
     assert loaded["codecs"] == ["pickle", "msgspec"] and len(loaded["runs"]) == 6
     assert doc["metadata"]["request_rate"] == {"rate": 20.0, "auto": False}
+    assert doc["metadata"]["machine"]["cpu_usable"] >= 1  # what the gate compares across files

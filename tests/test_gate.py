@@ -83,7 +83,8 @@ def test_a_codec_worse_relative_to_the_reference_fails_unless_under_the_threshol
 def test_too_few_rounds_are_noisy_not_a_pass_in_disguise(tmp_path: Path, baseline: Path) -> None:
     one = write_comparison(tmp_path / "one", BASE, repeat=1)
     out = gate(one, baseline)
-    assert out.returncode == 0 and "too noisy" in out.stdout and "too few rounds" in out.stdout
+    # The gate cannot rule a regression out: exit 3, with or without the old --fail-on-noise.
+    assert out.returncode == 3 and "too noisy" in out.stdout and "too few rounds" in out.stdout
     assert gate(one, baseline, "--fail-on-noise").returncode == 3
 
 
@@ -91,6 +92,10 @@ def test_missing_codecs_and_bad_input(tmp_path: Path, baseline: Path) -> None:
     extra = noisy(tmp_path / "extra", {**BASE, "pickle-oob": {"enc_us": 25.0}}, seed=6)
     out = gate(extra, baseline)
     assert out.returncode == 0 and "not measured in baseline: pickle-oob" in out.stdout
+
+    fewer = noisy(tmp_path / "fewer", {k: v for k, v in BASE.items() if k != list(BASE)[-1]}, seed=7)
+    out = gate(fewer, baseline)  # a codec of the baseline not measured now: the gate cannot say it is fine
+    assert out.returncode == 3 and f"not measured now (in baseline only): {list(BASE)[-1]}" in out.stdout
 
     no_ref = write_comparison(tmp_path / "noref", {"pickle": None, "msgspec": {}}, repeat=1)
     out = gate(no_ref, baseline)
@@ -174,3 +179,38 @@ def test_dashboard_exports_have_the_documented_shapes(tmp_path: Path) -> None:
     assert set(doc) == {"pickle", "msgspec"}
     m = doc["pickle"]["ttft-mean"]
     assert m["lower_value"] <= m["value"] <= m["upper_value"]
+
+
+BASELINES = ROOT / "results" / "baselines"
+
+
+def test_files_with_different_settings_are_refused_with_the_difference_named() -> None:
+    # Two committed A/A runs of one build, one in sequence, one in blocks of 20.
+    out = gate(BASELINES / "aa-sequential-1.json", BASELINES / "aa-blocks-1.json")
+    assert out.returncode == 2 and "different settings" in out.stderr, out.stdout + out.stderr
+    assert "block_size: baseline 20, current 0" in out.stderr
+
+
+def test_a_baseline_against_itself_is_too_noisy_to_pass_when_rounds_are_too_few() -> None:
+    # text.json's verdicts are inconclusive at 7 rounds: the gate says it cannot tell (3), not "pass".
+    out = gate(BASELINES / "text.json", BASELINES / "text.json")
+    assert out.returncode == 3 and "REGRESSION" not in out.stdout, out.stdout + out.stderr
+
+
+def test_settings_differences_name_rate_and_machine() -> None:
+    from harness.analysis.comparable import differences
+
+    base = {"flags": {"num_prompts": 100, "executor": "sim"}, "request_rate": {"rate": 20.0, "auto": False}}
+    assert differences(base, base) == []
+    other = {
+        "flags": {"num_prompts": 200, "executor": "sim"},
+        "request_rate": {"rate": 9.0, "auto": True},
+        "machine": {"cpu_model": "B"},
+    }
+    said = differences(other, {**base, "machine": {"cpu_model": "A"}})
+    assert "num_prompts: baseline 100, current 200" in said
+    assert any(s.startswith("request rate: baseline 20.0 req/s, current auto") for s in said)
+    assert "machine cpu_model: baseline 'A', current 'B'" in said
+    # Two auto rates are the same setting (each is half of its own machine's capacity).
+    auto = {**base, "request_rate": {"rate": 11.0, "auto": True}}
+    assert differences(auto, {**base, "request_rate": {"rate": 13.0, "auto": True}}) == []

@@ -20,8 +20,11 @@ past the threshold without a verdict is "noisy": the data cannot rule out such
 a regression; more rounds would (the table says how many).
 
 Exit status: 0 pass; 1 at least one regression; 2 unusable or incomparable
-input (unreadable file, reference codec missing from the baseline); 3 with
-``--fail-on-noise`` when nothing regressed but some figure was too noisy to judge.
+input (unreadable file, reference codec missing from the baseline, or settings
+that differ: workload, rate, executor, block size, machine — each named, see
+``harness.analysis.comparable``); 3 when nothing regressed but the gate cannot
+say so: a figure too noisy or with too few rounds to rule out a regression above
+the threshold, or a codec of the baseline not measured now.
 """
 
 from __future__ import annotations
@@ -95,10 +98,11 @@ class GateResult:
     def noisy(self) -> list[Row]:
         return [r for r in self.rows if r.outcome == NOISY]
 
-    def exit_code(self, fail_on_noise: bool) -> int:
+    def exit_code(self) -> int:
+        """1 for a regression; 3 when the gate cannot rule one out (noise, too few rounds, a missing codec)."""
         if self.regressions:
             return EXIT_REGRESSION
-        return EXIT_NOISY if fail_on_noise and self.noisy else EXIT_PASS
+        return EXIT_NOISY if self.noisy or self.only_baseline else EXIT_PASS
 
 
 def run_gate(

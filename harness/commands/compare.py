@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.analysis import gate, stats
+from harness.analysis import comparable, gate, stats
 from harness.analysis.compare import (
     arms_from_sources,
     compare,
@@ -57,7 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fail-on-noise",
         action="store_true",
-        help="gate: exit 3 when a figure is too noisy to rule out a regression above the threshold",
+        help="accepted for old CI jobs; the gate always exits 3 when a figure is too noisy to rule out a "
+        "regression above the threshold",
     )
     p.add_argument(
         "--margin-pct",
@@ -120,6 +121,9 @@ def run_gate_command(args: argparse.Namespace, prog: str = "bench compare") -> i
     try:
         current = load_any_compare(args.sources[0])
         baseline = load_any_compare(args.baseline)
+        differ = comparable.differences(comparable.metadata(args.sources[0]), comparable.metadata(args.baseline))
+        if differ:
+            raise ResultsError("current and baseline ran with different settings: " + "; ".join(differ))
         result = gate.run_gate(
             current,
             baseline,
@@ -136,4 +140,4 @@ def run_gate_command(args: argparse.Namespace, prog: str = "bench compare") -> i
         Path(args.markdown).write_text(gate.to_markdown(result))
     if args.json:
         write_json(args.json, gate.to_json(result), indent=2)
-    return result.exit_code(args.fail_on_noise)
+    return result.exit_code()

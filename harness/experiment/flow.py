@@ -22,6 +22,7 @@ from harness.experiment.probe import resolve_rate
 from harness.experiment.rounds import RunOutcome, Workload, run_rounds
 from harness.experiment.settings import Experiment
 from harness.loadgen.runner import check_endpoint
+from harness.loadgen.sysinfo import collect_sysinfo
 from harness.workloads.datasets import load_workload
 
 
@@ -65,7 +66,7 @@ class ExperimentResult:
     def document(self, folder: Path, **metadata: Any) -> dict[str, Any]:
         """The compare document of this experiment (paths relative to ``folder``)."""
         assert self.table is not None
-        meta = {"flags": self.experiment.record(), "request_rate": self.rate_note, **metadata}
+        meta = {"flags": self.experiment.record(), "request_rate": self.rate_note, "machine": machine(), **metadata}
         return compare_document(
             self.table, folder=folder, metadata=meta, repeat=self.experiment.plan.repeat, order=self.order
         )
@@ -77,6 +78,12 @@ class ExperimentResult:
         doc = self.document(path.parent, **metadata)
         write_json(path, doc, indent=2)
         return path, doc
+
+
+def machine() -> dict[str, Any]:
+    """What the gate compares across documents (harness.analysis.comparable): the machine's kind."""
+    info = collect_sysinfo(probe_torch=False)
+    return {key: info.get(key) for key in ("machine", "cpu_model", "cpu_usable")}
 
 
 def run_experiment(prepared: Prepared) -> ExperimentResult | None:
