@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 
 import msgspec
 import numpy as np
-import torch
 from PIL import Image
 
 from .base import (
@@ -36,11 +35,14 @@ from .rawbuf import (
     array_to_raw,
     image_from_raw,
     image_to_raw,
+    is_tensor,
     tensor_from_raw,
     tensor_to_raw,
 )
 
-MULTIMODAL_TYPES = (torch.Tensor, np.ndarray, Image.Image)
+
+def is_multimodal(obj: Any) -> bool:
+    return is_tensor(obj) or isinstance(obj, (np.ndarray, Image.Image))
 
 
 class _MsgspecBase:
@@ -105,7 +107,7 @@ class MsgspecCodec(_MsgspecBase):
     alternatives: Sequence[str] = ()
 
     def _enc_hook(self, obj: Any) -> Any:
-        if isinstance(obj, MULTIMODAL_TYPES):
+        if is_multimodal(obj):
             raise UnsupportedPayloadError(self.name, obj, self.alternatives)
         raise EncodeError(f"codec {self.name!r} cannot encode {type(obj).__qualname__}")
 
@@ -129,7 +131,7 @@ class MsgspecB64Codec(_MsgspecBase):
     carries_multimodal: ClassVar[bool] = True
 
     def _enc_hook(self, obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):
+        if is_tensor(obj):
             dtype, shape, buf = tensor_to_raw(obj)
             return {_B64_TAG: "tensor", "dtype": dtype, "shape": shape, "data": _b64(buf)}
         if isinstance(obj, np.ndarray):
@@ -237,7 +239,7 @@ class MsgspecOobCodec(_MsgspecBase):
 
     def _enc_hook(self, obj: Any) -> Any:
         header: tuple[Any, ...]
-        if isinstance(obj, torch.Tensor):
+        if is_tensor(obj):
             dtype, shape, buf = tensor_to_raw(obj)
             code, header = _EXT_TENSOR + self.ext_shift, (dtype, shape, self._place(buf))
         elif isinstance(obj, np.ndarray):
@@ -272,7 +274,7 @@ class MsgspecOobCodec(_MsgspecBase):
         for item in getattr(msg, "mm_inputs", None) or ():
             values = item.values() if isinstance(item, dict) else (item,)
             for value in values:
-                if not isinstance(value, MULTIMODAL_TYPES):
+                if not is_multimodal(value):
                     raise ValueError(
                         f"multimodal input holds a {type(value).__name__}, not an "
                         "image, tensor or array (frames from another codec?)"

@@ -9,9 +9,8 @@ from __future__ import annotations
 import io
 import pickle
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
 from PIL import Image
 
 from .base import (
@@ -25,7 +24,10 @@ from .base import (
     check_type,
     require_frames,
 )
-from .rawbuf import image_from_raw, image_to_raw, tensor_from_raw, tensor_to_raw
+from .rawbuf import image_from_raw, image_to_raw, is_tensor, tensor_from_raw, tensor_to_raw
+
+if TYPE_CHECKING:
+    import torch
 
 
 class PickleCodec:
@@ -77,7 +79,7 @@ class _OutOfBandPickler(pickle.Pickler):
     """
 
     def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):
+        if is_tensor(obj):
             dtype, shape, buf = tensor_to_raw(obj)
             return _rebuild_tensor, (dtype, shape, pickle.PickleBuffer(buf))
         if isinstance(obj, Image.Image):

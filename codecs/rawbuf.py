@@ -17,38 +17,55 @@ so a corrupt header is a ValueError, never a wrong-shaped tensor.
 
 from __future__ import annotations
 
+import functools
 import math
+import sys
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from PIL import Image
+
+if TYPE_CHECKING:
+    import torch
 
 # torch.frombuffer warns once per process about read-only buffers (bytes from
 # base64, msgpack inline data). Decoded tensors are documented as read-only
 # views: clone before writing in place.
 warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
 
-# Only these names are accepted from the wire, so a header cannot make us
-# getattr() arbitrary attributes of torch.
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    str(d).removeprefix("torch."): d
-    for d in (
-        torch.float64,
-        torch.float32,
-        torch.float16,
-        torch.bfloat16,
-        torch.int64,
-        torch.int32,
-        torch.int16,
-        torch.int8,
-        torch.uint8,
-        torch.bool,
-        torch.complex64,
-        torch.complex128,
-    )
-}
+
+def is_tensor(obj: Any) -> bool:
+    """A torch tensor. torch is imported only where a tensor is built or decoded, so a codec on text
+    messages never loads it (a process that made a tensor has already imported torch)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+@functools.cache
+def torch_dtypes() -> dict[str, torch.dtype]:
+    """The dtypes accepted from the wire, by name: a header cannot make us getattr() arbitrary
+    attributes of torch."""
+    import torch
+
+    return {
+        str(d).removeprefix("torch."): d
+        for d in (
+            torch.float64,
+            torch.float32,
+            torch.float16,
+            torch.bfloat16,
+            torch.int64,
+            torch.int32,
+            torch.int16,
+            torch.int8,
+            torch.uint8,
+            torch.bool,
+            torch.complex64,
+            torch.complex128,
+        )
+    }
+
 
 # Bits per pixel of the PIL modes we carry (rows are padded to whole bytes).
 IMAGE_MODE_BITS: dict[str, int] = {
@@ -100,19 +117,23 @@ def tensor_to_raw(t: torch.Tensor) -> tuple[str, list[int], memoryview]:
     if t.device.type != "cpu":
         t = t.cpu()
     dtype = str(t.dtype).removeprefix("torch.")
-    if dtype not in TORCH_DTYPES:
+    if dtype not in torch_dtypes():
         raise TypeError(f"tensor dtype {t.dtype} is not supported on the wire")
     shape = list(t.shape)
     if t.numel() == 0:
         return dtype, shape, _EMPTY
     # reshape(-1) of a contiguous tensor is a view; view(uint8) reinterprets
     # the bytes, which is how bfloat16 gets through numpy.
+    import torch
+
     flat = t.contiguous().reshape(-1).view(torch.uint8)
     return dtype, shape, memoryview(flat.numpy())  # type: ignore[arg-type]  # ndarray is a buffer
 
 
 def tensor_from_raw(dtype: Any, shape: Any, buf: Any) -> torch.Tensor:
-    torch_dtype = TORCH_DTYPES.get(dtype) if isinstance(dtype, str) else None
+    import torch
+
+    torch_dtype = torch_dtypes().get(dtype) if isinstance(dtype, str) else None
     if torch_dtype is None:
         raise ValueError(f"unknown tensor dtype {dtype!r}")
     dims = _shape(shape)

@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import hashlib
 import random
+import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from PIL import Image
+
+if TYPE_CHECKING:  # torch is imported where a tensor payload is built: text payloads need none
+    import torch
 
 from harness.wire.messages import (
     EngineCoreOutput,
@@ -127,6 +130,8 @@ def image_request(side: int) -> EngineCoreRequest:
 
 
 def tensor_request(dtype: torch.dtype, side: int) -> EngineCoreRequest:
+    import torch
+
     gen = torch.Generator().manual_seed(SEED)
     pixel_values = torch.rand((1, 3, side, side), generator=gen).to(dtype)
     raw = pixel_values.view(torch.uint8).numpy().tobytes()
@@ -152,6 +157,12 @@ def outputs_batch() -> EngineCoreOutputs:
     )
 
 
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
 # name -> builder; built lazily so a filtered run pays only for what it uses.
 PAYLOADS: dict[str, Callable[[], Any]] = {
     "text-550": text_request,
@@ -160,15 +171,16 @@ PAYLOADS: dict[str, Callable[[], Any]] = {
     "outputs-64": outputs_batch,
     "image-336": lambda: image_request(336),
     "image-1024": lambda: image_request(1024),
-    "tensor-fp16-336": lambda: tensor_request(torch.float16, 336),
-    "tensor-fp32-1024": lambda: tensor_request(torch.float32, 1024),
+    "tensor-fp16-336": lambda: tensor_request(_torch().float16, 336),
+    "tensor-fp32-1024": lambda: tensor_request(_torch().float32, 1024),
 }
 
 
 def _mm_nbytes(item: Any) -> int:
     if isinstance(item, Image.Image):
         return len(item.tobytes())
-    if isinstance(item, torch.Tensor):
+    torch = sys.modules.get("torch")  # a tensor exists only once torch is imported
+    if torch is not None and isinstance(item, torch.Tensor):
         return item.numel() * item.element_size()
     if isinstance(item, np.ndarray):
         return item.nbytes
