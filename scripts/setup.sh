@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv at the repo root and install wirebench into it (editable).
 #   scripts/setup.sh          the tool
-#   scripts/setup.sh --test   the tool plus the test dependencies
+#   scripts/setup.sh --test   the tool plus the test dependencies (and Debian's valgrind when missing)
 # TORCH_SPEC set: it is (re)installed first, split into words so pip options pass, e.g.
 #   TORCH_SPEC="torch==2.6.0 --index-url https://download.pytorch.org/whl/cu124" scripts/setup.sh
 # (pip keeps an installed 2.6.0+cpu for "torch==2.6.0": add --force-reinstall to swap builds.)
@@ -28,4 +28,9 @@ elif ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
   run "${pip[@]}" install torch==2.13.0
 fi
 run "${pip[@]}" install -e ".${extra}"
+# bench micro --count instructions (and its test) count with valgrind's callgrind, Debian's package.
+if [ -n "$extra" ] && ! command -v valgrind >/dev/null; then
+  run sh -c "apt-get update -qq && apt-get install -y -qq valgrind >/dev/null" ||
+    echo "setup: valgrind not installed: bench micro --count instructions needs it (its test is skipped)" >&2
+fi
 run "$venv/bin/python" -c "import harness, wirecodecs, torch; print('wirebench ready: torch', torch.__version__)"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.analysis import instruction_counts as ic
 from harness.analysis.compare import compare, load_any_compare
 from harness.analysis.documents import SCHEMAS
 from harness.analysis.sweep_plots import draw_e2e, draw_micro
@@ -38,6 +39,8 @@ def test_a_committed_baseline_loads_at_the_current_schema(path: Path) -> None:
         assert measured, path.name
         if len(measured) >= 2:  # re-judged from the figures the file embeds
             assert compare(measured).cells
+    elif doc["kind"] == "instructions":  # the gate's baseline for counts: against itself, a pass
+        assert ic.judge(doc, ic.check_document(doc, path.name)).exit_code == ic.EXIT_PASS
     else:
         assert [c["text"] for c in all_crossings(doc)] == [c["text"] for c in doc["crossings"]]
         assert draw_micro(doc) is not None or draw_e2e(doc) is not None

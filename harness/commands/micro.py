@@ -9,6 +9,12 @@ bytes are ``harness.micro.payloads``'s.
 ``--transport zmq,shm`` adds the delivery table (``harness.micro.delivery``):
 encode, send to another process, receive, decode, against the same memcpy.
 
+``--count instructions`` counts instead of timing: each codec call's instructions under
+valgrind's callgrind (``harness.micro.instructions``), repeatable on a shared machine;
+with ``--baseline FILE`` the counts are gated against a committed instructions document
+(exit 1 when a cell rose by more than ``--threshold-pct``, 2 unusable or incomparable,
+3 a baseline cell not counted now).
+
 ``--json PATH`` writes the micro document (``harness.analysis.documents.micro_document``):
 a JSON list with one object per cell, each carrying the run's metadata so it
 stands alone, then one object per delivery cell.
@@ -166,6 +172,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"also time delivery to another process over these transports ({', '.join(delivery.TRANSPORTS)})",
     )
     parser.add_argument("--delivery-iterations", type=int, default=50, help="sends per delivery cell (default 50)")
+    g = parser.add_argument_group("instruction counts (valgrind's callgrind)")
+    g.add_argument(
+        "--count",
+        choices=("time", "instructions"),
+        default="time",
+        help="time the calls (default) or count each call's instructions, which repeat whatever else the machine does",
+    )
+    g.add_argument("--calls", type=int, default=200, help="counted calls per cell (default %(default)s)")
+    g.add_argument("--baseline", type=Path, metavar="FILE", help="gate the counts against this instructions document")
+    g.add_argument(
+        "--threshold-pct",
+        type=float,
+        default=1.0,
+        help="gate: a cell fails when its count rose by more than this (default %(default)s)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -181,6 +202,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"bench micro: error: {exc}", file=sys.stderr)
         return 2
 
+    if args.count == "instructions":
+        return _count_instructions(codecs, payloads, args)
     settings = {"min_iterations": args.min_iterations, "min_time_s": args.min_time}
     with one_torch_thread():
         meta = run_metadata()  # inside: it records the pinned thread count
@@ -226,3 +249,44 @@ def _print_deliveries(
         print(format_delivery_row(dm), flush=True)
         deliveries.append(dm)
     return deliveries
+
+
+def _count_instructions(codecs: list[str], payloads: list[str], args: argparse.Namespace) -> int:
+    """--count instructions: the table, the document, and with --baseline the gate's exit code."""
+    from harness.analysis import documents
+    from harness.analysis import instruction_counts as ic
+    from harness.micro import instructions
+
+    if instructions.valgrind() is None:
+        print(
+            "bench micro: error: --count instructions needs valgrind (Debian: apt-get install -y valgrind)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.calls < 1:
+        print(f"bench micro: error: --calls must be at least 1, got {args.calls}", file=sys.stderr)
+        return 2
+    meta = {**run_metadata(), "valgrind": instructions.valgrind_version()}
+    print(f"instructions per call under callgrind ({args.calls} counted calls per cell, the empty loop's subtracted)")
+    counts = []
+    try:
+        for c in instructions.count_cells(codecs, payloads, args.calls):
+            print(f"   {c.codec:<16} {c.payload:<18} {c.op:<7} {c.per_call:>14,.0f}", flush=True)
+            counts.append(c)
+    except instructions.CountError as exc:
+        print(f"bench micro: error: {exc}", file=sys.stderr)
+        return 2
+    doc = ic.instructions_document(counts, args.calls, meta)
+    if args.json is not None:
+        documents.write_json(args.json, doc)
+        print(f"Counts saved to {args.json}")
+    if args.baseline is None:
+        return 0
+    try:
+        baseline = ic.check_document(documents.read_json(args.baseline), str(args.baseline))
+        gate = ic.judge(doc, baseline, args.threshold_pct)
+    except documents.ResultsError as exc:
+        print(f"bench micro: error: {exc}", file=sys.stderr)
+        return ic.EXIT_UNUSABLE
+    print("\n".join(ic.format_gate(gate)))
+    return gate.exit_code

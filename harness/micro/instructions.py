@@ -1,0 +1,155 @@
+"""Instructions per codec call, counted by valgrind's callgrind: a figure that repeats whatever else
+the machine is doing, for CI gates on shared runners (issue 20; SQLite and iai-callgrind do the same).
+
+Each count runs a child Python under ``valgrind --tool=callgrind --collect-atstart=no
+--toggle-collect=functools_reduce``: the child builds the payload, warms the call up, then
+runs ``functools.reduce`` over N calls. Only instructions executed inside that one C
+function are collected, so interpreter start, imports and payload building are left out.
+A second child runs the same loop over a call that does nothing; the difference over N
+is the codec call's own count. Text and output payloads build without torch, so their
+children never import it (under callgrind that import alone takes about a minute).
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+OPS = ("encode", "decode")
+TOGGLE = "functools_reduce"  # the C function whose inside is counted (CPython's _functools.reduce)
+DEFAULT_CALLS = 200
+_TOTAL = re.compile(r"^(?:summary|totals):\s+(\d+)", re.M)
+
+
+class CountError(RuntimeError):
+    """Instructions could not be counted (no valgrind, the child failed)."""
+
+
+class Unsupported(CountError):
+    """The codec cannot carry the payload (msgspec and an image): a cell with no count, not a failure."""
+
+
+UNSUPPORTED_EXIT = 3  # the child's exit code when the codec refuses the payload
+
+
+@dataclass(frozen=True)
+class InstructionCount:
+    codec: str
+    payload: str
+    op: str  # encode | decode
+    calls: int
+    per_call: float  # instructions of one call, the empty loop's subtracted
+
+
+def valgrind() -> str | None:
+    """The valgrind binary, or None (Debian: apt-get install -y valgrind)."""
+    return shutil.which("valgrind")
+
+
+def count_loop(codec: str, payload: str, op: str, calls: int) -> int:
+    """Instructions collected inside the child's reduce over ``calls`` calls of ``op`` ('noop' for none)."""
+    binary = valgrind()
+    if binary is None:
+        raise CountError("valgrind is not installed (Debian: apt-get install -y valgrind)")
+    with tempfile.TemporaryDirectory(prefix="wirebench-callgrind-") as tmp:
+        out = Path(tmp) / "callgrind.out"
+        cmd = [
+            binary,
+            "--tool=callgrind",
+            "--collect-atstart=no",
+            f"--toggle-collect={TOGGLE}",
+            f"--callgrind-out-file={out}",
+            sys.executable,
+            "-m",
+            "harness.micro.instructions",
+            codec,
+            payload,
+            op,
+            str(calls),
+        ]
+        # A fixed hash seed: dict and set layouts (and so the instructions walking them) repeat.
+        env = {"PYTHONHASHSEED": "0", "PATH": "/usr/bin:/bin"}
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        if done.returncode == UNSUPPORTED_EXIT:
+            raise Unsupported(done.stdout.strip())
+        if done.returncode != 0 or not out.exists():
+            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+            raise CountError(f"callgrind child failed ({done.returncode}): {' / '.join(tail)}")
+        match = _TOTAL.search(out.read_text())
+        if match is None:
+            raise CountError("no total in callgrind's output")
+        return int(match.group(1))
+
+
+def count(codec: str, payload: str, op: str, calls: int = DEFAULT_CALLS, empty: int | None = None) -> InstructionCount:
+    """One codec call's instructions: (the loop over ``calls`` calls − the same loop doing nothing) / calls.
+    ``empty``: the empty loop's count when already known (it depends on neither codec nor payload)."""
+    if op not in OPS:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    loop = count_loop(codec, payload, op, calls)
+    if empty is None:
+        empty = count_loop(codec, payload, "noop", calls)
+    return InstructionCount(codec, payload, op, calls, (loop - empty) / calls)
+
+
+def count_cells(
+    codecs: Sequence[str], payloads: Sequence[str], calls: int = DEFAULT_CALLS
+) -> Iterator[InstructionCount]:
+    """Every codec × payload × op, the empty loop counted once; a cell the codec cannot carry is skipped
+    (its child fails with the codec's refusal: CountError names it)."""
+    empty = count_loop(codecs[0], payloads[0], "noop", calls)
+    for payload in payloads:
+        for codec in codecs:
+            for op in OPS:
+                try:
+                    yield count(codec, payload, op, calls, empty)
+                except Unsupported:
+                    break  # the codec refuses this payload: no encode, no decode
+
+
+def valgrind_version() -> str:
+    binary = valgrind()
+    if binary is None:
+        return ""
+    return subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.strip()
+
+
+def _child(codec_name: str, payload: str, op: str, calls: int) -> None:
+    """Runs under callgrind: everything before the reduce is not counted."""
+    import wirecodecs
+    from harness.micro.payloads import PAYLOADS
+    from harness.wire.messages import EngineCoreOutputs, EngineCoreRequest
+
+    codec = wirecodecs.get_codec(codec_name)
+    msg = PAYLOADS[payload]()
+    msg_type: Any = EngineCoreOutputs if isinstance(msg, EngineCoreOutputs) else EngineCoreRequest
+    try:
+        frames = codec.encode(msg)
+    except wirecodecs.UnsupportedPayloadError as exc:
+        print(f"{codec_name} cannot carry {payload}: {exc}")
+        sys.exit(UNSUPPORTED_EXIT)
+    calls_of = {
+        "encode": lambda _acc, _i: codec.encode(msg),
+        "decode": lambda _acc, _i: codec.decode(frames, msg_type),
+        "noop": lambda _acc, _i: None,
+    }
+    step = calls_of[op]
+    for i in range(5):  # warm up: caches, lazily built encoders, first allocations
+        step(None, i)
+        calls_of["encode" if op == "noop" else op](None, i)
+    gc.collect()
+    gc.disable()  # a collection's cost lands on whichever call crosses the threshold: not the codec's
+    functools.reduce(step, range(calls), None)
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))

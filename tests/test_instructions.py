@@ -1,0 +1,83 @@
+"""Instruction counts (bench micro --count instructions) and their gate.
+
+The gate is checked on documents with a known truth (a count raised by a stated share);
+one end-to-end test counts a real codec call twice under callgrind and gates the second
+run against the first.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.analysis import instruction_counts as ic
+from harness.analysis.documents import SCHEMAS, ResultsError
+
+META = {"python": "3.11.7", "machine": "x86_64", "libraries": {"msgspec": "0.19", "pyzmq": "26", "numpy": "2"}}
+
+
+def doc(counts: dict[tuple[str, str, str], float], meta: dict[str, Any] = META) -> dict[str, Any]:
+    cells = [{"codec": c, "payload": p, "op": o, "instructions": n} for (c, p, o), n in counts.items()]
+    return {
+        "kind": "instructions",
+        "schema_version": SCHEMAS["instructions"],
+        "calls": 100,
+        "metadata": meta,
+        "cells": cells,
+    }
+
+
+BASE = {("msgspec", "text-550", "encode"): 32_774.0, ("msgspec", "text-550", "decode"): 159_081.0}
+
+
+def test_unchanged_counts_pass_and_a_rise_past_the_threshold_fails() -> None:
+    assert ic.judge(doc(BASE), doc(BASE)).exit_code == ic.EXIT_PASS
+    up = {**BASE, ("msgspec", "text-550", "decode"): 159_081.0 * 1.02}
+    gate = ic.judge(doc(up), doc(BASE), threshold_pct=1.0)
+    assert gate.exit_code == ic.EXIT_REGRESSION
+    assert [r.outcome for r in gate.rows] == ["ok", "REGRESSION"]
+    assert "+2.00%" in "\n".join(ic.format_gate(gate))
+    assert ic.judge(doc(up), doc(BASE), threshold_pct=5.0).exit_code == ic.EXIT_PASS
+    down = {k: v * 0.9 for k, v in BASE.items()}
+    assert {r.outcome for r in ic.judge(doc(down), doc(BASE)).rows} == {"faster"}
+
+
+def test_a_cell_missing_now_is_not_a_pass_and_other_versions_are_refused() -> None:
+    fewer = dict(list(BASE.items())[:1])
+    gate = ic.judge(doc(fewer), doc(BASE))
+    assert gate.exit_code == ic.EXIT_MISSING and gate.missing == ["msgspec/text-550/decode"]
+    other = {**META, "python": "3.12.1"}
+    with pytest.raises(ResultsError, match="python: baseline '3.11.7', current '3.12.1'"):
+        ic.judge(doc(BASE, other), doc(BASE))
+    with pytest.raises(ResultsError, match="not an instructions document"):
+        ic.check_document({"kind": "compare"}, "x.json")
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="no valgrind (Debian: apt-get install -y valgrind)")
+def test_counts_repeat_and_gate_against_a_committed_style_baseline(tmp_path: Path) -> None:
+    def micro(*flags: object) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "harness.cli", "micro", "--count", "instructions", "--codec", "msgspec"]
+        cmd += ["--payload", "text-550", "--calls", "50", *map(str, flags)]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+    first = micro("--json", tmp_path / "first.json")
+    assert first.returncode == 0, first.stdout + first.stderr
+    counted = json.loads((tmp_path / "first.json").read_text())
+    assert [(c["op"], c["instructions"] > 1000) for c in counted["cells"]] == [("encode", True), ("decode", True)]
+    again = micro("--json", tmp_path / "again.json", "--baseline", tmp_path / "first.json")
+    assert again.returncode == 0, again.stdout + again.stderr  # the same code counts the same, within 1%
+    recount = json.loads((tmp_path / "again.json").read_text())
+    for a, b in zip(counted["cells"], recount["cells"], strict=True):
+        assert abs(b["instructions"] / a["instructions"] - 1) < 0.005
+    # A baseline 2% cheaper than today: today's code reads as a 2% rise, which a 1% gate fails.
+    cheaper = {**counted, "cells": [{**c, "instructions": c["instructions"] / 1.02} for c in counted["cells"]]}
+    (tmp_path / "cheaper.json").write_text(json.dumps(cheaper))
+    gated = micro("--baseline", tmp_path / "cheaper.json")
+    assert gated.returncode == 1 and "REGRESSION" in gated.stdout, gated.stdout + gated.stderr
