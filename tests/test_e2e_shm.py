@@ -89,8 +89,10 @@ def test_a_codec_without_out_of_band_frames_gets_a_clear_error():
 
 def test_verify_catches_every_buffer_a_broken_transport_swaps(monkeypatch):
     """WIREBENCH_FAULT makes the engine's shm receiver hand each request the previous request's
-    buffer (the race a fast transport can have). Without --verify they are served silently;
-    with it every swapped request fails with an integrity error and none is served wrong."""
+    buffer (the race a fast transport can have). Without --verify they are served silently, unless
+    the arena's generation check happens to see the previous block already reused (a timing race:
+    seen once in a CI-like run); with it every swapped request fails with an integrity error and
+    none is served wrong."""
     monkeypatch.setenv("WIREBENCH_FAULT", "swap-shm-buffers")
     for flags, expect_caught in (((), False), (("--verify",), True)):
         server = start_serve(*SHM_FLAGS, "--executor", "sim", *flags, codec="msgspec-oob")
@@ -100,7 +102,8 @@ def test_verify_catches_every_buffer_a_broken_transport_swaps(monkeypatch):
             server.stop()
         failed = [body["error"]["message"] for status, body in results if status != 200]
         if not expect_caught:
-            assert not failed  # the danger: a wrong image, and nobody notices
+            # The danger: wrong images served, and nobody notices (only a reused block can be caught).
+            assert all("reused" in m for m in failed) and len(failed) <= len(results) // 2, failed
         else:
             assert len(failed) >= 11 and all("integrity check failed" in m or "reused" in m for m in failed)
 
