@@ -21,15 +21,12 @@ import argparse
 import math
 import statistics
 import sys
-import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from harness.analysis import stats
 from harness.analysis.compare import Comparison
 from harness.analysis.comparison_text import format_comparison
-from harness.analysis.documents import write_json
 from harness.analysis.figures import DETECTION_FIGURE
 from harness.experiment.arms import parse_codecs
 from harness.experiment.flags import add_experiment_arguments, experiment_from_args
@@ -173,9 +170,6 @@ def main(args: argparse.Namespace) -> int:
     summary = summarize(comparison, {a.label: injected[a.codec] for a in arms if a.codec in injected}, probe_ms)
     print(format_calibration(summary, exp.plan.repeat))
     if exp.plan.save_result:
-        path = Path(exp.plan.result_dir) / f"calibrate-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        doc = result.document(path.parent)
-        doc["calibration"] = summary
-        write_json(path, doc, indent=2)
+        path, _ = result.save("calibrate", extra={"calibration": summary})
         print(f"Calibration saved to {path}")
     return 0

@@ -15,13 +15,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Any
 
 import aiohttp
 
 from harness.analysis.documents import DEFAULT_RESULT_DIR, save_run
 from harness.loadgen.arrivals import describe_arrivals
-from harness.loadgen.flags import add_load_arguments, add_server_arguments
+from harness.loadgen.flags import add_load_arguments, add_server_arguments, flags_dict
 from harness.loadgen.report import print_report
 from harness.loadgen.runner import (
     BenchmarkError,
@@ -80,10 +79,6 @@ async def resolve_model(base_url: str, model: str | None) -> str:
     if not ids:
         raise BenchmarkError(f"{base_url}/v1/models lists no model; pass --model")
     return ids[0]
-
-
-def flags_dict(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: v for k, v in vars(args).items() if not callable(v)}
 
 
 def _error(message: str) -> None:

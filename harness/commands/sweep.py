@@ -74,8 +74,9 @@ from harness.analysis.figures import E2E_FIGURES
 from harness.analysis.sweep_grid import IMAGE_SIDE, PROMPT_LEN, REQUEST_RATE, Axis, grid, parse_values, payload_axis
 from harness.analysis.sweep_plots import save_plots
 from harness.analysis.sweep_stats import all_crossings
-from harness.experiment.flags import add_experiment_arguments, experiment_from_args, flags_of
+from harness.experiment.flags import add_experiment_arguments, experiment_from_args
 from harness.experiment.sweep import MICRO_KINDS, default_delivery, micro_message, run_e2e_point, run_micro
+from harness.loadgen.flags import flags_dict
 from harness.loadgen.runner import BenchmarkError
 from harness.loadgen.sysinfo import collect_sysinfo
 from harness.micro.payloads import payload_nbytes
@@ -216,7 +217,7 @@ def main(args: argparse.Namespace) -> int:
         "plots": [],
         "interrupted": False,
         "wall_s": None,
-        "metadata": {**collect_sysinfo(), "flags": flags_of(args)},
+        "metadata": {**collect_sysinfo(), "flags": flags_dict(args)},
     }
 
     def save() -> None:

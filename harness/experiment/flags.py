@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any
 
 from harness.analysis import stats
 from harness.experiment.arms import ArmSpec, parse_arm_flags, parse_arms
@@ -13,7 +12,7 @@ from harness.experiment.server_flags import add_model_arguments, server_flags
 from harness.experiment.settings import AUTO, AUTO_LOAD, Experiment, RunPlan, ServerSettings
 from harness.frontend.settings import default_model_name
 from harness.loadgen.arrivals import positive_rate
-from harness.loadgen.flags import add_load_arguments
+from harness.loadgen.flags import add_load_arguments, flags_dict
 from harness.loadgen.runner import LoadSettings
 from harness.workloads.datasets import add_dataset_arguments
 from harness.workloads.spec import WorkloadSpec
@@ -118,9 +117,4 @@ def experiment_from_args(args: argparse.Namespace, arms: list[ArmSpec] | None = 
         save_result=args.save_result,
         result_dir=args.result_dir,
     )
-    return Experiment(tuple(arms), WorkloadSpec.from_args(args), load, server, plan, flags=flags_of(args))
-
-
-def flags_of(args: argparse.Namespace) -> dict[str, Any]:
-    """The parsed command line as a plain dict (what result documents record)."""
-    return {k: v for k, v in vars(args).items() if not callable(v)}
+    return Experiment(tuple(arms), WorkloadSpec.from_args(args), load, server, plan, flags=flags_dict(args))

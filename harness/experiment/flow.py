@@ -8,6 +8,7 @@ print; everything between is here, once.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,15 +72,23 @@ class ExperimentResult:
             self.table, folder=folder, metadata=meta, repeat=self.experiment.plan.repeat, order=self.order
         )
 
-    def save(self, prefix: str = "compare", folder: Path | None = None, **metadata: Any) -> tuple[Path, dict]:
-        """Write the compare document as ``<folder>/<prefix>-<stamp>.json``; (its path, the document)."""
+    def save(
+        self,
+        prefix: str = "compare",
+        folder: Path | None = None,
+        extra: dict[str, Any] | None = None,
+        **metadata: Any,
+    ) -> tuple[Path, dict]:
+        """Write the compare document (plus ``extra`` top-level fields, e.g. calibrate's summary) as
+        ``<folder>/<prefix>-<stamp>.json``; (its path, the document)."""
         folder = folder or Path(self.experiment.plan.result_dir)
         path = folder / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        doc = self.document(path.parent, **metadata)
+        doc = {**self.document(path.parent, **metadata), **(extra or {})}
         write_json(path, doc, indent=2)
         return path, doc
 
 
+@functools.cache
 def machine() -> dict[str, Any]:
     """What the gate compares across documents (harness.analysis.comparable): the machine's kind."""
     info = collect_sysinfo(probe_torch=False)

@@ -4,6 +4,7 @@ the mean TTFT that ``bench calibrate`` sizes its injected costs on."""
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import replace
 from typing import Any
 
@@ -30,8 +31,6 @@ def probe_capacity(exp: Experiment, arm: ArmSpec, workload: Workload, tokenizer_
 def resolve_rate(exp: Experiment, workload: Workload, tokenizer_id: str) -> tuple[Experiment, dict[str, Any]] | None:
     """The experiment at a fixed rate, and a note of how it was fixed; with auto, from a capacity
     probe of the first arm that can serve the workload. None (said on stderr) when no arm could."""
-    import sys
-
     rate = exp.plan.request_rate
     if rate != AUTO:
         return exp.at_rate(float(rate)), {"rate": float(rate), "auto": False}

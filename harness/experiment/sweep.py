@@ -7,7 +7,6 @@ import os
 import random
 import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -15,7 +14,6 @@ from typing import Any
 
 from harness.analysis.compare import comparison_dict
 from harness.analysis.comparison_text import format_comparison
-from harness.analysis.documents import write_json
 from harness.analysis.figures import CODEC_FIGURES, E2E_FIGURES, MICRO_FIGURES
 from harness.analysis.student_t import interval
 from harness.analysis.sweep_grid import IMAGE_SIDE, PROMPT_LEN, REQUEST_RATE, Axis, point_label, point_slug
@@ -230,11 +228,11 @@ def run_e2e_point(
         return point, False
     point["request_rate"] = result.rate_note
     print(format_comparison(result.arms, result.comparison))
-    doc = result.document(folder, sweep_point=at)
     if result.experiment.plan.save_result and result.outcomes:
-        path = folder / f"compare-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        write_json(path, doc, indent=2)
+        path, doc = result.save("compare", folder, sweep_point=at)
         point["compare_file"] = os.path.relpath(path, base)
+    else:
+        doc = result.document(folder, sweep_point=at)
     point["compare"] = doc
     verdicts = comparison_dict(result.comparison)["verdicts"] if result.comparison is not None else {}
     shown = [*E2E_FIGURES, *CODEC_FIGURES]

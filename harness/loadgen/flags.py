@@ -151,3 +151,8 @@ def add_scale_arguments(parser: argparse.ArgumentParser) -> Any:
         "pip install 'wirebench[distributed]'",
     )
     return group
+
+
+def flags_dict(args: argparse.Namespace) -> dict[str, Any]:
+    """The parsed command line as a plain dict (what result documents record as ``flags``)."""
+    return {k: v for k, v in vars(args).items() if not callable(v)}

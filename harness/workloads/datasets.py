@@ -394,33 +394,32 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_workload(spec: WorkloadSpec, tokenizer: TextTokenizer) -> list[SampleRequest]:
     """The requests ``spec`` describes, counted with ``tokenizer``; ValueError on bad settings."""
-    args = spec
-    if args.dataset_name == "sonnet":
+    if spec.dataset_name == "sonnet":
         images = None
-        if args.images_per_request:
-            images = ImageSpec(args.images_per_request, args.image_width, args.image_height, args.image_format)
+        if spec.images_per_request:
+            images = ImageSpec(spec.images_per_request, spec.image_width, spec.image_height, spec.image_format)
         return sample_sonnet_requests(
             tokenizer,
-            num_requests=args.num_prompts,
-            input_len=args.sonnet_input_len,
-            output_len=args.sonnet_output_len,
-            prefix_len=args.sonnet_prefix_len,
-            dataset_path=args.dataset_path,
-            seed=args.seed,
+            num_requests=spec.num_prompts,
+            input_len=spec.sonnet_input_len,
+            output_len=spec.sonnet_output_len,
+            prefix_len=spec.sonnet_prefix_len,
+            dataset_path=spec.dataset_path,
+            seed=spec.seed,
             images=images,
         )
-    if args.dataset_name == "random":
-        if args.images_per_request:
+    if spec.dataset_name == "random":
+        if spec.images_per_request:
             raise ValueError("--images-per-request needs --dataset-name sonnet")
         return sample_random_requests(
             tokenizer,
-            num_requests=args.num_prompts,
-            input_len=args.random_input_len,
-            output_len=args.random_output_len,
-            range_ratio=args.random_range_ratio,
-            seed=args.seed,
+            num_requests=spec.num_prompts,
+            input_len=spec.random_input_len,
+            output_len=spec.random_output_len,
+            range_ratio=spec.random_range_ratio,
+            seed=spec.seed,
         )
-    raise ValueError(f"unknown --dataset-name {args.dataset_name!r}; choose from {DATASET_NAMES}")
+    raise ValueError(f"unknown --dataset-name {spec.dataset_name!r}; choose from {DATASET_NAMES}")
 
 
 def load_workload(spec: WorkloadSpec) -> tuple[list[SampleRequest], str]:
