@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -24,7 +25,7 @@ from .base import (
     check_type,
     require_frames,
 )
-from .rawbuf import image_from_raw, image_to_raw, is_tensor, tensor_from_raw, tensor_to_raw
+from .rawbuf import image_from_raw, image_to_raw, tensor_from_raw, tensor_to_raw
 
 if TYPE_CHECKING:
     import torch
@@ -79,7 +80,9 @@ class _OutOfBandPickler(pickle.Pickler):
     """
 
     def reducer_override(self, obj: Any) -> Any:
-        if is_tensor(obj):
+        # Called for nearly every object pickled: rawbuf.is_tensor written inline (no call per object).
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.Tensor):
             dtype, shape, buf = tensor_to_raw(obj)
             return _rebuild_tensor, (dtype, shape, pickle.PickleBuffer(buf))
         if isinstance(obj, Image.Image):

@@ -60,7 +60,8 @@ def count_loop(codec: str, payload: str, op: str, calls: int) -> int:
     binary = valgrind()
     if binary is None:
         raise CountError("valgrind is not installed (Debian: apt-get install -y valgrind)")
-    with tempfile.TemporaryDirectory(prefix="wirebench-callgrind-") as tmp:
+    # Not /tmp/wirebench-*: that pattern names a server's ipc directories.
+    with tempfile.TemporaryDirectory(prefix="callgrind-wb-") as tmp:
         out = Path(tmp) / "callgrind.out"
         cmd = [
             binary,
