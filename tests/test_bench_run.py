@@ -1,6 +1,8 @@
 """The experiment's pure parts: codec lists and arms, round order, forwarded flags, the report."""
 
 import argparse
+import itertools
+from collections import Counter
 
 import pytest
 
@@ -8,7 +10,7 @@ from harness.analysis.compare import Arm, compare
 from harness.analysis.comparison_text import format_comparison as format_report
 from harness.analysis.runs import RunEntry
 from harness.commands.run import add_arguments
-from harness.experiment.arms import ArmSpec, parse_codecs, round_order
+from harness.experiment.arms import ArmSpec, parse_build_arms, parse_codecs, round_order, williams_rows
 from harness.experiment.flags import experiment_from_args
 from wirecodecs import available_codecs
 
@@ -28,11 +30,45 @@ def test_parse_codecs_labels_a_repeated_codec_and_accepts_calibration_options():
         parse_codecs("pickle+warp=9")
 
 
-def test_rounds_reverse_the_order_every_other_round():
-    arms = parse_codecs("pickle,msgspec,msgspec-oob")
-    assert [a.label for a in round_order(arms, 0)] == ["pickle", "msgspec", "msgspec-oob"]
-    assert [a.label for a in round_order(arms, 1)] == ["msgspec-oob", "msgspec", "pickle"]
+def test_two_arms_alternate_order_every_round():
+    arms = parse_codecs("pickle,msgspec")
+    assert [a.label for a in round_order(arms, 0)] == ["pickle", "msgspec"]
+    assert [a.label for a in round_order(arms, 1)] == ["msgspec", "pickle"]
     assert round_order(arms, 2) == arms
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 5, 6])
+def test_round_order_is_a_carry_over_balanced_williams_design(k):
+    rows = williams_rows(k)
+    assert len(rows) == (k if k % 2 == 0 else 2 * k)
+    assert all(sorted(row) == list(range(k)) for row in rows)
+    positions = Counter((arm, pos) for row in rows for pos, arm in enumerate(row))
+    assert len(set(positions.values())) == 1 and len(positions) == k * k  # every arm in every position alike
+    follows = Counter(pair for row in rows for pair in itertools.pairwise(row))
+    assert len(follows) == k * (k - 1) and len(set(follows.values())) == 1  # every ordered pair alike
+    arms = list(range(k))
+    assert [round_order(arms, r) for r in range(len(rows))] == rows
+
+
+def test_build_arms_parse_python_codec_and_serve_flags():
+    arms, flags = parse_build_arms(
+        ["base=--python ../base/.venv/bin/python", "head=--codec msgspec --max-num-seqs 8"], "pickle"
+    )
+    assert arms[0] == ArmSpec("base", "pickle", "zmq", "../base/.venv/bin/python")
+    assert arms[1] == ArmSpec("head", "msgspec")
+    assert flags == {"head": ("--max-num-seqs", "8")}
+    arms, _ = parse_build_arms(["vllm=--command 'my-server --port {port}'"], "pickle")
+    assert arms[0].command == "my-server --port {port}"
+    for bad, why in [
+        (["noequals"], "NAME=SPEC"),
+        (["a=", "a="], "twice"),
+        (["a=--codec nope"], "unknown codec"),
+        (["a=--codec pickle,msgspec"], "one codec per arm"),
+        (["a=--command x --max-num-seqs 2"], "--command runs a server of its own"),
+        (["a=--python"], "needs a value"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            parse_build_arms(bad, "pickle")
 
 
 def test_server_flags_forward_only_changed_model_settings():

@@ -1,4 +1,4 @@
-"""The CI gate (bench compare --baseline, scripts/check_regression.py) and bench compare on saved files.
+"""The CI gate (bench compare --gate, scripts/check_regression.py) and bench compare on saved files.
 
 Compare files come from the project's own writers (tests/test_results.py's
 write_comparison: made-up figures with seeded round-to-round noise), so what is
@@ -8,16 +8,16 @@ checked is the gate's decisions on data with a known truth, not timing.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from test_results import BASE, write_comparison
 
 ROOT = Path(__file__).resolve().parent.parent
-ROUNDS = 6
+ROUNDS = 7
+BASELINES = ROOT / "results" / "baselines"
 NOISE = 0.02
 
 
@@ -27,88 +27,107 @@ def bench(*args: object) -> subprocess.CompletedProcess[str]:
     )
 
 
-def gate(current: Path, baseline: Path, *flags: object) -> subprocess.CompletedProcess[str]:
-    return bench("compare", current, "--baseline", baseline, *flags)
+def gate(compare_file: Path, *flags: object) -> subprocess.CompletedProcess[str]:
+    return bench("compare", compare_file, "--gate", *flags)
 
 
-def noisy(folder: Path, specs: dict, seed: int) -> Path:
-    return write_comparison(folder, specs, repeat=ROUNDS, noise=NOISE, seed=seed)
+def noisy(folder: Path, specs: dict, seed: int, repeat: int = ROUNDS, noise: float = NOISE) -> Path:
+    return write_comparison(folder, specs, repeat=repeat, noise=noise, seed=seed)
 
 
-@pytest.fixture
-def baseline(tmp_path: Path) -> Path:
-    return noisy(tmp_path / "baseline", BASE, seed=1)
+CLEAN = {"failed": False}  # make_result's runs have one failed request unless told otherwise
+AA = {"base": CLEAN, "head": CLEAN}
 
 
-def test_an_unchanged_rerun_passes(tmp_path: Path, baseline: Path) -> None:
-    out = gate(noisy(tmp_path / "rerun", BASE, seed=2), baseline)
+def test_the_same_build_twice_passes(tmp_path: Path) -> None:
+    out = gate(noisy(tmp_path / "aa", AA, seed=2))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "no regression" in out.stdout and "REGRESSION" not in out.stdout
+    assert "pass" in out.stdout and "REGRESSION" not in out.stdout
+    assert "primary figure TTFT mean" in out.stdout
 
 
-def test_a_regression_of_the_reference_codec_alone_is_caught(tmp_path: Path, baseline: Path) -> None:
-    slower = {"pickle": {**BASE["pickle"], "scale": 1.1}, "msgspec": BASE["msgspec"]}
-    out = gate(noisy(tmp_path / "slow-ref", slower, seed=3), baseline)
+def test_a_slower_head_fails_and_says_so_in_markdown_and_json(tmp_path: Path) -> None:
+    slower = noisy(tmp_path / "slow", {"base": CLEAN, "head": {**CLEAN, "scale": 1.1}}, seed=3)
+    out = gate(slower, "--markdown", tmp_path / "gate.md", "--json", tmp_path / "gate.json")
     assert out.returncode == 1, out.stdout + out.stderr
-    flagged = [line for line in out.stdout.splitlines() if line.endswith("REGRESSION")]
-    assert any(line.startswith("pickle") and "TTFT mean" in line and " own " in line for line in flagged)
-    # msgspec's own figures did not move; its ratio to pickle improved: neither fails.
-    assert not any(line.startswith("msgspec") for line in flagged)
-
-
-def test_a_slower_machine_passes_on_ratios_and_fails_on_own_figures(tmp_path: Path, baseline: Path) -> None:
-    machine = {codec: {**kw, "scale": kw.get("scale", 1.0) * 1.5} for codec, kw in BASE.items()}
-    slow = noisy(tmp_path / "machine", machine, seed=4)
-    assert gate(slow, baseline, "--ratios-only").returncode == 0
-    assert gate(slow, baseline).returncode == 1
-
-
-def test_a_codec_worse_relative_to_the_reference_fails_unless_under_the_threshold(
-    tmp_path: Path, baseline: Path
-) -> None:
-    worse = {"pickle": BASE["pickle"], "msgspec": {**BASE["msgspec"], "scale": 1.0}}  # was 0.8: +25%
-    current = noisy(tmp_path / "worse", worse, seed=5)
-    out = gate(current, baseline, "--markdown", tmp_path / "gate.md", "--json", tmp_path / "gate.json")
-    assert out.returncode == 1
-    assert any(
-        line.startswith("msgspec") and "vs pickle" in line and line.endswith("REGRESSION")
-        for line in out.stdout.splitlines()
-    )
+    row = next(line for line in out.stdout.splitlines() if line.startswith("head"))
+    assert "TTFT mean" in row and "slower by +" in row and row.endswith("REGRESSION")
     doc = json.loads((tmp_path / "gate.json").read_text())
-    assert doc["regressions"] >= 1 and {"codec", "figure", "check", "verdict", "outcome"} <= set(doc["rows"][0])
+    assert doc["exit_code"] == 1 and doc["arms"][0]["outcome"] == "REGRESSION"
+    assert doc["arms"][0]["primary"]["verdict"] == "slower" and doc["primary"] == "mean_ttft_ms"
     assert "**REGRESSION**" in (tmp_path / "gate.md").read_text()
-    assert gate(current, baseline, "--threshold-pct", "40").returncode == 0
+    # Statistically slower but by less than the threshold: not a regression.
+    assert gate(slower, "--threshold-pct", "40").returncode == 0
 
 
-def test_too_few_rounds_are_noisy_not_a_pass_in_disguise(tmp_path: Path, baseline: Path) -> None:
-    one = write_comparison(tmp_path / "one", BASE, repeat=1)
-    out = gate(one, baseline)
-    # The gate cannot rule a regression out: exit 3, with or without the old --fail-on-noise.
-    assert out.returncode == 3 and "too noisy" in out.stdout and "too few rounds" in out.stdout
-    assert gate(one, baseline, "--fail-on-noise").returncode == 3
+def test_only_the_primary_decides_the_secondary_figures_are_reported(tmp_path: Path) -> None:
+    # The head's request encode is 3x the base's, its latencies the same: the primary (TTFT) passes.
+    codec_only = noisy(tmp_path / "codec", {"base": CLEAN, "head": {**CLEAN, "enc_us": 90.0}}, seed=4)
+    out = gate(codec_only)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "secondary, reported only: head req enc µs slower by +200" in out.stdout
+    # The same change gated on that figure as the primary fails.
+    assert gate(codec_only, "--primary", "request_encode_us").returncode == 1
+    out = gate(codec_only, "--primary", "nope")
+    assert out.returncode == 2 and "primary figure 'nope' is not judged here" in out.stderr
 
 
-def test_missing_codecs_and_bad_input(tmp_path: Path, baseline: Path) -> None:
-    extra = noisy(tmp_path / "extra", {**BASE, "pickle-oob": {"enc_us": 25.0}}, seed=6)
-    out = gate(extra, baseline)
-    assert out.returncode == 0 and "not measured in baseline: pickle-oob" in out.stdout
+def test_the_gate_cannot_say_when_rounds_are_too_few_or_too_noisy(tmp_path: Path) -> None:
+    out = gate(noisy(tmp_path / "two", AA, seed=5, repeat=2))
+    assert out.returncode == 3 and "too few rounds" in out.stdout, out.stdout + out.stderr
+    out = gate(noisy(tmp_path / "noisy", AA, seed=5, repeat=4, noise=0.3))
+    assert out.returncode == 3 and "cannot rule out a regression for head (noisy)" in out.stdout, out.stdout
+    assert "a new run of" in out.stdout  # the rounds a new run would need, not a top-up
 
-    fewer = noisy(tmp_path / "fewer", {k: v for k, v in BASE.items() if k != list(BASE)[-1]}, seed=7)
-    out = gate(fewer, baseline)  # a codec of the baseline not measured now: the gate cannot say it is fine
-    assert out.returncode == 3 and f"not measured now (in baseline only): {list(BASE)[-1]}" in out.stdout
 
-    no_ref = write_comparison(tmp_path / "noref", {"pickle": None, "msgspec": {}}, repeat=1)
-    out = gate(no_ref, baseline)
-    assert out.returncode == 2 and "reference codec 'pickle'" in out.stderr
+def test_missing_arms_and_runs_with_failures(tmp_path: Path) -> None:
+    out = gate(noisy(tmp_path / "dead", {"base": CLEAN, "head": None}, seed=6))
+    assert out.returncode == 3 and "head (missing)" in out.stdout, out.stdout + out.stderr
+    # The head failed a request in every round: those runs are left out and counted, never judged.
+    out = gate(noisy(tmp_path / "failing", {"base": CLEAN, "head": {"scale": 0.5}}, seed=6))
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert f"left out: head {ROUNDS}" in out.stdout
+    out = gate(noisy(tmp_path / "base-failing", {"base": {}, "head": CLEAN}, seed=6))
+    assert out.returncode == 2 and "no clean run" in out.stderr
 
+
+def test_a_latency_baseline_from_another_session_is_refused() -> None:
+    out = bench("compare", BASELINES / "aa-sequential-1.json", "--baseline", BASELINES / "aa-sequential-2.json")
+    assert out.returncode == 2 and "not judged: session-to-session" in out.stderr, out.stderr
+    assert "--arm base=" in out.stderr
+
+
+def test_arms_from_separate_sources_must_share_their_settings(tmp_path: Path) -> None:
+    a = noisy(tmp_path / "a", {"pickle": CLEAN}, seed=8)
+    b = noisy(tmp_path / "b", {"pickle": CLEAN}, seed=9)
+    for compare_file in (a, b):
+        compare_file.unlink()
+    assert bench("compare", f"base={tmp_path / 'a'}", f"head={tmp_path / 'b'}", "--gate").returncode == 0
+    for folder, prompts, host in (("a", 100, "here"), ("b", 999, "elsewhere")):
+        for run_file in (tmp_path / folder).glob("*.json"):
+            doc = json.loads(run_file.read_text())
+            doc["metadata"]["flags"]["num_prompts"] = prompts
+            doc["metadata"]["hostname"] = host
+            run_file.write_text(json.dumps(doc))
+    out = bench("compare", f"base={tmp_path / 'a'}", f"head={tmp_path / 'b'}", "--gate")
+    assert out.returncode == 2 and "different settings" in out.stderr, out.stderr
+    assert "head: num_prompts: base 100, head 999" in out.stderr
+    assert "head: hostname: base 'here', head 'elsewhere'" in out.stderr
+
+
+def test_unusable_input(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text("[1, 2")
-    run_file = next((tmp_path / "baseline").glob("pickle-r0-*.json"))
-    for args in ((bad, baseline), (baseline, tmp_path / "missing.json"), (run_file, baseline)):
-        out = gate(*args)
-        assert out.returncode == 2 and out.stderr.startswith("bench compare: error:"), out.stderr
+    one = noisy(tmp_path / "one", {"base": CLEAN}, seed=7)
+    for path, why in (
+        (bad, "bench compare: error:"),
+        (tmp_path / "missing.json", "bench compare: error:"),
+        (one, "one arm"),
+    ):
+        out = gate(path)
+        assert out.returncode == 2 and why in out.stderr, out.stderr
     script = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "check_regression.py"), bad, baseline],
+        [sys.executable, str(ROOT / "scripts" / "check_regression.py"), bad],
         capture_output=True,
         text=True,
         timeout=60,
@@ -116,11 +135,10 @@ def test_missing_codecs_and_bad_input(tmp_path: Path, baseline: Path) -> None:
     assert script.returncode == 2 and script.stderr.startswith("check_regression: error:")
 
 
-def test_the_script_is_the_same_gate(tmp_path: Path, baseline: Path) -> None:
-    slower = {"pickle": {**BASE["pickle"], "scale": 1.1}, "msgspec": BASE["msgspec"]}
-    current = noisy(tmp_path / "slow-ref", slower, seed=3)
+def test_the_script_is_the_same_gate(tmp_path: Path) -> None:
+    current = noisy(tmp_path / "slow", {"base": CLEAN, "head": {**CLEAN, "scale": 1.1}}, seed=3)
     script = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "check_regression.py"), current, baseline],
+        [sys.executable, str(ROOT / "scripts" / "check_regression.py"), current],
         capture_output=True,
         text=True,
         timeout=60,
@@ -132,17 +150,18 @@ def test_bench_compare_judges_a_compare_file_and_writes_markdown_and_json(tmp_pa
     faster = noisy(tmp_path / "run", BASE, seed=7)  # msgspec's latencies are 0.8x pickle's
     out = bench("compare", faster, "--markdown", tmp_path / "c.md", "--json", tmp_path / "c.json")
     assert out.returncode == 0, out.stderr
-    assert "TTFT mean" in out.stdout and "faster by -20" in out.stdout
+    assert re.search(r"TTFT mean \(primary\)\s+faster by -(19|20|21)\.", out.stdout), out.stdout
     doc = json.loads((tmp_path / "c.json").read_text())
     assert (
         doc["schema_version"] == 2 and doc["comparison"]["verdicts"]["msgspec"]["mean_ttft_ms"]["verdict"] == "faster"
     )
     assert all(run["figures"] for run in doc["runs"])  # compact: stands alone as a baseline
     assert "| TTFT mean |" in (tmp_path / "c.md").read_text()
-    # The --json document works as a gate baseline by itself (no run files needed).
+    # The --json document stands alone (no run files needed): the verdicts read back the same.
     for f in (tmp_path / "run").glob("*-r*-compare.json"):
         f.unlink()
-    assert gate(faster, tmp_path / "c.json").returncode == 0
+    again = bench("compare", tmp_path / "c.json")
+    assert again.returncode == 0 and again.stdout == out.stdout, again.stderr
 
 
 def test_bench_compare_of_two_sets_of_bench_load_results(tmp_path: Path) -> None:
@@ -179,38 +198,3 @@ def test_dashboard_exports_have_the_documented_shapes(tmp_path: Path) -> None:
     assert set(doc) == {"pickle", "msgspec"}
     m = doc["pickle"]["ttft-mean"]
     assert m["lower_value"] <= m["value"] <= m["upper_value"]
-
-
-BASELINES = ROOT / "results" / "baselines"
-
-
-def test_files_with_different_settings_are_refused_with_the_difference_named() -> None:
-    # Two committed A/A runs of one build, one in sequence, one in blocks of 20.
-    out = gate(BASELINES / "aa-sequential-1.json", BASELINES / "aa-blocks-1.json")
-    assert out.returncode == 2 and "different settings" in out.stderr, out.stdout + out.stderr
-    assert "block_size: baseline 20, current 0" in out.stderr
-
-
-def test_a_baseline_against_itself_is_too_noisy_to_pass_when_rounds_are_too_few() -> None:
-    # text.json's verdicts are inconclusive at 7 rounds: the gate says it cannot tell (3), not "pass".
-    out = gate(BASELINES / "text.json", BASELINES / "text.json")
-    assert out.returncode == 3 and "REGRESSION" not in out.stdout, out.stdout + out.stderr
-
-
-def test_settings_differences_name_rate_and_machine() -> None:
-    from harness.analysis.comparable import differences
-
-    base = {"flags": {"num_prompts": 100, "executor": "sim"}, "request_rate": {"rate": 20.0, "auto": False}}
-    assert differences(base, base) == []
-    other = {
-        "flags": {"num_prompts": 200, "executor": "sim"},
-        "request_rate": {"rate": 9.0, "auto": True},
-        "machine": {"cpu_model": "B"},
-    }
-    said = differences(other, {**base, "machine": {"cpu_model": "A"}})
-    assert "num_prompts: baseline 100, current 200" in said
-    assert any(s.startswith("request rate: baseline 20.0 req/s, current auto") for s in said)
-    assert "machine cpu_model: baseline 'A', current 'B'" in said
-    # Two auto rates are the same setting (each is half of its own machine's capacity).
-    auto = {**base, "request_rate": {"rate": 11.0, "auto": True}}
-    assert differences(auto, {**base, "request_rate": {"rate": 13.0, "auto": True}}) == []

@@ -139,7 +139,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("report")
     compare = write_comparison(
         root / "run",
-        {"pickle": {"enc_us": 30.0}, "msgspec": {"enc_us": 10.0, "scale": 0.8}},
+        {"pickle": {"enc_us": 30.0, "failed": False}, "msgspec": {"enc_us": 10.0, "scale": 0.8, "failed": False}},
         repeat=3,
         noise=0.02,
     )

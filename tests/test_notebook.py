@@ -35,7 +35,7 @@ def test_notebook_executes_on_a_results_folder(tmp_path: Path, monkeypatch: pyte
     folder = tmp_path / "results"
     write_comparison(
         folder,
-        {"pickle": {"enc_us": 30.0}, "msgspec": {"enc_us": 10.0, "scale": 0.8}},
+        {"pickle": {"enc_us": 30.0, "failed": False}, "msgspec": {"enc_us": 10.0, "scale": 0.8, "failed": False}},
         repeat=3,
         noise=0.02,
     )

@@ -38,8 +38,8 @@ SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 # ------------------------------------------------------------------ builders
 
 
-def _records(scale: float, n: int = 4) -> list[RequestRecord]:
-    """n successful requests (one with a 2-token chunk) and one failed one."""
+def _records(scale: float, failed: bool = True, n: int = 4) -> list[RequestRecord]:
+    """n successful requests (one with a 2-token chunk) and, when ``failed``, one failed one."""
     records = []
     for i in range(n):
         ttft = scale * (0.020 + 0.005 * i)
@@ -65,6 +65,8 @@ def _records(scale: float, n: int = 4) -> list[RequestRecord]:
                 success=True,
             )
         )
+    if not failed:
+        return records
     records.append(
         RequestRecord(
             index=n,
@@ -87,10 +89,11 @@ def _direction(
     return DirectionFigures(messages, enc_us, dec_us, 100.0, 1.0), enc, dec
 
 
-def make_result(codec: str, rnd: int, scale: float = 1.0, enc_us: float = 30.0) -> BenchmarkResult:
-    """A run whose latencies are multiplied by ``scale`` and whose request encode costs ``enc_us``."""
-    records = _records(scale)
-    request, req_enc, req_dec = _direction(len(records) - 1, enc_us, 2 * enc_us)
+def make_result(codec: str, rnd: int, scale: float = 1.0, enc_us: float = 30.0, failed: bool = True) -> BenchmarkResult:
+    """A run whose latencies are multiplied by ``scale`` and whose request encode costs ``enc_us``;
+    ``failed``: one of its requests failed (the run is then left out of verdicts)."""
+    records = _records(scale, failed)
+    request, req_enc, req_dec = _direction(4, enc_us, 2 * enc_us)
     output, out_enc, out_dec = _direction(20, 10.0 * scale, 8.0 * scale)
     figures = CodecFigures(
         codec,
@@ -161,12 +164,13 @@ def write_comparison(
     return path
 
 
-BASE = {"pickle": {"enc_us": 30.0}, "msgspec": {"enc_us": 10.0, "scale": 0.8}}
+# Clean runs (a run with a failed request is left out of verdicts); the fixture's runs each fail one.
+BASE = {"pickle": {"enc_us": 30.0, "failed": False}, "msgspec": {"enc_us": 10.0, "scale": 0.8, "failed": False}}
 
 
 @pytest.fixture
 def compare_file(tmp_path: Path) -> Path:
-    return write_comparison(tmp_path / "run", BASE)
+    return write_comparison(tmp_path / "run", {codec: {**kw, "failed": True} for codec, kw in BASE.items()})
 
 
 # ------------------------------------------------------------------ harness.analysis.frames

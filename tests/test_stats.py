@@ -19,7 +19,9 @@ from harness.analysis.stats import (
     compare_arms,
     holm,
     judge,
+    margin_bounds,
     mde_pct,
+    power,
     rounds_needed,
 )
 from harness.analysis.student_t import t_ppf, t_sf
@@ -183,11 +185,14 @@ def test_noisy_small_n_is_inconclusive_with_rounds_needed() -> None:
     a, b = _arms(4, 0.03, 0.05, seed=1)
     v = _one(a, b)
     assert v.verdict == "inconclusive"
-    assert v.rounds_needed is not None and v.rounds_needed > v.n_rounds == 4
+    assert v.n_rounds == 4 and v.rounds_needed is not None
+    # The rounds for the stated effect (the margin) at 80% power, from the observed SD: not the observed effect.
+    pair = compare_arms(a, b, paired=True)
+    assert v.rounds_needed == rounds_needed(pair.sd_log, DEFAULT_MARGIN_PCT, level=0.05)
     assert v.mde_pct > abs(v.change_pct)
     assert re.fullmatch(
         r"inconclusive: [+-]\d+\.\d% \[[+-]\d+\.\d%, [+-]\d+\.\d%\]; "
-        r"≈\d+ rounds would resolve (±5%|the difference)",
+        r"a new run of ≈\d+ rounds would detect ±5%",
         v.text,
     )
 
@@ -253,19 +258,35 @@ def test_figure_spec() -> None:
 # --- rounds needed and MDE ------------------------------------------------------------------------
 
 
-def test_rounds_needed_is_the_first_n_that_resolves() -> None:
-    sd, level = 0.04, 0.05 / 11
-    n, outcome = rounds_needed(0.0, sd, n_now=5, level=level, margin_pct=3.0, power=0.5)
-    assert outcome == "equivalence"
-    hw = [t_ppf(0.975, k - 1) * sd / math.sqrt(k) for k in (n - 1, n)]
-    assert hw[1] < math.log(1.03) <= hw[0]
-    n, outcome = rounds_needed(0.08, sd, n_now=5, level=level, margin_pct=3.0, power=0.5)
-    assert outcome == "difference"
-    hw = [t_ppf(1 - level / 2, k - 1) * sd / math.sqrt(k) for k in (n - 1, n)]
-    assert hw[1] < 0.08 <= hw[0]
-    # Power 0.8 asks for more rounds than "the CI just resolves".
-    assert rounds_needed(0.08, sd, n_now=5, level=level, power=0.8)[0] > n
-    assert rounds_needed(math.log(1.03), 0.5, n_now=5, level=level, margin_pct=3.0) == (None, None)
+def test_power_is_the_t_tests_own() -> None:
+    # Textbook: a one-sample t test, n = 10, effect = 1 SD, two-sided 5%: power 0.803.
+    assert power(1.0, 1.0, 10, level=0.05) == pytest.approx(0.8031, abs=2e-4)
+    assert power(0.0, 1.0, 7, level=0.05) == pytest.approx(0.05, abs=1e-6)
+    # Against simulation of the paired test itself.
+    rng = np.random.default_rng(3)
+    d = rng.normal(0.03, 0.04, (40_000, 7))
+    t = d.mean(1) / (d.std(1, ddof=1) / math.sqrt(7))
+    assert power(0.03, 0.04, 7, level=0.05) == pytest.approx(float((abs(t) > t_ppf(0.975, 6)).mean()), abs=0.01)
+
+
+def test_rounds_needed_is_the_first_n_with_the_power() -> None:
+    sd, level = 0.04, 0.05 / 3
+    n = rounds_needed(sd, 3.0, level=level)
+    assert n is not None
+    assert power(math.log(1.03), sd, n, level=level) >= 0.8 > power(math.log(1.03), sd, n - 1, level=level)
+    assert (rounds_needed(sd, 3.0, level=level, power_target=0.9) or 0) > n
+    assert rounds_needed(0.5, 1.0, level=level) is None  # beyond MAX_ROUNDS
+
+
+def test_mde_delivers_its_power() -> None:
+    sd, n = 0.05, 7
+    mde = mde_pct(sd, n, level=0.05)
+    assert power(math.log1p(mde / 100), sd, n, level=0.05) == pytest.approx(0.8, abs=1e-3)
+
+
+def test_equivalence_margin_is_symmetric_in_log_space() -> None:
+    low, high = margin_bounds(5.0)
+    assert math.exp(high) == pytest.approx(1.05) and math.exp(low) == pytest.approx(1 / 1.05)
 
 
 def test_mde_shrinks_with_rounds() -> None:

@@ -1,17 +1,19 @@
-"""Can two compare documents be judged against each other?  The settings that shape latency must match.
+"""Can arms be judged against each other?  The settings that shape latency must match.
 
-The gate compares a current run with a baseline; a different workload, rate,
-executor, block size or machine changes every figure whatever the codec does,
-so such a pair is refused (exit 2) with each difference named, instead of
-reading the difference as a regression.
+The gate judges arms of one job; arms gathered from separate sources (e.g. the
+``bench load`` rounds of two servers) may have run another workload, rate,
+executor, block size, or on another machine, which changes every figure
+whatever the change under test does. Such arms are refused (exit 2) with each
+difference named, instead of reading the difference as a regression.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-from harness.analysis.documents import read_json
+from harness.analysis.compare import Arm
+from harness.analysis.runs import RunEntry
 
 # The flags of a run that change what it measures (workload, engine, load shape); a flag missing from
 # an older document is not compared, except block_size, whose absence meant sequential turns (0).
@@ -48,34 +50,34 @@ SETTINGS = (
     "block_size",
 )
 DEFAULTS = {"block_size": 0}
-MACHINE = ("machine", "cpu_model", "cpu_usable")  # from the document's metadata.machine, when both have it
+MACHINE = ("hostname", "machine", "cpu_model", "cpu_usable")  # from a run file's metadata, when both have it
 
 
-def metadata(path: str | Path) -> dict[str, Any]:
-    """A compare document's metadata ({} when it has none)."""
-    return read_json(Path(path)).get("metadata") or {}
+def run_settings(entry: RunEntry) -> dict[str, Any]:
+    """The settings of one run, from its run file (none for a run embedded in a compact compare file)."""
+    meta = (entry.doc or {}).get("metadata") or {}
+    flags = meta.get("flags") or {}
+    out = {key: flags.get(key, DEFAULTS.get(key)) for key in SETTINGS if key in flags or key in DEFAULTS}
+    rate = flags.get("request_rate")
+    if rate is not None:
+        out["request_rate"] = rate
+    out.update({key: meta[key] for key in MACHINE if key in meta})
+    return out if entry.doc is not None else {}
 
 
-def differences(current: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
-    """Each setting the two documents' metadata disagree on, as 'name: baseline X, current Y'."""
+def arm_differences(arms: Sequence[Arm]) -> list[str]:
+    """Each setting in which an arm's runs differ from the first arm's (its first run with a file),
+    as 'ARM: name: BASE_VALUE → ARM_VALUE'. Arms from one bench run agree by construction; arms
+    from separate sources (bench load rounds of two servers) may not."""
+
+    def first_settings(arm: Arm) -> dict[str, Any]:
+        return next((s for r in arm.runs if (s := run_settings(r))), {})
+
+    base = first_settings(arms[0])
     out = []
-    flags_now, flags_then = current.get("flags") or {}, baseline.get("flags") or {}
-    for key in SETTINGS:
-        now, then = flags_now.get(key, DEFAULTS.get(key)), flags_then.get(key, DEFAULTS.get(key))
-        compared = key in DEFAULTS or (key in flags_now and key in flags_then)
-        if compared and now != then:
-            out.append(f"{key}: baseline {then!r}, current {now!r}")
-    rate_now, rate_then = current.get("request_rate") or {}, baseline.get("request_rate") or {}
-    auto_now, auto_then = bool(rate_now.get("auto")), bool(rate_then.get("auto"))
-    fixed_rates_differ = not auto_now and not auto_then and rate_now.get("rate") != rate_then.get("rate")
-    if rate_now and rate_then and (auto_now != auto_then or fixed_rates_differ):
-        out.append(f"request rate: baseline {_rate(rate_then)}, current {_rate(rate_now)}")
-    machine_now, machine_then = current.get("machine") or {}, baseline.get("machine") or {}
-    for key in MACHINE:
-        if key in machine_now and key in machine_then and machine_now[key] != machine_then[key]:
-            out.append(f"machine {key}: baseline {machine_then[key]!r}, current {machine_now[key]!r}")
+    for arm in arms[1:]:
+        mine = first_settings(arm)
+        for key in base.keys() & mine.keys():
+            if base[key] != mine[key]:
+                out.append(f"{arm.label}: {key}: {arms[0].label} {base[key]!r}, {arm.label} {mine[key]!r}")
     return out
-
-
-def _rate(note: dict[str, Any]) -> str:
-    return "auto (half the probed capacity)" if note.get("auto") else f"{note.get('rate')} req/s"

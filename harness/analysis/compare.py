@@ -3,10 +3,14 @@
 An *arm* is one thing being compared (a codec, or a server build measured with
 ``bench load``) with its runs, one per round. The first arm is the reference;
 every other arm is compared with it, figure by figure, with the statistics of
-``harness.analysis.stats`` (paired per-round log ratios when the arms were interleaved,
-Welch otherwise; Holm over the whole table; "slower/faster by X% [CI]",
-"equivalent within ±δ", "inconclusive" with the rounds that would decide, or
-"too few rounds").
+``harness.analysis.stats`` (per-round log ratios paired on the rounds both arms ran
+when they were interleaved, Welch otherwise): "slower/faster by X% [CI]",
+"equivalent within ±δ", "inconclusive" with the rounds a new run would need,
+or "too few rounds". One figure is primary (TTFT mean unless ``primary`` says
+otherwise) and is tested first, Holm across the arms; the other figures of an
+arm are tested (one Holm family) only once its primary is resolved, else they
+are reported "not judged". Runs with failed requests or interrupted are left
+out of the verdicts and counted.
 
 Which figures are judged (``judged_figures``), each once: TTFT mean/p50/p99,
 TPOT mean, per-chunk ITL p50/p99 (benchmark_serving's ITL; the per-token mean
@@ -58,15 +62,25 @@ class Arm:
     def rounds(self) -> list[int | None]:
         return [r.round for r in self.measured]
 
+    def judged(self) -> Arm:
+        """The runs verdicts may use: whole and clean. A run with failed requests is excluded (a codec
+        that fails its slowest requests would look faster), and so is an interrupted one."""
+        return Arm(self.label, [r for r in self.measured if r.status == "ok"])
+
 
 @dataclass
 class VerdictCell:
-    """One arm × figure against the reference."""
+    """One arm × figure against the reference; role "primary" (tested first, Holm across arms)
+    or "secondary" (tested once the arm's primary is resolved)."""
 
     arm: str
     figure: Figure
     pair: PairStats | None
     verdict: Verdict
+    role: str = "secondary"
+
+
+DEFAULT_PRIMARY = "mean_ttft_ms"
 
 
 @dataclass
@@ -76,6 +90,8 @@ class Comparison:
     cells: list[VerdictCell] = field(default_factory=list)
     margin_pct: float = stats.DEFAULT_MARGIN_PCT
     alpha: float = stats.ALPHA
+    primary: Figure | None = None
+    excluded: dict[str, int] = field(default_factory=dict)  # arm → runs left out of the verdicts
 
     @property
     def reference(self) -> Arm:
@@ -85,19 +101,26 @@ class Comparison:
         return next((c for c in self.cells if c.arm == arm and c.figure.key == key), None)
 
 
-def paired_rounds(a: Arm, b: Arm) -> bool:
-    """Rounds pair up when both arms ran the same round numbers (interleaved in one bench run)."""
+def common_rounds(a: Arm, b: Arm) -> list[int] | None:
+    """The rounds two arms pair on: the round numbers both ran (interleaved in one bench run), or None
+    when they cannot pair (no round numbers, or a number repeated)."""
     ra, rb = a.rounds(), b.rounds()
-    if not ra or None in ra or None in rb:
-        return False
-    return sorted(r or 0 for r in ra) == sorted(r or 0 for r in rb) and len(set(ra)) == len(ra)
+    if not ra or not rb or None in ra or None in rb or len(set(ra)) != len(ra) or len(set(rb)) != len(rb):
+        return None
+    common = sorted(set(ra) & set(rb))  # type: ignore[type-var]
+    return common or None  # type: ignore[return-value]
 
 
-def _aligned(arm: Arm, key: str, paired: bool) -> list[float]:
-    pairs = zip(arm.rounds(), arm.values(key))
-    if paired:
-        return [v for _, v in sorted(pairs, key=lambda rv: rv[0] or 0)]
-    return [v for _, v in pairs]
+def _on_rounds(arm: Arm, key: str, rounds: list[int] | None) -> list[float]:
+    by_round = dict(zip(arm.rounds(), arm.values(key)))
+    return arm.values(key) if rounds is None else [by_round[r] for r in rounds]
+
+
+def primary_figure(figures: Sequence[Figure], key: str) -> Figure:
+    found = next((f for f in figures if f.key == key), None)
+    if found is None:
+        raise ValueError(f"primary figure {key!r} is not judged here; choose from {', '.join(f.key for f in figures)}")
+    return found
 
 
 def compare(
@@ -108,30 +131,47 @@ def compare(
     margin_pct: float = stats.DEFAULT_MARGIN_PCT,
     alpha: float = stats.ALPHA,
     min_rounds: int = stats.MIN_ROUNDS,
+    primary: str = DEFAULT_PRIMARY,
 ) -> Comparison:
-    """Every arm after the first against the first, every figure; one Holm family for the table."""
+    """Every arm after the first against the first, with gatekeeping: the primary figure of every arm
+    is one Holm family; the other figures of the arms whose primary was resolved (slower, faster,
+    equivalent) are a second family at the same alpha; the rest are reported, not judged.
+
+    Verdicts use each arm's whole, clean runs (``Arm.judged``), paired on the rounds both arms ran
+    when they were interleaved (``common_rounds``), else Welch.
+    """
     if len(arms) < 2:
         raise ValueError("a comparison needs at least two arms")
     figures = list(figures or judged_figures([r for arm in arms for r in arm.measured]))
-    ref = arms[0]
-    pairs: list[tuple[str, Figure, PairStats | None]] = []
-    for arm in arms[1:]:
-        is_paired = paired_rounds(ref, arm) if paired is None else paired
-        for fig in figures:
-            a, b = _aligned(ref, fig.key, is_paired), _aligned(arm, fig.key, is_paired)
-            pair = None
-            if a and b and (len(a) == len(b) or not is_paired):
-                pair = stats.compare_arms(a, b, paired=is_paired, confidence=1 - alpha)
-            pairs.append((arm.label, fig, pair))
-    verdicts = stats.judge(
-        [p for _, _, p in pairs],
-        higher_is_better=[f.higher_is_better for _, f, _ in pairs],
+    first = primary_figure(figures, primary)
+    clean = [arm.judged() for arm in arms]
+    excluded = {a.label: len(a.measured) - len(c.runs) for a, c in zip(arms, clean) if len(a.measured) > len(c.runs)}
+    ref = clean[0]
+
+    def pair(arm: Arm, fig: Figure) -> PairStats | None:
+        rounds = common_rounds(ref, arm) if paired is not False else None
+        if paired is True and rounds is None:
+            raise ValueError(f"{arm.label} and {ref.label} share no round to pair on")
+        a, b = _on_rounds(ref, fig.key, rounds), _on_rounds(arm, fig.key, rounds)
+        if not a or not b:
+            return None
+        return stats.compare_arms(a, b, paired=rounds is not None, confidence=1 - alpha)
+
+    others = [f for f in figures if f is not first]
+    firsts, seconds = stats.judge_gatekept(
+        [pair(arm, first) for arm in clean[1:]],
+        [[pair(arm, fig) for fig in others] for arm in clean[1:]],
+        primary_higher_is_better=first.higher_is_better,
+        secondary_higher_is_better=[f.higher_is_better for f in others],
         alpha=alpha,
         margin_pct=margin_pct,
         min_rounds=min_rounds,
     )
-    cells = [VerdictCell(label, fig, pair, v) for (label, fig, pair), v in zip(pairs, verdicts, strict=True)]
-    return Comparison(list(arms), figures, cells, margin_pct, alpha)
+    ordered = []
+    for arm, v, vs in zip(clean[1:], firsts, seconds, strict=True):
+        ordered.append(VerdictCell(arm.label, first, pair(arm, first), v, "primary"))
+        ordered += [VerdictCell(arm.label, fig, pair(arm, fig), w) for fig, w in zip(others, vs, strict=True)]
+    return Comparison(list(arms), figures, ordered, margin_pct, alpha, first, excluded)
 
 
 # --- text, Markdown, JSON -----------------------------------------------------------
@@ -163,15 +203,28 @@ def figures_table(comparison: Comparison, extra: Sequence[Figure] = ()) -> list[
     return text_table.format_table(headers, rows)
 
 
+def method_line(comparison: Comparison) -> str:
+    """How the verdicts were made, in one sentence: the families, the test, the margin, what was left out."""
+    primary = comparison.primary.label if comparison.primary else "?"
+    n_first = sum(1 for c in comparison.cells if c.role == "primary")
+    n_second = sum(1 for c in comparison.cells if c.role == "secondary" and c.verdict.verdict != "not judged")
+    text = (
+        f"{_method(comparison)}, 95% CI; primary figure {primary} (Holm over {n_first} arm(s)), "
+        f"then {n_second} secondary figures of the arms whose primary was resolved (Holm); "
+        f"equivalence margin ±{comparison.margin_pct:g}%"
+    )
+    if comparison.excluded:
+        left = ", ".join(f"{label} {n}" for label, n in comparison.excluded.items())
+        text += f"; runs with failed requests or interrupted, left out of the verdicts: {left}"
+    return text
+
+
 def verdict_lines(comparison: Comparison) -> list[str]:
     ref = comparison.reference.label
-    lines = [
-        f"verdicts against {ref} ({_method(comparison)}, 95% CI, Holm over {len(comparison.cells)} "
-        f"comparisons, equivalence margin ±{comparison.margin_pct:g}%):"
-    ]
+    lines = [f"verdicts against {ref} ({method_line(comparison)}):"]
     for arm in comparison.arms[1:]:
         cells = [c for c in comparison.cells if c.arm == arm.label]
-        rows = [[f"  {c.figure.label}", c.verdict.text] for c in cells]
+        rows = [[f"  {c.figure.label}" + (" (primary)" if c.role == "primary" else ""), c.verdict.text] for c in cells]
         lines.append(f" {arm.label}:")
         lines += text_table.format_table(["", ""], rows, left=2)[1:]
     return lines
@@ -180,10 +233,10 @@ def verdict_lines(comparison: Comparison) -> list[str]:
 def _method(comparison: Comparison) -> str:
     kinds = {c.pair.paired for c in comparison.cells if c.pair is not None}
     if kinds == {True}:
-        return "log ratios paired by round"
+        return "log ratios paired on the rounds both arms ran"
     if kinds == {False}:
         return "Welch t on log values, rounds not paired"
-    return "log ratios paired by round where the rounds match, else Welch"
+    return "log ratios paired by round where the arms share rounds, else Welch"
 
 
 def summary_line(comparison: Comparison) -> str:
@@ -206,9 +259,8 @@ def to_markdown(comparison: Comparison, title: str = "wirebench comparison") -> 
     lines = [
         f"### {title}",
         "",
-        f"Reference **{ref.label}** ({len(ref.measured)} rounds); changes are the other arm against it "
-        f"({_method(comparison)}) with a 95% CI, Holm-corrected over {len(comparison.cells)} "
-        f"comparisons; equivalence margin ±{comparison.margin_pct:g}%.",
+        f"Reference **{ref.label}** ({len(ref.measured)} rounds); changes are each arm against it: "
+        f"{method_line(comparison)}.",
         "",
         "| figure | " + " | ".join([ref.label, *(a.label for a in others)]) + " |",
         "|---|" + "---|" * (1 + len(others)),
@@ -244,7 +296,9 @@ def comparison_dict(comparison: Comparison) -> dict[str, Any]:
         "reference": comparison.reference.label,
         "margin_pct": comparison.margin_pct,
         "alpha": comparison.alpha,
-        "method": "log ratio per round (paired when interleaved, else Welch), 95% CI, Holm over the table",
+        "method": method_line(comparison),
+        "primary": comparison.primary.key if comparison.primary else None,
+        "excluded_runs": comparison.excluded,
         "figures": [
             {"key": f.key, "label": f.label, "higher_is_better": f.higher_is_better} for f in comparison.figures
         ],
@@ -253,6 +307,7 @@ def comparison_dict(comparison: Comparison) -> dict[str, Any]:
     for c in comparison.cells:
         entry = verdict_dict(c.verdict)
         entry["paired"] = c.pair.paired if c.pair else None
+        entry["role"] = c.role
         out["verdicts"].setdefault(c.arm, {})[c.figure.key] = entry
     return out
 

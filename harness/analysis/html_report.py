@@ -12,7 +12,7 @@ Sections, and how each is made:
   side-by-side table (median over rounds ± half the range,
   ``harness.analysis.compare.median_cell``) and the verdicts of every arm against the
   first (``harness.analysis.compare.compare``: paired log ratios over rounds, 95% CI,
-  Holm over the table, equivalence margin ``--margin-pct``).
+  the primary figure first, the others once it is resolved; ``method_line``).
 - **Latency distributions**: the empirical CDF of per-request TTFT and TPOT per
   codec, every round pooled (``harness.analysis.frames.requests_frame``).
 - **Codec and IPC budget**: codec µs per message per direction and operation
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.analysis import stats
-from harness.analysis.compare import Arm, arms_by_label, median_cell, summary_line
+from harness.analysis.compare import Arm, arms_by_label, median_cell, method_line, summary_line
 from harness.analysis.comparison_text import judge_arms
 from harness.analysis.documents import ResultsError, is_compare, read_json
 from harness.analysis.figures import (
@@ -196,8 +196,8 @@ def comparison_html(title: str, arms: list[Arm], margin_pct: float) -> tuple[str
         vrows.append(row)
         vclasses.append(cls)
     parts.append(
-        f"<p>Verdicts against <b>{esc(comparison.reference.label)}</b>: change of the other arm, 95% CI, "
-        f"Holm over {len(comparison.cells)} comparisons, equivalence margin ±{comparison.margin_pct:g}%.</p>"
+        f"<p>Verdicts against <b>{esc(comparison.reference.label)}</b>: change of the other arm; "
+        f"{esc(method_line(comparison))}.</p>"
     )
     parts.append(table(["figure", *(a.label for a in others)], vrows, vclasses))
     summary = summary_line(comparison)

@@ -10,12 +10,15 @@ Pure functions, no I/O:
 1. ``compare_arms``: on log values (noise and effects are multiplicative). Paired:
    d_r = ln(B_r / A_r), ratio = exp(mean d), CI and p from Student t with n-1 df.
    Unpaired (different round counts, runs made at different times): Welch t on the ln values.
-2. ``holm``: Holm step-down over the whole family (every codec x figure of one table).
+2. ``holm``: Holm step-down over one family (harness.analysis.compare makes two: the primary
+   figure across arms, then the other figures of the arms whose primary was resolved).
 3. ``judge``, first match wins: "not comparable", "too few rounds", "slower"/"faster"
-   (Holm-adjusted p < alpha), "equivalent" (the 1-alpha CI inside 1 +- margin), "inconclusive".
+   (Holm-adjusted p < alpha), "equivalent" (the 1-alpha CI inside [1/(1+m), 1+m]), "inconclusive";
+   ``not_judged``: the estimate and CI of a comparison left untested.
 
-``rounds_needed`` and ``mde_pct`` project the rounds that would resolve a comparison and the
-change the current rounds detect four times in five.
+``power`` is the t test's exact power (noncentral t); ``mde_pct`` is the change the rounds run
+detect four times in five, ``rounds_needed`` the rounds a new run needs to detect a stated change
+(the margin) four times in five. The equivalence margin is symmetric in log space.
 
 DEFAULT_ROUNDS, DEFAULT_MARGIN_PCT, ROUNDS_POWER and MIN_ROUNDS were chosen from simulated
 false-positive rates and power (``scripts/stats_calibration.py --simulations 10000 --seed 1``).
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
-from harness.analysis.student_t import t_ppf, t_sf
+from harness.analysis.student_t import ncp_for_power, t_ppf, t_sf, t_test_power
 
 ALPHA = 0.05
 MIN_ROUNDS = 3
@@ -41,7 +44,8 @@ ROUNDS_POWER = 0.8
 MDE_POWER = 0.8
 MAX_ROUNDS = 1000
 
-VERDICTS = ("slower", "faster", "equivalent", "inconclusive", "too few rounds", "not comparable")
+VERDICTS = ("slower", "faster", "equivalent", "inconclusive", "too few rounds", "not comparable", "not judged")
+RESOLVED = ("slower", "faster", "equivalent")
 
 
 # --- comparing two arms ----------------------------------------------------------------------------
@@ -175,81 +179,76 @@ def holm(p_values: Sequence[float]) -> list[float]:
     return adjusted
 
 
-# --- rounds needed and minimum detectable effect -----------------------------------------------------
+# --- power, rounds needed and minimum detectable effect ----------------------------------------------
 
 
-def _half_width(sd_log: float, n: float, level: float, power: float, df_per_round: float) -> float:
-    """(t[1-level/2] + t[power]) * sd / sqrt(n) with df = df_per_round * (n - 1)."""
+def margin_bounds(margin_pct: float) -> tuple[float, float]:
+    """The equivalence margin ±m% as log bounds symmetric in log space: ratios in [1/(1+m), 1+m]."""
+    bound = math.log1p(margin_pct / 100)
+    return -bound, bound
+
+
+def power(effect_log: float, sd_log: float, n: int, *, level: float = ALPHA, df_per_round: float = 1.0) -> float:
+    """Probability that the two-sided t test at ``level`` over n rounds finds a true log change ``effect_log``.
+
+    sd_log is the SD of one round's log difference; df = df_per_round * (n - 1) (1 when paired, up to
+    2 for Welch with equal rounds). Exact for the t test (noncentral t), not a normal approximation.
+    """
     df = df_per_round * (n - 1)
-    if df <= 0:
-        return math.inf
-    return (t_ppf(1 - level / 2, df) + t_ppf(power, df)) * sd_log / math.sqrt(n)
+    if not (math.isfinite(sd_log) and sd_log > 0 and df > 0):
+        return math.nan
+    return t_test_power(abs(effect_log) / (sd_log / math.sqrt(n)), df, level)
 
 
-def _check_power(power: float) -> None:
-    # Below 0.5 the t term turns negative and the normal-theory start of the search is no longer a lower bound.
-    if not 0.5 <= power < 1:
-        raise ValueError(f"power must be in [0.5, 1), got {power}")
+def _check_power(target: float) -> None:
+    if not 0.0 < target < 1.0:
+        raise ValueError(f"power must be in (0, 1), got {target}")
+
+
+def _ncp(n: int, level: float, target: float, df_per_round: float) -> float:
+    """The effect, in standard errors, that n rounds detect with power ``target``."""
+    return ncp_for_power(round(df_per_round * (n - 1), 2), level, target)
 
 
 def mde_pct(
-    sd_log: float, n: int, *, level: float = ALPHA, power: float = MDE_POWER, df_per_round: float = 1.0
+    sd_log: float, n: int, *, level: float = ALPHA, power_target: float = MDE_POWER, df_per_round: float = 1.0
 ) -> float:
-    """Minimum detectable effect in %: the change a two-sided t test at `level` detects with `power` in n rounds.
-
-    (t[1-level/2, df] + t[power, df]) * sd_log / sqrt(n), turned into a ratio: exp(that) - 1.
-    sd_log is the SD of one round's log difference; df = df_per_round * (n - 1) (1 when paired).
-    """
-    _check_power(power)
-    if not (math.isfinite(sd_log) and n >= 2):
+    """Minimum detectable effect in %: the change the two-sided t test at ``level`` detects with
+    ``power_target`` (default 4 times in 5) in n rounds, from the test's exact power."""
+    _check_power(power_target)
+    if not (math.isfinite(sd_log) and sd_log > 0 and n >= 2):
         return math.nan
-    return 100.0 * math.expm1(_half_width(sd_log, n, level, power, df_per_round))
+    return 100.0 * math.expm1(_ncp(n, level, power_target, df_per_round) * sd_log / math.sqrt(n))
 
 
 def rounds_needed(
-    mean_log: float,
     sd_log: float,
+    effect_pct: float,
     *,
-    n_now: int,
-    level: float,
-    alpha: float = ALPHA,
-    margin_pct: float = DEFAULT_MARGIN_PCT,
-    power: float = ROUNDS_POWER,
+    level: float = ALPHA,
+    power_target: float = ROUNDS_POWER,
     df_per_round: float = 1.0,
     max_rounds: int = MAX_ROUNDS,
-) -> tuple[int | None, str | None]:
-    """Total rounds after which, if mean and SD stayed as observed, a verdict would be reached.
+) -> int | None:
+    """Rounds a *new* run needs to detect a true change of ``effect_pct`` with ``power_target``,
+    given the round-to-round SD observed (the stated effect, never the observed one: plugging in
+    the observed effect makes a null result look one top-up away). None beyond max_rounds.
 
-    Returns (n, outcome) with outcome "difference" (the CI excludes 0 at `level`, the Holm threshold
-    the comparison faces next) or "equivalence" (the 1-alpha CI fits inside +-margin), whichever
-    needs fewer rounds; (None, None) when neither happens within max_rounds.
+    More rounds means a new run of this many rounds: topping this one up and testing again after
+    each round raises the false-positive rate (a fixed-sample test, not a sequential one).
     """
-    _check_power(power)
-    if not (math.isfinite(mean_log) and math.isfinite(sd_log)):
-        return None, None
-    lo, hi = math.log1p(-margin_pct / 100), math.log1p(margin_pct / 100)
-    targets = [("difference", abs(mean_log), level), ("equivalence", min(hi - mean_log, mean_log - lo), alpha)]
-    best: tuple[int | None, str | None] = (None, None)
-    for outcome, gap, lvl in targets:
-        if gap <= 0:
-            continue
-        # t quantiles exceed normal ones, so no n below the normal-theory answer can do: start there.
-        z = NormalDist().inv_cdf(1 - lvl / 2) + NormalDist().inv_cdf(power)
-        n_normal = (z * sd_log / gap) ** 2
-        if n_normal > max_rounds:
-            continue
+    _check_power(power_target)
+    effect_log = math.log1p(effect_pct / 100)
+    if not (math.isfinite(sd_log) and sd_log > 0 and effect_log > 0):
+        return None
 
-        def resolves(k: int, lvl: float = lvl, gap: float = gap) -> bool:
-            return _half_width(sd_log, k, lvl, power, df_per_round) < gap
+    def enough(k: int) -> bool:
+        return effect_log * math.sqrt(k) / sd_log >= _ncp(k, level, power_target, df_per_round)
 
-        n = _first_n(
-            resolves,
-            max(n_now + 1, 2, math.floor(n_normal)),
-            max_rounds,
-        )
-        if n is not None and (best[0] is None or n < best[0]):
-            best = (n, outcome)
-    return best
+    # The normal-theory answer is a lower bound (t tails are heavier): start there.
+    z = NormalDist().inv_cdf(1 - level / 2) + NormalDist().inv_cdf(power_target)
+    start = max(2, math.floor((z * sd_log / effect_log) ** 2))
+    return _first_n(enough, start, max_rounds)
 
 
 def _first_n(ok: Callable[[int], bool], start: int, stop: int) -> int | None:
@@ -274,7 +273,11 @@ def _first_n(ok: Callable[[int], bool], start: int, stop: int) -> int | None:
 
 @dataclass(frozen=True)
 class Verdict:
-    """The verdict on one comparison of a family, with the figures behind it (changes in %, B against A)."""
+    """The verdict on one comparison of a family, with the figures behind it (changes in %, B against A).
+
+    rounds_needed (inconclusive only): the rounds a new run needs to detect a change of the margin's
+    size 4 times in 5 at the level this comparison faced, with the round-to-round SD seen here.
+    """
 
     verdict: str
     change_pct: float
@@ -287,14 +290,16 @@ class Verdict:
     n_rounds: int
     margin_pct: float = DEFAULT_MARGIN_PCT
     min_rounds: int = MIN_ROUNDS
-    resolves_to: str | None = None  # "difference" | "equivalence": what rounds_needed would show
     reason: str = ""
+
+    @property
+    def change(self) -> str:
+        return f"{self.change_pct:+.1f}% [{self.ci_low_pct:+.1f}%, {self.ci_high_pct:+.1f}%]"
 
     @property
     def text(self) -> str:
         """One short line for a table cell or a log."""
-        change = f"{self.change_pct:+.1f}% [{self.ci_low_pct:+.1f}%, {self.ci_high_pct:+.1f}%]"
-        margin = f"±{self.margin_pct:g}%"
+        change, margin = self.change, f"±{self.margin_pct:g}%"
         if self.verdict in ("slower", "faster"):
             inside = -self.margin_pct < self.ci_low_pct and self.ci_high_pct < self.margin_pct
             return f"{self.verdict} by {change}" + (f", within {margin}" if inside else "")
@@ -302,11 +307,12 @@ class Verdict:
             return f"equivalent within {margin} ({change})"
         if self.verdict == "inconclusive":
             if self.rounds_needed is None:
-                return f"inconclusive: {change}; over {MAX_ROUNDS} rounds would be needed"
-            what = margin if self.resolves_to == "equivalence" else "the difference"
-            return f"inconclusive: {change}; ≈{self.rounds_needed} rounds would resolve {what}"
+                return f"inconclusive: {change}; over {MAX_ROUNDS} rounds would be needed to detect {margin}"
+            return f"inconclusive: {change}; a new run of ≈{self.rounds_needed} rounds would detect {margin}"
         if self.verdict == "too few rounds":
             return f"too few rounds for a verdict ({self.n_rounds} < {self.min_rounds})"
+        if self.verdict == "not judged":
+            return f"{change}, not judged: {self.reason}"
         return f"not comparable: {self.reason}"
 
 
@@ -318,7 +324,7 @@ def judge(
     margin_pct: float = DEFAULT_MARGIN_PCT,
     min_rounds: int = MIN_ROUNDS,
 ) -> list[Verdict]:
-    """Verdicts for one table's comparisons (every codec x figure), Holm-adjusted together.
+    """Verdicts for one family of comparisons, Holm-adjusted together.
 
     None stands for a comparison that could not be made (a figure missing on one side).
     """
@@ -356,6 +362,47 @@ def judge(
     return verdicts
 
 
+def _change_fields(stats: PairStats, alpha: float) -> dict[str, Any]:
+    """The change in % with its 1-alpha CI, and the p-value: what every verdict shows."""
+    half = t_ppf(1 - alpha / 2, stats.df) * stats.se_log if stats.df > 0 else math.nan
+
+    def pct(x: float) -> float:
+        return 100.0 * math.expm1(x) if math.isfinite(x) else math.nan
+
+    return {
+        "change_pct": pct(stats.mean_log),
+        "ci_low_pct": pct(stats.mean_log - half),
+        "ci_high_pct": pct(stats.mean_log + half),
+        "p_value": stats.p_value,
+        "n_rounds": stats.n_rounds,
+    }
+
+
+def not_judged(
+    stats: PairStats | None,
+    reason: str,
+    *,
+    alpha: float = ALPHA,
+    margin_pct: float = DEFAULT_MARGIN_PCT,
+    min_rounds: int = MIN_ROUNDS,
+) -> Verdict:
+    """A comparison reported with its estimate and CI but no verdict (a secondary figure whose
+    primary was not resolved: testing it would spend error rate the primary did not earn)."""
+    common: dict[str, Any] = {"margin_pct": margin_pct, "min_rounds": min_rounds, "reason": reason}
+    if stats is None or not stats.comparable:
+        nan = math.nan
+        n = 0 if stats is None else stats.n_rounds
+        return Verdict("not judged", nan, nan, nan, nan, nan, None, nan, n, **common)
+    return Verdict(
+        "not judged",
+        p_adjusted=math.nan,
+        rounds_needed=None,
+        mde_pct=math.nan,
+        **_change_fields(stats, alpha),
+        **common,
+    )
+
+
 def _one_verdict(
     stats: PairStats,
     higher_is_better: bool,
@@ -367,39 +414,48 @@ def _one_verdict(
     min_rounds: int,
 ) -> Verdict:
     n = stats.n_rounds
-    half = t_ppf(1 - alpha / 2, stats.df) * stats.se_log if stats.df > 0 else math.nan
-    low, high = stats.mean_log - half, stats.mean_log + half
-
-    def pct(x: float) -> float:
-        return 100.0 * math.expm1(x) if math.isfinite(x) else math.nan
-
-    # Welch df per round relative to a paired design (1 when paired); with equal rounds per arm it lies in [1, 2].
-    df_per_round = min(2.0, max(1.0, stats.df / (n - 1))) if n > 1 and math.isfinite(stats.df) else 1.0
-    fields: dict[str, Any] = {
-        "change_pct": pct(stats.mean_log),
-        "ci_low_pct": pct(low),
-        "ci_high_pct": pct(high),
-        "p_value": stats.p_value,
-        "p_adjusted": p_adj,
-        "n_rounds": n,
-        "margin_pct": margin_pct,
-        "min_rounds": min_rounds,
-    }
+    fields = _change_fields(stats, alpha)
+    fields.update(p_adjusted=p_adj, margin_pct=margin_pct, min_rounds=min_rounds)
     if n < min_rounds:
         return Verdict("too few rounds", rounds_needed=None, mde_pct=math.nan, **fields)
+    # Welch df per round relative to a paired design (1 when paired); with equal rounds per arm it lies in [1, 2].
+    df_per_round = min(2.0, max(1.0, stats.df / (n - 1))) if n > 1 and math.isfinite(stats.df) else 1.0
     mde = mde_pct(stats.sd_log, n, level=level, df_per_round=df_per_round)
     if rejected:
         worse = stats.mean_log < 0 if higher_is_better else stats.mean_log > 0
         return Verdict("slower" if worse else "faster", rounds_needed=None, mde_pct=mde, **fields)
-    if math.log1p(-margin_pct / 100) < low and high < math.log1p(margin_pct / 100):
+    lo, hi = margin_bounds(margin_pct)
+    half = t_ppf(1 - alpha / 2, stats.df) * stats.se_log if stats.df > 0 else math.nan
+    if lo < stats.mean_log - half and stats.mean_log + half < hi:
         return Verdict("equivalent", rounds_needed=None, mde_pct=mde, **fields)
-    needed, outcome = rounds_needed(
-        stats.mean_log,
-        stats.sd_log,
-        n_now=n,
-        level=level,
-        alpha=alpha,
-        margin_pct=margin_pct,
-        df_per_round=df_per_round,
-    )
-    return Verdict("inconclusive", rounds_needed=needed, mde_pct=mde, resolves_to=outcome, **fields)
+    needed = rounds_needed(stats.sd_log, margin_pct, level=level, df_per_round=df_per_round)
+    return Verdict("inconclusive", rounds_needed=needed, mde_pct=mde, **fields)
+
+
+def judge_gatekept(
+    primary: Sequence[PairStats | None],
+    secondary: Sequence[Sequence[PairStats | None]],
+    *,
+    primary_higher_is_better: bool,
+    secondary_higher_is_better: Sequence[bool],
+    alpha: float = ALPHA,
+    margin_pct: float = DEFAULT_MARGIN_PCT,
+    min_rounds: int = MIN_ROUNDS,
+) -> tuple[list[Verdict], list[list[Verdict]]]:
+    """Serial gatekeeping over arms: the primary figure of every arm is one Holm family; the secondary
+    figures of the arms whose primary was resolved (slower, faster, equivalent) are a second Holm
+    family at the same alpha; the rest are ``not_judged``. ``secondary[i]`` are arm i's other figures,
+    in the order of ``secondary_higher_is_better``."""
+    settings: dict[str, Any] = {"alpha": alpha, "margin_pct": margin_pct, "min_rounds": min_rounds}
+    firsts = judge(primary, higher_is_better=[primary_higher_is_better] * len(primary), **settings)
+    open_arms = [i for i, v in enumerate(firsts) if v.verdict in RESOLVED]
+    family = [p for i in open_arms for p in secondary[i]]
+    verdicts = iter(judge(family, higher_is_better=list(secondary_higher_is_better) * len(open_arms), **settings))
+    why = "the primary figure was not resolved"
+    seconds = [
+        [next(verdicts) for _ in secondary[i]]
+        if i in open_arms
+        else [not_judged(p, why, **settings) for p in secondary[i]]
+        for i in range(len(primary))
+    ]
+    return firsts, seconds

@@ -1,8 +1,8 @@
-"""``bench compare``: verdicts over saved results; with ``--baseline``, the CI regression gate.
+"""``bench compare``: verdicts over saved results; with ``--gate``, the CI regression gate.
 
     bench compare results/compare-X.json                      the arms of one bench run
     bench compare main=results/main/ branch=results/branch/   two sets of bench load rounds
-    bench compare results/compare-NEW.json --baseline results/baselines/text.json
+    bench compare results/compare-X.json --gate               base (first arm) against head, one job
 
 The comparison is ``harness.analysis.compare``'s, the gate ``harness.analysis.gate``'s (exit
 codes there). Both can also write Markdown (a CI job summary, a pull-request
@@ -17,12 +17,13 @@ from pathlib import Path
 
 from harness.analysis import comparable, gate, stats
 from harness.analysis.compare import (
+    DEFAULT_PRIMARY,
+    Arm,
     arms_from_sources,
     compare,
     compare_document,
     format_text,
     judged_figures,
-    load_any_compare,
     to_markdown,
 )
 from harness.analysis.documents import ResultsError, write_json
@@ -38,10 +39,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(e.g. bench load rounds of one server), or a compare file with one arm; the first arm is the reference",
     )
     p.add_argument(
-        "--baseline",
-        default=None,
-        metavar="COMPARE_FILE",
-        help="CI gate: judge SOURCE (one compare file) against this baseline compare file",
+        "--gate",
+        action="store_true",
+        help="CI gate: the arms were measured in one job (e.g. bench run --arm base=... --arm head=...); "
+        "every arm against the first on the primary figure; exit 0 pass, 1 regression, 2 unusable, 3 cannot say",
+    )
+    p.add_argument(
+        "--primary",
+        default=DEFAULT_PRIMARY,
+        metavar="FIGURE",
+        help="the figure tested first (Holm across arms) and the one the gate decides on; the others are "
+        "judged once it is resolved (default %(default)s)",
     )
     p.add_argument(
         "--threshold-pct",
@@ -50,15 +58,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="gate: a regression must be statistically supported and larger than this (default 5)",
     )
     p.add_argument(
-        "--ratios-only",
-        action="store_true",
-        help="gate: judge only ratios to the reference codec (a baseline made on another kind of machine)",
-    )
-    p.add_argument(
-        "--fail-on-noise",
-        action="store_true",
-        help="accepted for old CI jobs; the gate always exits 3 when a figure is too noisy to rule out a "
-        "regression above the threshold",
+        "--baseline",
+        default=None,
+        metavar="FILE",
+        help="refused for latency (exit 2, with the reason): latency is gated within one job (--gate); "
+        "instruction counts have their own baseline gate (bench micro --count instructions --baseline)",
     )
     p.add_argument(
         "--margin-pct",
@@ -88,10 +92,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.baseline is not None:
+        print(f"bench compare: error: {gate.CROSS_SESSION}", file=sys.stderr)
+        return gate.EXIT_UNUSABLE
     try:
-        arms = arms_from_sources(args.sources) if args.baseline is None else load_any_compare(args.sources[0])
-        if args.baseline is None:
-            comparison = compare(arms, paired=False if args.unpaired else None, margin_pct=args.margin_pct)
+        arms = arms_from_sources(args.sources)
+        if not args.gate:
+            comparison = compare(
+                arms, paired=False if args.unpaired else None, margin_pct=args.margin_pct, primary=args.primary
+            )
     except (ResultsError, ValueError) as exc:
         print(f"bench compare: error: {exc}", file=sys.stderr)
         return 2
@@ -102,8 +111,8 @@ def main(args: argparse.Namespace) -> int:
         github_bigger_path=args.github_benchmark_bigger,
         bencher_path=args.bencher,
     )
-    if args.baseline is not None:
-        return run_gate_command(args)
+    if args.gate:
+        return run_gate_command(args, arms)
     print(format_text(comparison))
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
@@ -113,24 +122,13 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_gate_command(args: argparse.Namespace, prog: str = "bench compare") -> int:
-    """--baseline: the CI regression gate over one current compare file (harness.analysis.gate)."""
-    if len(args.sources) != 1:
-        print(f"{prog}: error: the gate takes one current compare file and --baseline", file=sys.stderr)
-        return gate.EXIT_UNUSABLE
+def run_gate_command(args: argparse.Namespace, arms: list[Arm], prog: str = "bench compare") -> int:
+    """--gate: the CI regression gate over the arms of one job (harness.analysis.gate)."""
     try:
-        current = load_any_compare(args.sources[0])
-        baseline = load_any_compare(args.baseline)
-        differ = comparable.differences(comparable.metadata(args.sources[0]), comparable.metadata(args.baseline))
+        differ = comparable.arm_differences(arms)
         if differ:
-            raise ResultsError("current and baseline ran with different settings: " + "; ".join(differ))
-        result = gate.run_gate(
-            current,
-            baseline,
-            threshold_pct=args.threshold_pct,
-            margin_pct=args.margin_pct,
-            ratios_only=getattr(args, "ratios_only", False),
-        )
+            raise ResultsError("the arms ran with different settings: " + "; ".join(differ))
+        result = gate.run_gate(arms, threshold_pct=args.threshold_pct, primary=args.primary, margin_pct=args.margin_pct)
     except (ResultsError, ValueError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return gate.EXIT_UNUSABLE

@@ -1,9 +1,12 @@
-"""Arms: what differs between the sides of a comparison (a codec on a transport), and their order.
+"""Arms: what differs between the sides of a comparison, and their order.
 
-An arm is a label, a codec (with calibration options if any) and a transport.
-The same codec twice is an A/A arm labelled ``NAME#2``. Rounds run the arms in
-``round_order``: as given on even rounds, reversed on odd ones, so slow drift
-of a shared machine lands on every pair of arms alike.
+An arm is a label, a codec (with calibration options if any) and a transport,
+and optionally a *build*: the Python whose ``bench serve`` it runs (another
+checkout's venv: base against head in one job), or any server command. The
+same codec twice is an A/A arm labelled ``NAME#2``. Rounds run the arms in
+``round_order``, the rows of a Williams design: every arm takes every position
+and follows every other arm equally often, so the slow drift of a shared
+machine and what one arm leaves behind for the next land on all arms alike.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ class ArmSpec:
     label: str
     codec: str
     transport: str = "zmq"
+    python: str | None = None  # the interpreter that runs `-m harness.cli serve` (default: this one)
+    command: str | None = None  # any server command instead, {port} replaced; ready when /health answers
 
     def unsupported(self) -> str | None:
         """Why this arm cannot run at all (said in the table instead of starting a server), or None."""
@@ -84,6 +89,84 @@ def parse_arm_flags(specs: Sequence[str], arms: Sequence[ArmSpec]) -> dict[str, 
     return out
 
 
+ARM_HELP = (
+    "an arm by name (repeatable; replaces --codec's arms, the first is the reference): "
+    "NAME='[--python PY] [--codec C] [--transport T] [bench serve flags...]' runs PY -m harness.cli serve "
+    "(PY: another checkout's venv, e.g. base against head), or NAME='--command \"CMD ... {port} ...\"' "
+    "runs any server on a free port, ready when GET /health answers 200"
+)
+
+
+def parse_build_arms(
+    specs: Sequence[str], default_codec: str, default_transport: str = "zmq"
+) -> tuple[list[ArmSpec], dict[str, tuple[str, ...]]]:
+    """``--arm NAME=SPEC`` (repeatable): the arms and their extra bench serve flags."""
+    arms: list[ArmSpec] = []
+    flags: dict[str, tuple[str, ...]] = {}
+    for spec in specs:
+        label, sep, rest = spec.partition("=")
+        label = label.strip()
+        if not sep or not label or "/" in label:
+            raise ValueError(
+                f"--arm {spec!r}: expected NAME=SPEC (NAME without '/'), e.g. base='--python ../base/.venv/bin/python'"
+            )
+        if any(a.label == label for a in arms):
+            raise ValueError(f"--arm {label!r} given twice")
+        words = shlex.split(rest)
+        options: dict[str, str] = {}
+        extra: list[str] = []
+        i = 0
+        while i < len(words):
+            word = words[i]
+            key, eq, value = word.partition("=")
+            if key in ("--python", "--codec", "--transport", "--command"):
+                if not eq:
+                    if i + 1 >= len(words):
+                        raise ValueError(f"--arm {label}: {key} needs a value")
+                    value, i = words[i + 1], i + 1
+                options[key[2:]] = value
+            else:
+                extra.append(word)
+            i += 1
+        codec = options.get("codec", default_codec)
+        if "," in codec:
+            raise ValueError(f"--arm {label}: one codec per arm, got {codec!r} (give --codec in the arm's spec)")
+        if "command" in options and (extra or "python" in options):
+            raise ValueError(f"--arm {label}: --command runs a server of its own: no --python or serve flags with it")
+        transport = options.get("transport", default_transport)
+        if "command" not in options:
+            try:
+                check_codec_spec(codec)
+            except UnknownCodecError:
+                raise ValueError(
+                    f"--arm {label}: unknown codec {codec!r}; available: {', '.join(available_codecs())}"
+                ) from None
+            if transport not in TRANSPORTS:
+                raise ValueError(f"--arm {label}: unknown transport {transport!r}; choose from {', '.join(TRANSPORTS)}")
+        arms.append(ArmSpec(label, codec, transport, options.get("python"), options.get("command")))
+        if extra:
+            flags[label] = tuple(extra)
+    return arms, flags
+
+
+def williams_rows(k: int) -> list[list[int]]:
+    """A Williams design for k arms: k rows (2k when k is odd), each a permutation, in which every arm
+    takes every position equally often and directly follows every other arm equally often."""
+    if k <= 1:
+        return [list(range(k))]
+    first = [0]
+    lo, hi = 1, k - 1
+    while len(first) < k:
+        first.append(lo)
+        lo += 1
+        if len(first) < k:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + i) % k for x in first] for i in range(k)]
+    return rows if k % 2 == 0 else rows + [row[::-1] for row in rows]
+
+
 def round_order(arms: list[T], rnd: int) -> list[T]:
-    """The arms in round ``rnd`` (or block): as given on even ones, reversed on odd ones (drift cancels in pairs)."""
-    return arms if rnd % 2 == 0 else arms[::-1]
+    """The arms in round (or block) ``rnd``: row rnd of the Williams design, cycling (2 arms: A B, B A)."""
+    rows = williams_rows(len(arms))
+    return [arms[i] for i in rows[rnd % len(rows)]]

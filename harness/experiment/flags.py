@@ -7,7 +7,7 @@ import argparse
 import math
 
 from harness.analysis import stats
-from harness.experiment.arms import ArmSpec, parse_arm_flags, parse_arms
+from harness.experiment.arms import ARM_HELP, ArmSpec, parse_arm_flags, parse_arms, parse_build_arms
 from harness.experiment.server_flags import add_model_arguments, server_flags
 from harness.experiment.settings import AUTO, AUTO_LOAD, Experiment, RunPlan, ServerSettings
 from harness.frontend.settings import default_model_name
@@ -69,6 +69,7 @@ def add_experiment_arguments(
         default=stats.DEFAULT_MARGIN_PCT,
         help=f"equivalence margin of the verdicts in percent (default {stats.DEFAULT_MARGIN_PCT:g})",
     )
+    p.add_argument("--arm", action="append", default=[], metavar="NAME=SPEC", help=ARM_HELP)
     p.add_argument("--server-log", default=None, help="append each server's output to this file")
     p.add_argument(
         "--arm-flags",
@@ -96,7 +97,11 @@ def add_experiment_arguments(
 def experiment_from_args(args: argparse.Namespace, arms: list[ArmSpec] | None = None) -> Experiment:
     """The experiment a parsed command line describes (ValueError or BenchmarkError on bad flags).
     ``arms``: the command's own (calibrate makes them); default: --codec × --transport."""
+    build_flags: dict[str, tuple[str, ...]] = {}
+    if arms is None and getattr(args, "arm", None):
+        arms, build_flags = parse_build_arms(args.arm, args.codec, args.transport)
     arms = arms if arms is not None else parse_arms(args.codec, args.transport)
+    arm_flags = parse_arm_flags(args.arm_flags, arms)
     values = vars(args)
     rate = args.request_rate
     # The load is checked at rate inf when the rate is auto: the probe fixes it later.
@@ -104,7 +109,7 @@ def experiment_from_args(args: argparse.Namespace, arms: list[ArmSpec] | None = 
     server = ServerSettings(
         flags=tuple(server_flags(values, args.seed)),
         served_model=args.served_model_name or default_model_name(args.model_preset),
-        arm_flags=parse_arm_flags(args.arm_flags, arms),
+        arm_flags={k: (*build_flags.get(k, ()), *arm_flags.get(k, ())) for k in {*build_flags, *arm_flags}},
         log_path=args.server_log,
         trace_file=args.trace_file,
         max_num_seqs=args.max_num_seqs,

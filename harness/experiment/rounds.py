@@ -1,10 +1,11 @@
 """Rounds of an experiment: each arm served by a fresh `bench serve`, loaded, reported, saved.
 
 Sequential (``block_size`` 0): the arms take whole-workload turns in
-``round_order``. In blocks (``block_size`` N): a round starts every arm's server
-at once and the arms take turns N requests at a time (A B, B A, ...; each block
-waits for its requests), so the seconds-long swings of a shared machine land on
-every arm of a round alike; each arm's run is still one result, and the round
+``round_order`` (a Williams design's rows). In blocks (``block_size`` N): a round
+starts every arm's server at once, warms them up in the round's order, and the
+arms take turns N requests at a time (A B, B A, ...; each block waits for its
+requests), so the seconds-long swings of a shared machine land on every arm of
+a round alike; each arm's run is still one result, and the round
 is still the unit of the statistics.
 """
 
@@ -50,7 +51,7 @@ def start_server(exp: Experiment, arm: ArmSpec, rnd: int) -> ServerProcess:
         flags += ["--transport", arm.transport]
     if server.trace_file:
         flags += ["--trace-file", trace_path(server.trace_file, arm, rnd)]
-    return ServerProcess(arm.codec, flags, server.log_path)
+    return ServerProcess(arm.codec, flags, server.log_path, python=arm.python, command=arm.command)
 
 
 def trace_path(template: str, arm: ArmSpec, rnd: int) -> str:
@@ -136,7 +137,8 @@ async def _load_in_blocks(
     stopped = False
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         loads: dict[int, ServerLoad] = {}
-        for i, url in urls.items():
+        # Warmups in the round's order too: the arm warmed last is not always the same one.
+        for i, url in round_order(list(urls.items()), rnd):
             load = ServerLoad(session, url, exp.server.served_model, workload, settings)
             try:
                 await load.begin()
@@ -149,7 +151,8 @@ async def _load_in_blocks(
                 break
             loads[i] = load
         if not stopped:
-            stopped = await take_turns(list(loads.values()), len(workload), exp.plan.block_size, rnd)
+            in_order = [loads[i] for i in sorted(loads)]  # arm order: take_turns applies the design's rows
+            stopped = await take_turns(in_order, len(workload), exp.plan.block_size, rnd)
         for i, load in loads.items():
             load.interrupted = load.interrupted or stopped  # the round ended early for every arm
             while i not in results:
@@ -162,8 +165,8 @@ async def _load_in_blocks(
 
 
 async def take_turns(loads: list[Any], n: int, block: int, rnd: int) -> bool:
-    """Blocks of ``block`` requests to each load in turn, the order reversed every other block (and
-    round). True when Ctrl-C stopped it."""
+    """Blocks of ``block`` requests to each load in turn, block b of round r in row b + r of the
+    Williams design (two arms: reversed every other block). True when Ctrl-C stopped it."""
     for b, start in enumerate(range(0, n, block)):
         for load in round_order(loads, b + rnd):
             if await load.send_block(start, min(start + block, n)):
@@ -186,6 +189,8 @@ def take_result(exp: Experiment, outcome: RunOutcome, result: BenchmarkResult, t
     arm, rnd = outcome.arm, outcome.round
     result.tokenizer_id = tokenizer_id
     result.flags = {**exp.record(), "codec": arm.codec, "arm": arm.label, "round": rnd}
+    if arm.python or arm.command:  # a build arm: which server it ran
+        result.flags["server_python" if arm.python else "server_command"] = arm.python or arm.command
     print_report(result)
     outcome.result = result
     refusal = None if result.metrics.completed else _codec_refusal(result.records)

@@ -1,16 +1,23 @@
-"""A `bench serve` child process: start it, wait for its ready line, stop it.
+"""A server child process: start it, wait until it serves, stop it.
 
-Used by `bench run` (one server per codec run) and by the end-to-end tests.
+Usually `bench serve` (this Python's, or another checkout's venv: a build arm),
+ready at its ready line. Any other server command (``command``, ``{port}``
+replaced by a free port) is ready when ``GET /health`` answers 200.
+Used by `bench run` (one server per arm and round) and by the end-to-end tests.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
+import urllib.request
 from typing import IO
 
 from harness.wire import parent_watch
@@ -31,8 +38,22 @@ class ServerProcess:
     optionally appended to a log file) for error messages.
     """
 
-    def __init__(self, codec: str, flags: list[str], log_path: str | None = None) -> None:
-        cmd = [sys.executable, "-m", "harness.cli", "serve", "--codec", codec, "--port", "0", *flags]
+    def __init__(
+        self,
+        codec: str,
+        flags: list[str],
+        log_path: str | None = None,
+        *,
+        python: str | None = None,
+        command: str | None = None,
+    ) -> None:
+        self._port_url: str | None = None
+        if command is not None:
+            port = free_port()
+            cmd = shlex.split(command.replace("{port}", str(port)))
+            self._port_url = f"http://127.0.0.1:{port}"
+        else:
+            cmd = [python or sys.executable, "-m", "harness.cli", "serve", "--codec", codec, "--port", "0", *flags]
         # The server ends itself if this process dies without stopping it (SIGKILL): see parent_watch.
         env = dict(os.environ, PYTHONUNBUFFERED="1", **{parent_watch.ENV: str(os.getpid())})
         self.proc = subprocess.Popen(
@@ -44,6 +65,22 @@ class ServerProcess:
         self._log: IO[str] | None = open(log_path, "a") if log_path else None  # noqa: SIM115
         self._ready = threading.Event()
         threading.Thread(target=self._pump, daemon=True).start()
+        if self._port_url is not None:
+            threading.Thread(target=self._poll_health, daemon=True).start()
+
+    def _poll_health(self) -> None:
+        """A server of its own: ready when GET /health answers 200 (or gone when the process ends)."""
+        url = f"{self._port_url}/health"
+        while self.proc.poll() is None and not self._ready.is_set():
+            try:
+                with urllib.request.urlopen(url, timeout=2) as reply:
+                    if reply.status == 200:
+                        self.base_url = self._port_url
+                        self._ready.set()
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
@@ -52,7 +89,7 @@ class ServerProcess:
             if self._log:
                 self._log.write(line)
                 self._log.flush()
-            match = READY_LINE.search(line)
+            match = READY_LINE.search(line) if self._port_url is None else None
             if match and self.base_url is None:
                 self.base_url = match.group(1)
                 self._ready.set()
@@ -84,3 +121,10 @@ class ServerProcess:
             self._log.close()
             self._log = None
         return self.proc.returncode
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (the server binds it a moment later)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
