@@ -9,7 +9,7 @@ build in blocks (default: the ``calibrate-sim-blocks*.json`` and
 ``aa-blocks-*.json`` baselines; the gate's own A/A jobs once they are
 committed). Each simulated job draws ``--rounds`` such ratios (Gaussian, and
 Student t with 4 df for heavier tails), scaled by a true change, and is
-judged by ``harness.analysis.gate``'s own rule on ``stats.judge``'s verdict:
+judged by ``harness.analysis.gate``'s own rule on the primary verdict (``stats.judge_gatekept``):
 exit 1 only for "slower" by more than the threshold, 3 when the interval
 reaches past it without a verdict.
 """
@@ -45,7 +45,7 @@ def exit_code(d: np.ndarray, threshold_pct: float) -> int:
     """The gate's exit for one job whose per-round log ratios are d (head against base)."""
     ones = [1.0] * len(d)
     pair = stats.compare_arms(ones, np.exp(d).tolist(), paired=True)
-    (verdict,) = stats.judge([pair], higher_is_better=[False])
+    (verdict,), _ = stats.judge_gatekept([pair], [[]], primary_higher_is_better=False, secondary_higher_is_better=[])
     outcome = gate._outcome(VerdictCell("head", DETECTION_FIGURE, pair, verdict, "primary"), threshold_pct)
     return {gate.REGRESSION: 1, gate.NOISY: 3}.get(outcome, 0)
 

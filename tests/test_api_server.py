@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestClient, TestServer
 from PIL import Image
@@ -290,6 +292,41 @@ def test_stop_string_filter_holds_back_partial_matches():
     k = StopStringFilter(["cde", "de"])
     assert k.push("abc") == "ab" and k.push("d") == "" and k.push("ef") == "" and k.text == "ab"
     assert k.stopped == "cde"
+
+
+def _cut_reference(text: str, stops: list[str]) -> tuple[str, str | None]:
+    """Brute force: the text before the first stop string to be completed (the longest ending there)."""
+    for end in range(1, len(text) + 1):
+        ending = [s for s in stops if s and text[:end].endswith(s)]
+        if ending:
+            stop = max(ending, key=len)
+            return text[: end - len(stop)], stop
+    return text, None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.text(alphabet="abc", max_size=40),
+    stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=5), max_size=4),
+    cuts=st.lists(st.integers(0, 40), max_size=8),
+)
+def test_stop_string_filter_matches_a_brute_force_reference(text: str, stops: list[str], cuts: list[int]) -> None:
+    f = StopStringFilter(stops)
+    sent, start = "", 0
+    for cut in sorted({min(c, len(text)) for c in cuts}) + [len(text)]:
+        sent += f.push(text[start:cut], final=cut == len(text))
+        start = cut
+    want, stop = _cut_reference(text, stops)
+    assert sent == want and f.text == want and f.stopped == stop
+
+
+def test_stop_string_work_per_token_does_not_grow_with_the_stop_strings() -> None:
+    # 60 stop strings of 10,000 characters froze the event loop for seconds with the old filter.
+    stops = [("x" * 9_999) + chr(0x100 + i) for i in range(60)]
+    f = StopStringFilter(stops)
+    sent = "".join(f.push("xxxx") for _ in range(2_500))  # 10,000 x: all but the last 9,999 go out
+    assert f.stopped is None and sent == "x"
+    assert f.push(chr(0x101)) == "" and f.stopped == "x" * 9_999 + chr(0x101) and f.text == "x"
 
 
 @arun
@@ -729,3 +766,43 @@ async def test_openai_client_streams_completion_and_chat():
                 await api.completions.create(model="nope", prompt="x")
         finally:
             await api.close()
+
+
+# --- bounds checked before the work they bound (issue 21) ----------------------------------------
+
+BOUNDS = [
+    ("/v1/completions", {"prompt": "x", "stop": ["s"] * 17}, "--max-stop-strings"),
+    ("/v1/completions", {"prompt": "x", "stop": ["s" * 4_000, "t" * 200]}, "--max-stop-chars"),
+    ("/v1/completions", {"prompt": "x", "stop_token_ids": list(range(65))}, "--max-stop-token-ids"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {str(i): 1.0 for i in range(1_025)}}, "--max-logit-bias"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}] * 1_025}, "--max-messages"),
+]
+
+
+@arun
+@pytest.mark.parametrize(("path", "body", "flag"), BOUNDS)
+async def test_each_bound_is_a_400_naming_its_flag(path: str, body: dict, flag: str) -> None:
+    engine = FakeEngine(SCRIPT)
+    async with serve(engine) as client:
+        resp = await client.post(path, json=body)
+        out = await resp.json()
+    assert resp.status == 400 and flag in out["error"]["message"], out
+    assert engine.requests == []
+
+
+@arun
+async def test_big_bodies_are_refused_before_they_are_parsed_or_walked() -> None:
+    engine = FakeEngine(SCRIPT)
+    async with serve(engine, max_model_len=64) as client:
+        # 2 M token ids: counted by a byte scan, never parsed.
+        resp = await client.post("/v1/completions", json={"prompt": list(range(2_000_000))})
+        out = await resp.json()
+        assert resp.status == 413 and "--max-json-elements" in out["error"]["message"], out
+        # Under the element bound but longer than the context: refused by its length, not walked.
+        resp = await client.post("/v1/completions", json={"prompt": list(range(1_000))})
+        out = await resp.json()
+        assert resp.status == 400 and "over this model's context of 64" in out["error"]["message"], out
+        # A large image-sized string is one element: the element bound does not refuse it.
+        resp = await client.post("/v1/completions", json={"prompt": "word " * 60_000})
+        assert resp.status == 400 and "bytes" in (await resp.json())["error"]["message"]  # --max-prompt-bytes
+    assert engine.requests == []

@@ -25,7 +25,8 @@ Schema history (``schema_version`` in every document):
   per delivery cell (``kind: "delivery"``).
 - calibrate: a compare 2 document (written by ``bench calibrate``) with a
   ``calibration`` summary beside it.
-- instructions 1: ``kind: "instructions"``, ``calls``, ``metadata`` (versions, machine,
+- instructions 2: ``kind: "instructions"``, ``calls``, ``layout_shifts`` (each cell the median over
+  them, its ``per_layout`` counts beside it; 1 had one count per cell), ``metadata`` (versions, machine,
   valgrind), ``cells``: one per codec × payload × op with ``instructions`` per call
   (``bench micro --count instructions``; ``harness.analysis.instruction_counts``).
 - sweep 1: ``kind: "sweep"``, axes, payload bytes, the micro and e2e parts
@@ -59,7 +60,7 @@ if TYPE_CHECKING:  # the micro figures only; importing harness.micro would impor
     from harness.micro.timing import DeliveryMeasurement, Measurement
 
 # The one table of schema versions: kind → the version written now (the history is above).
-SCHEMAS = {"run": 1, "compare": 2, "micro": 2, "sweep": 1, "instructions": 1}
+SCHEMAS = {"run": 1, "compare": 2, "micro": 2, "sweep": 1, "instructions": 2}
 RUN_SCHEMA, COMPARE_SCHEMA, MICRO_SCHEMA, SWEEP_SCHEMA = (SCHEMAS[k] for k in ("run", "compare", "micro", "sweep"))
 
 

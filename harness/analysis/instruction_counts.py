@@ -23,14 +23,21 @@ DEFAULT_THRESHOLD_PCT = 1.0
 SAME = ("python", "machine", "msgspec", "pyzmq", "numpy", "valgrind")
 
 
-def instructions_document(counts: Iterable[Any], calls: int, meta: dict[str, Any]) -> dict[str, Any]:
-    """``bench micro --count instructions --json``: one cell per codec × payload × op."""
-    cells = [{"codec": c.codec, "payload": c.payload, "op": c.op, "instructions": c.per_call} for c in counts]
+def instructions_document(
+    counts: Iterable[Any], calls: int, meta: dict[str, Any], layout_shifts: Iterable[int] = ()
+) -> dict[str, Any]:
+    """``bench micro --count instructions --json``: one cell per codec × payload × op (the median over
+    the layouts, and each layout's count)."""
+    cells = [
+        {"codec": c.codec, "payload": c.payload, "op": c.op, "instructions": c.per_call, "per_layout": c.per_layout}
+        for c in counts
+    ]
     return jsonable(
         {
             "kind": "instructions",
             "schema_version": SCHEMAS["instructions"],
             "calls": calls,
+            "layout_shifts": list(layout_shifts),
             "metadata": meta,
             "cells": cells,
         }
@@ -108,8 +115,13 @@ def judge(current: dict[str, Any], baseline: dict[str, Any], threshold_pct: floa
 
 
 def format_counts(counts: Iterable[Any]) -> list[str]:
-    rows = [[c.codec, c.payload, c.op, f"{c.per_call:,.0f}"] for c in counts]
-    return text_table.format_table(["codec", "payload", "op", "instructions/call"], rows, left=3)
+    rows = [[c.codec, c.payload, c.op, f"{c.per_call:,.0f}", _spread(c.per_layout)] for c in counts]
+    return text_table.format_table(["codec", "payload", "op", "instructions/call", "layouts min..max"], rows, left=3)
+
+
+def _spread(values: Iterable[float]) -> str:
+    vals = list(values)
+    return f"{min(vals):,.0f}..{max(vals):,.0f}" if vals else "-"
 
 
 def format_gate(gate: CountGate) -> list[str]:

@@ -323,11 +323,15 @@ def judge(
     alpha: float = ALPHA,
     margin_pct: float = DEFAULT_MARGIN_PCT,
     min_rounds: int = MIN_ROUNDS,
+    test_alpha: float | None = None,
 ) -> list[Verdict]:
     """Verdicts for one family of comparisons, Holm-adjusted together.
 
     None stands for a comparison that could not be made (a figure missing on one side).
+    ``test_alpha``: the family's share of the error rate, when it is less than ``alpha`` (the
+    CIs and the equivalence test stay at 1 - alpha).
     """
+    test_alpha = alpha if test_alpha is None else test_alpha
     if len(higher_is_better) != len(family):
         raise ValueError(f"higher_is_better has {len(higher_is_better)} entries for {len(family)} comparisons")
     if min_rounds < 2:
@@ -335,7 +339,7 @@ def judge(
     tested_stats = {i: s for i, s in enumerate(family) if s is not None and s.comparable and s.n_rounds >= min_rounds}
     tested = list(tested_stats)
     adjusted = dict(zip(tested, holm([s.p_value for s in tested_stats.values()]), strict=True))
-    rejected = {i for i, p in adjusted.items() if p < alpha}
+    rejected = {i for i, p in adjusted.items() if p < test_alpha}
     common: dict[str, Any] = {"margin_pct": margin_pct, "min_rounds": min_rounds}
     verdicts = []
     for i, stats in enumerate(family):
@@ -346,7 +350,7 @@ def judge(
             verdicts.append(Verdict("not comparable", nan, nan, nan, nan, nan, None, nan, n, reason=reason, **common))
             continue
         # The Holm threshold this comparison faces once the other rejections are made.
-        level = alpha / max(1, len(tested) - len(rejected - {i}))
+        level = test_alpha / max(1, len(tested) - len(rejected - {i}))
         verdicts.append(
             _one_verdict(
                 stats,
@@ -432,6 +436,9 @@ def _one_verdict(
     return Verdict("inconclusive", rounds_needed=needed, mde_pct=mde, **fields)
 
 
+PRIMARY_SHARE = 0.8  # of alpha, spent on the primary family; the rest falls back to the secondary one
+
+
 def judge_gatekept(
     primary: Sequence[PairStats | None],
     secondary: Sequence[Sequence[PairStats | None]],
@@ -441,16 +448,32 @@ def judge_gatekept(
     alpha: float = ALPHA,
     margin_pct: float = DEFAULT_MARGIN_PCT,
     min_rounds: int = MIN_ROUNDS,
+    primary_share: float = PRIMARY_SHARE,
 ) -> tuple[list[Verdict], list[list[Verdict]]]:
-    """Serial gatekeeping over arms: the primary figure of every arm is one Holm family; the secondary
-    figures of the arms whose primary was resolved (slower, faster, equivalent) are a second Holm
-    family at the same alpha; the rest are ``not_judged``. ``secondary[i]`` are arm i's other figures,
-    in the order of ``secondary_higher_is_better``."""
+    """Gatekeeping over arms with a fallback split of alpha, so a whole table's family-wise rate stays
+    at alpha: the primary figure of every arm is one Holm family tested at primary_share · alpha; the
+    secondary figures of the arms whose primary was resolved (slower, faster, equivalent) are a second
+    Holm family, tested at the whole alpha when every primary was found different, else at the rest,
+    (1 - primary_share) · alpha; the secondary figures of unresolved arms are ``not_judged``.
+    ``secondary[i]`` are arm i's other figures, in the order of ``secondary_higher_is_better``."""
     settings: dict[str, Any] = {"alpha": alpha, "margin_pct": margin_pct, "min_rounds": min_rounds}
-    firsts = judge(primary, higher_is_better=[primary_higher_is_better] * len(primary), **settings)
+    firsts = judge(
+        primary,
+        higher_is_better=[primary_higher_is_better] * len(primary),
+        test_alpha=primary_share * alpha,
+        **settings,
+    )
     open_arms = [i for i, v in enumerate(firsts) if v.verdict in RESOLVED]
+    all_different = bool(firsts) and all(v.verdict in ("slower", "faster") for v in firsts)
     family = [p for i in open_arms for p in secondary[i]]
-    verdicts = iter(judge(family, higher_is_better=list(secondary_higher_is_better) * len(open_arms), **settings))
+    verdicts = iter(
+        judge(
+            family,
+            higher_is_better=list(secondary_higher_is_better) * len(open_arms),
+            test_alpha=alpha if all_different else (1 - primary_share) * alpha,
+            **settings,
+        )
+    )
     why = "the primary figure was not resolved"
     seconds = [
         [next(verdicts) for _ in secondary[i]]

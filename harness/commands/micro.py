@@ -267,16 +267,20 @@ def _count_instructions(codecs: list[str], payloads: list[str], args: argparse.N
         print(f"bench micro: error: --calls must be at least 1, got {args.calls}", file=sys.stderr)
         return 2
     meta = {**run_metadata(), "valgrind": instructions.valgrind_version()}
-    print(f"instructions per call under callgrind ({args.calls} counted calls per cell, the empty loop's subtracted)")
+    print(
+        f"instructions per call under callgrind ({args.calls} counted calls per cell, the empty loop's subtracted; "
+        f"median over {len(instructions.LAYOUT_SHIFTS)} interpreter layouts)"
+    )
     counts = []
     try:
         for c in instructions.count_cells(codecs, payloads, args.calls):
-            print(f"   {c.codec:<16} {c.payload:<18} {c.op:<7} {c.per_call:>14,.0f}", flush=True)
+            spread = f"{min(c.per_layout):,.0f}..{max(c.per_layout):,.0f}"
+            print(f"   {c.codec:<16} {c.payload:<18} {c.op:<7} {c.per_call:>14,.0f}   layouts {spread}", flush=True)
             counts.append(c)
     except instructions.CountError as exc:
         print(f"bench micro: error: {exc}", file=sys.stderr)
         return 2
-    doc = ic.instructions_document(counts, args.calls, meta)
+    doc = ic.instructions_document(counts, args.calls, meta, instructions.LAYOUT_SHIFTS)
     if args.json is not None:
         documents.write_json(args.json, doc)
         print(f"Counts saved to {args.json}")

@@ -138,6 +138,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lim.add_argument(
         "--body-timeout", type=float, default=lim_defaults.body_timeout_s, help="seconds to receive a request body"
     )
+    for flag, field, what in (
+        ("--max-json-elements", "max_json_elements", "JSON elements of a body (its commas, counted before parsing)"),
+        ("--max-messages", "max_messages", "chat messages of a request"),
+        ("--max-stop-strings", "max_stop_strings", "stop strings of a request"),
+        ("--max-stop-chars", "max_stop_chars", "characters of all of a request's stop strings"),
+        ("--max-stop-token-ids", "max_stop_token_ids", "stop_token_ids of a request"),
+        ("--max-logit-bias", "max_logit_bias", "logit_bias entries of a request"),
+    ):
+        lim.add_argument(flag, type=int, default=getattr(lim_defaults, field), help=f"{what} (default %(default)s)")
     p.add_argument(
         "--trace-file",
         default=None,
@@ -321,6 +330,12 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
             max_image_pixels=args.max_image_pixels,
             max_request_pixels=args.max_request_pixels,
             body_timeout_s=args.body_timeout,
+            max_json_elements=args.max_json_elements,
+            max_messages=args.max_messages,
+            max_stop_strings=args.max_stop_strings,
+            max_stop_chars=args.max_stop_chars,
+            max_stop_token_ids=args.max_stop_token_ids,
+            max_logit_bias=args.max_logit_bias,
         )
         if args.served_model_name:
             settings = replace(settings, served_model_name=args.served_model_name)

@@ -201,6 +201,15 @@ async def _read_json(request: web.Request) -> Any:
         raise ProtocolError(
             f"the request body did not arrive within {settings.body_timeout_s:g} s", status=408
         ) from None
+    # Parsing holds the event loop (and the GIL) for as long as it runs, and costs per element:
+    # bound the elements first, by the commas a byte scan counts (a base64 image has one).
+    elements = raw.count(b",")
+    if elements > settings.max_json_elements:
+        raise ProtocolError(
+            f"the request body has {elements} JSON elements, over the limit of {settings.max_json_elements} "
+            "(bench serve --max-json-elements)",
+            status=413,
+        )
     try:
         return msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:

@@ -174,7 +174,7 @@ async def tokenize(tokenizer: TextTokenizer, text: str) -> list[int]:
 async def prepare_completion(
     body: Any, tokenizer: TextTokenizer, settings: FrontendSettings, alloc: TensorAlloc | None = None
 ) -> Prepared:
-    req = protocol.parse_completion_request(body)
+    req = protocol.parse_completion_request(body, settings.limits())
     model = _check_model(settings, req.model)
     if isinstance(req.prompt, str):
         text: str | None = req.prompt
@@ -197,7 +197,7 @@ async def prepare_chat(
     body: Any, tokenizer: TextTokenizer, settings: FrontendSettings, alloc: TensorAlloc | None = None
 ) -> Prepared:
     """``alloc``: where pixel tensors are built (the shm transport's arena), by default torch's memory."""
-    req = protocol.parse_chat_request(body)
+    req = protocol.parse_chat_request(body, settings.limits())
     model = _check_model(settings, req.model)
     n_images = len(req.image_urls)
     if n_images > settings.max_images_per_request:

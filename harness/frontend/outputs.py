@@ -27,18 +27,74 @@ class IncompleteOutputError(EngineRequestError):
 # --- stop strings ------------------------------------------------------------------
 
 
+class StopMatcher:
+    """An Aho–Corasick automaton over the stop strings, fed one character at a time.
+
+    Its state is the longest tail of the text fed so far that begins some stop string, so
+    the text to hold back and whether a stop string just ended are known in O(1) per
+    character: the work per token is linear in the token's text, whatever the number and
+    length of the stop strings (which the protocol bounds anyway). Built once per request.
+    """
+
+    def __init__(self, stops: list[str]) -> None:
+        self._goto: list[dict[str, int]] = [{}]
+        self._depth = [0]
+        ends = [0]  # length of a stop string ending exactly at the node (0: none)
+        for stop in stops:
+            node = 0
+            for ch in stop:
+                nxt = self._goto[node].get(ch)
+                if nxt is None:
+                    nxt = len(self._goto)
+                    self._goto[node][ch] = nxt
+                    self._goto.append({})
+                    self._depth.append(self._depth[node] + 1)
+                    ends.append(0)
+                node = nxt
+            ends[node] = len(stop)
+        self._fail = [0] * len(self._goto)
+        # The longest stop string ending at a node, its own or one along the failure links: the
+        # longest one has the earliest start.
+        self._match = list(ends)
+        queue = list(self._goto[0].values())
+        for node in queue:
+            for ch, nxt in self._goto[node].items():
+                queue.append(nxt)
+                f = self._fail[node]
+                while f and ch not in self._goto[f]:
+                    f = self._fail[f]
+                self._fail[nxt] = self._goto[f].get(ch, 0) if self._goto[f].get(ch, 0) != nxt else 0
+                self._match[nxt] = ends[nxt] or self._match[self._fail[nxt]]
+        self.state = 0
+
+    def feed(self, ch: str) -> int:
+        """Advance by one character; the length of the stop string that ends here (0: none)."""
+        node = self.state
+        while node and ch not in self._goto[node]:
+            node = self._fail[node]
+        node = self._goto[node].get(ch, 0)
+        self.state = node
+        return self._match[node]
+
+    @property
+    def partial(self) -> int:
+        """How many characters at the end of the text could still begin a stop string."""
+        return self._depth[self.state]
+
+
 class StopStringFilter:
     """Applies stop strings to streamed text, holding back what could still start one.
 
     ``push`` returns the text that is safe to send now. A tail of the text that
     is the beginning of a stop string is held back until it is clear whether
-    the stop string follows; ``final=True`` releases it. When a stop string appears the
-    text is cut before it and ``stopped`` names it.
+    the stop string follows; ``final=True`` releases it. The text stops where the first
+    stop string to be completed ends (the longest, so the earliest starting, of those that
+    end there); it is cut before that string and ``stopped`` names it.
     """
 
     def __init__(self, stops: list[str]) -> None:
-        self._stops = list(stops)
-        self._hold = max((len(s) for s in self._stops), default=1) - 1
+        self._stops = [s for s in stops if s]
+        self._matcher = StopMatcher(self._stops) if self._stops else None
         self._text = ""
         self._sent = 0
         self.stopped: str | None = None
@@ -48,36 +104,26 @@ class StopStringFilter:
         """Everything sent so far (the final output once finished)."""
         return self._text[: self._sent]
 
-    def _partial_match(self) -> int:
-        """Length of the longest tail of the text that begins some stop string."""
-        tail = self._text[-self._hold :] if self._hold else ""
-        best = 0
-        for stop in self._stops:
-            for k in range(min(len(stop) - 1, len(tail)), best, -1):
-                if tail.endswith(stop[:k]):
-                    best = k
-                    break
-        return best
-
     def push(self, new_text: str, final: bool = False) -> str:
         if self.stopped is not None:
             return ""
-        # A stop string ending in the new text starts at most _hold chars earlier.
-        search_from = max(0, len(self._text) - self._hold)
+        start = len(self._text)
         self._text += new_text
-        hit, hit_at = None, len(self._text)
-        for stop in self._stops:
-            at = self._text.find(stop, search_from)
-            if at != -1 and at < hit_at:
-                hit, hit_at = stop, at
-        if hit is not None:
-            self.stopped = hit
-            self._text = self._text[:hit_at]
-            end = hit_at
-        elif final or not self._stops:
+        matcher = self._matcher
+        if matcher is not None:
+            for i, ch in enumerate(new_text):
+                length = matcher.feed(ch)
+                if length:
+                    end = start + i + 1
+                    self.stopped = self._text[end - length : end]
+                    self._text = self._text[: end - length]
+                    out = self._text[self._sent :]
+                    self._sent = len(self._text)
+                    return out
+        if final or matcher is None:
             end = len(self._text)
         else:
-            end = max(self._sent, len(self._text) - self._partial_match())
+            end = max(self._sent, len(self._text) - matcher.partial)
         out = self._text[self._sent : end]
         self._sent = end
         return out

@@ -58,6 +58,30 @@ def error_body(message: str, status: int, param: str | None = None, kind: str | 
     }
 
 
+# --- limits -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Per-request bounds, each checked by a length before any element is walked, each refusal a 400
+    naming the `bench serve` flag that sets it (a 20 M-id prompt must cost a len(), not a loop)."""
+
+    max_prompt_tokens: int = 2_048  # token-id prompts: the context length
+    max_messages: int = 1_024
+    max_stop_strings: int = 16
+    max_stop_chars: int = 4_096
+    max_stop_token_ids: int = 64
+    max_logit_bias: int = 1_024
+
+
+DEFAULT_LIMITS = RequestLimits()
+
+
+def _bound(n: int, limit: int, what: str, flag: str, param: str) -> None:
+    if n > limit:
+        raise ProtocolError(f"{what}: {n} is over the limit of {limit} (bench serve {flag})", param=param)
+
+
 # --- typed field readers --------------------------------------------------------
 # bool is a subclass of int in Python; JSON true must not pass as 1.
 
@@ -147,32 +171,41 @@ def _parse_model(body: dict) -> str | None:
     return model
 
 
-def _parse_stop(body: dict) -> list[str]:
+def _parse_stop(body: dict, limits: RequestLimits) -> list[str]:
     stop = body.get("stop")
     if stop is None:
         return []
     if isinstance(stop, str):
         stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+    if not isinstance(stop, list):
         raise ProtocolError("'stop' must be a string or a list of strings", param="stop")
+    _bound(len(stop), limits.max_stop_strings, "stop strings", "--max-stop-strings", "stop")
+    if not all(isinstance(s, str) for s in stop):
+        raise ProtocolError("'stop' must be a string or a list of strings", param="stop")
+    chars = sum(len(s) for s in stop)
+    _bound(chars, limits.max_stop_chars, "characters in all stop strings", "--max-stop-chars", "stop")
     return stop
 
 
-def _parse_int_list(body: dict, name: str) -> list[int]:
+def _parse_int_list(body: dict, name: str, limit: int, flag: str) -> list[int]:
     v = body.get(name)
     if v is None:
         return []
-    if not isinstance(v, list) or not all(_is_int(x) for x in v):
+    if not isinstance(v, list):
+        raise ProtocolError(f"'{name}' must be a list of integers", param=name)
+    _bound(len(v), limit, f"'{name}' entries", flag, name)
+    if not all(_is_int(x) for x in v):
         raise ProtocolError(f"'{name}' must be a list of integers", param=name)
     return v
 
 
-def _parse_logit_bias(body: dict) -> dict[int, float] | None:
+def _parse_logit_bias(body: dict, limits: RequestLimits) -> dict[int, float] | None:
     v = body.get("logit_bias")
     if v is None:
         return None
     if not isinstance(v, dict):
         raise ProtocolError("'logit_bias' must be an object of token id -> bias", param="logit_bias")
+    _bound(len(v), limits.max_logit_bias, "'logit_bias' entries", "--max-logit-bias", "logit_bias")
     out: dict[int, float] = {}
     for key, bias in v.items():
         try:
@@ -198,7 +231,7 @@ def _refuse_unsupported(body: dict) -> None:
             raise ProtocolError(f"'{name}' is not supported by this server", param=name)
 
 
-def _parse_sampling(body: dict, chat: bool) -> SamplingParams:
+def _parse_sampling(body: dict, chat: bool, limits: RequestLimits) -> SamplingParams:
     """The sampling fields as SamplingParams (max_tokens None when absent), within the contract."""
     _refuse_unsupported(body)
     max_tokens = _opt_int(body, "max_tokens", lo=1)
@@ -212,11 +245,11 @@ def _parse_sampling(body: dict, chat: bool) -> SamplingParams:
         # OpenAI/vLLM use -1 (or 0) for "no top-k"; SamplingParams uses 0.
         top_k=0 if top_k in (None, -1) else top_k,
         seed=_opt_int(body, "seed"),
-        stop=_parse_stop(body),
-        stop_token_ids=_parse_int_list(body, "stop_token_ids"),
+        stop=_parse_stop(body, limits),
+        stop_token_ids=_parse_int_list(body, "stop_token_ids", limits.max_stop_token_ids, "--max-stop-token-ids"),
         ignore_eos=bool(_opt_bool(body, "ignore_eos")),
         min_tokens=_opt_int(body, "min_tokens") or 0,
-        logit_bias=_parse_logit_bias(body),
+        logit_bias=_parse_logit_bias(body, limits),
     )
     for name in _FLOAT_FIELDS:  # absent: SamplingParams' default
         value = _opt_float(body, name)
@@ -247,13 +280,18 @@ def _parse_stream(body: dict) -> tuple[bool, StreamOptions]:
     )
 
 
-def parse_completion_request(body: Any) -> CompletionRequest:
+def parse_completion_request(body: Any, limits: RequestLimits = DEFAULT_LIMITS) -> CompletionRequest:
     """Validate a /v1/completions body; raises ProtocolError naming the bad field."""
     body = _require_object(body)
     if "prompt" not in body:
         raise ProtocolError("'prompt' is required", param="prompt")
     prompt = body["prompt"]
     if isinstance(prompt, list):
+        if len(prompt) > limits.max_prompt_tokens:  # a token prompt longer than the context: refused unread
+            raise ProtocolError(
+                f"the prompt has {len(prompt)} token ids, over this model's context of {limits.max_prompt_tokens}",
+                param="prompt",
+            )
         # A list of strings or of token lists is a batch; a flat int list is one prompt.
         if prompt and all(_is_int(t) for t in prompt):
             pass
@@ -270,7 +308,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     if len(prompt) == 0:
         raise ProtocolError("'prompt' must not be empty", param="prompt")
     stream, options = _parse_stream(body)
-    return CompletionRequest(_parse_model(body), prompt, _parse_sampling(body, chat=False), stream, options)
+    return CompletionRequest(_parse_model(body), prompt, _parse_sampling(body, False, limits), stream, options)
 
 
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -300,12 +338,13 @@ def _parse_content_part(part: Any, where: str, image_urls: list[str]) -> dict[st
     raise ProtocolError(f"{where}: content part type {kind!r} is not supported (text, image_url)", param="messages")
 
 
-def parse_chat_request(body: Any) -> ChatRequest:
+def parse_chat_request(body: Any, limits: RequestLimits = DEFAULT_LIMITS) -> ChatRequest:
     """Validate a /v1/chat/completions body; raises ProtocolError naming the bad field."""
     body = _require_object(body)
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise ProtocolError("'messages' must be a non-empty list", param="messages")
+    _bound(len(raw), limits.max_messages, "messages", "--max-messages", "messages")
     messages: list[dict[str, Any]] = []
     image_urls: list[str] = []
     for i, msg in enumerate(raw):
@@ -324,4 +363,5 @@ def parse_chat_request(body: Any) -> ChatRequest:
             raise ProtocolError(f"{where}.content must be a string or a list of parts", param="messages")
         messages.append({"role": role, "content": content})
     stream, options = _parse_stream(body)
-    return ChatRequest(_parse_model(body), messages, image_urls, _parse_sampling(body, chat=True), stream, options)
+    sampling = _parse_sampling(body, True, limits)
+    return ChatRequest(_parse_model(body), messages, image_urls, sampling, stream, options)

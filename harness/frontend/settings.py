@@ -7,6 +7,7 @@ from typing import Any
 
 from harness.engine.config import EngineConfig
 from harness.frontend.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_PIXELS, MM_PAYLOADS, TENSOR_DTYPES, MmPayload
+from harness.frontend.protocol import RequestLimits
 
 
 def default_model_name(preset: str) -> str:
@@ -32,6 +33,13 @@ class FrontendSettings:
     max_request_bytes: int = 64 * 1024 * 1024  # whole HTTP body (base64 images inflate by 4/3)
     # A prompt's UTF-8 bytes, checked before tokenizing (a 2,048-token context fits in far less).
     max_prompt_bytes: int = 256 * 1024
+    # Bounds checked before the work they bound (each refusal names its flag), see RequestLimits.
+    max_json_elements: int = 65_536  # commas in the raw body, counted before it is parsed
+    max_messages: int = 1_024
+    max_stop_strings: int = 16
+    max_stop_chars: int = 4_096  # all stop strings together
+    max_stop_token_ids: int = 64
+    max_logit_bias: int = 1_024
     # Seconds to receive a whole request body (a client that never finishes one gets 408).
     body_timeout_s: float = 30.0
     # max_tokens when the request has none: this cap, or less to fit the context.
@@ -57,6 +65,12 @@ class FrontendSettings:
             "max_images_per_request",
             "max_request_bytes",
             "default_max_tokens",
+            "max_json_elements",
+            "max_messages",
+            "max_stop_strings",
+            "max_stop_chars",
+            "max_stop_token_ids",
+            "max_logit_bias",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"FrontendSettings.{name} must be >= 1, got {getattr(self, name)}")
@@ -71,3 +85,14 @@ class FrontendSettings:
             eos_token_id=config.eos_token_id,
         )
         return replace(base, **overrides)
+
+    def limits(self) -> RequestLimits:
+        """The bounds the request parser checks, by length, before walking any field."""
+        return RequestLimits(
+            max_prompt_tokens=self.max_model_len,
+            max_messages=self.max_messages,
+            max_stop_strings=self.max_stop_strings,
+            max_stop_chars=self.max_stop_chars,
+            max_stop_token_ids=self.max_stop_token_ids,
+            max_logit_bias=self.max_logit_bias,
+        )
