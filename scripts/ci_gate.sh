@@ -15,7 +15,7 @@ out=${2:-results/ci-gate}
 head=$(pwd)
 mkdir -p "$out"
 run_args=${WB_GATE_RUN_ARGS:---executor sim --num-prompts 200 --block-size 20 --repeat 7}
-count_args=${WB_GATE_COUNT_ARGS:---codec pickle,msgspec,msgspec-oob --payload text-550,outputs-64}
+count_args=${WB_GATE_COUNT_ARGS:---codec msgspec-oob --payload text-550,outputs-64}
 summary=${GITHUB_STEP_SUMMARY:-$out/summary.md}
 
 # shellcheck disable=SC2086  # the recipe is a list of flags

@@ -6,8 +6,8 @@
 The noise model is the paired one the gate tests: per round, the log ratio of
 head's to base's TTFT mean, with the SD measured on committed A/A runs of one
 build in blocks (default: the ``calibrate-sim-blocks*.json`` and
-``aa-blocks-*.json`` baselines; the gate's own A/A jobs once they are
-committed). Each simulated job draws ``--rounds`` such ratios (Gaussian, and
+``aa-blocks-*.json`` baselines; ``--jobs-file`` takes the gate's own A/A
+jobs, ``results/baselines/gate-aa.json``). Each simulated job draws ``--rounds`` such ratios (Gaussian, and
 Student t with 4 df for heavier tails), scaled by a true change, and is
 judged by ``harness.analysis.gate``'s own rule on the primary verdict (``stats.judge_gatekept``):
 exit 1 only for "slower" by more than the threshold, 3 when the interval
@@ -17,6 +17,7 @@ reaches past it without a verdict.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 from pathlib import Path
@@ -61,6 +62,12 @@ def rates(rng: np.random.Generator, sd: float, effect_pct: float, args: argparse
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("files", nargs="*", type=Path, default=DEFAULT_FILES, help="A/A compare files (first two arms)")
+    p.add_argument(
+        "--jobs-file",
+        type=Path,
+        default=None,
+        help="a gate-jobs document (scripts/gate_rates.py): its jobs' paired SDs (median and largest) instead",
+    )
     p.add_argument("--jobs", type=int, default=20000)
     p.add_argument("--rounds", type=int, default=stats.DEFAULT_ROUNDS)
     p.add_argument("--threshold-pct", type=float, default=5.0)
@@ -68,8 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
     rng = np.random.default_rng(args.seed)
-    sds = {f.name: paired_sd(f) for f in args.files}
-    print("paired SD of ln(TTFT mean ratio) per round, committed A/A files:")
+    if args.jobs_file is not None:
+        per_job = [
+            j["paired_sd_log"] for j in json.loads(args.jobs_file.read_text())["per_job"] if j.get("paired_sd_log")
+        ]
+        name = args.jobs_file.name
+        sds = {f"{name}, median of {len(per_job)} jobs": statistics.median(per_job), f"{name}, largest": max(per_job)}
+    else:
+        sds = {f.name: paired_sd(f) for f in args.files}
+    print("paired SD of ln(TTFT mean ratio) per round, measured here:")
     for name, sd in sds.items():
         print(f"  {name}: {sd:.4f}")
     effects = [float(x) for x in args.effects_pct.split(",")]

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.analysis.documents import SCHEMAS
+
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = "--executor sim --num-prompts 200 --block-size 20 --repeat 7"
 
@@ -85,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--jobs", type=int, default=10)
     p.add_argument("--codec", default="pickle")
-    p.add_argument("--inject", default=None, metavar="OPTION", help="a calibration option for head, e.g. request-delay=900us")
+    p.add_argument(
+        "--inject", default=None, metavar="OPTION", help="a calibration option for head, e.g. request-delay=900us"
+    )
     p.add_argument("--recipe", default=RECIPE, help=f"bench run flags of the job (default: {RECIPE})")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
@@ -94,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="wb-gate-job-") as tmp:
             job = one_job(args, Path(tmp))
         jobs.append(job)
-        print(f"job {i + 1}/{args.jobs}: exit {job['exit_code']} {job.get('primary', {}).get('verdict', job.get('error', ''))[:200]} "
-              f"({job['wall_s']:.0f} s)", flush=True)
+        said = job.get("primary", {}).get("verdict", job.get("error", ""))[:200]
+        print(f"job {i + 1}/{args.jobs}: exit {job['exit_code']} {said} ({job['wall_s']:.0f} s)", flush=True)
         write(args, jobs)
     return 0
 
@@ -104,6 +108,7 @@ def write(args: argparse.Namespace, jobs: list[dict[str, Any]]) -> None:
     codes = [j["exit_code"] for j in jobs]
     doc = {
         "kind": "gate-jobs",
+        "schema_version": SCHEMAS["gate-jobs"],
         "command": "scripts/gate_rates.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         "recipe": args.recipe,
         "codec": args.codec,

@@ -18,16 +18,18 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from harness.engine.config import EngineConfig
 from harness.frontend.app import build_app
+from harness.frontend.images import PixelBudget
 from harness.frontend.inputs import FALLBACK_IMAGE_TOKEN_ID
 from harness.frontend.outputs import StopStringFilter
+from harness.frontend.protocol import ProtocolError
 from harness.frontend.settings import FrontendSettings
 from harness.wire import prom
 from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
@@ -806,3 +808,24 @@ async def test_big_bodies_are_refused_before_they_are_parsed_or_walked() -> None
         resp = await client.post("/v1/completions", json={"prompt": "word " * 60_000})
         assert resp.status == 400 and "bytes" in (await resp.json())["error"]["message"]  # --max-prompt-bytes
     assert engine.requests == []
+
+
+@arun
+async def test_the_pixel_budget_queues_decoders_and_refuses_after_its_wait() -> None:
+    budget = PixelBudget(100, wait_s=0.3)
+    order: list[str] = []
+
+    async def decode(name: str, pixels: int, hold_s: float) -> None:
+        async with budget.hold(pixels):
+            order.append(f"+{name}")
+            await asyncio.sleep(hold_s)
+            order.append(f"-{name}")
+
+    # b waits for a's pixels (60 + 60 > 100), then runs: never both at once.
+    await asyncio.gather(decode("a", 60, 0.1), decode("b", 60, 0.0))
+    assert order == ["+a", "-a", "+b", "-b"] and budget.used == 0
+    with pytest.raises(ProtocolError, match="--max-inflight-pixels") as refused:
+        await asyncio.gather(decode("c", 80, 1.0), decode("d", 80, 0.0))
+    assert refused.value.status == 503
+    await asyncio.sleep(1.0)
+    assert budget.used == 0

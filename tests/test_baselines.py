@@ -39,6 +39,10 @@ def test_a_committed_baseline_loads_at_the_current_schema(path: Path) -> None:
         assert measured, path.name
         if len(measured) >= 2:  # re-judged from the figures the file embeds
             assert compare(measured).cells
+    elif doc["kind"] == "gate-jobs":  # the gate's measured rates: the counts add up to the jobs listed
+        codes = [j["exit_code"] for j in doc["per_job"]]
+        assert doc["jobs"] == len(codes) == sum(doc["exit_codes"].values())
+        assert {str(c): codes.count(c) for c in set(codes)} == doc["exit_codes"]
     elif doc["kind"] == "instructions":  # the gate's baseline for counts: against itself, a pass
         assert ic.judge(doc, ic.check_document(doc, path.name)).exit_code == ic.EXIT_PASS
     else:

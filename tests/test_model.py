@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -399,7 +401,7 @@ def test_default_rows_never_touch_the_penalty_path(monkeypatch):
     """Default params: same tokens with or without history, and no bias/penalty work at all."""
 
     def fresh_rows(s: Sampler, with_history: bool) -> list[SampleRow]:
-        hist = dict(prompt_token_ids=[1, 2, 3], output_token_ids=[4, 4]) if with_history else {}
+        hist: dict[str, Any] = dict(prompt_token_ids=[1, 2, 3], output_token_ids=[4, 4]) if with_history else {}
         kinds = [
             _greedy(),
             SamplingParams(temperature=1.0),

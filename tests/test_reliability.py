@@ -25,7 +25,7 @@ import pytest
 import zmq
 from PIL import Image
 
-from serve_process import free_port_pair, start_serve, still_alive
+from serve_process import free_port_pair, shm_segments, start_serve, still_alive
 
 pytestmark = pytest.mark.e2e
 
@@ -185,6 +185,45 @@ def test_an_unauthenticated_local_process_can_neither_stop_read_nor_run_code(tmp
     assert not marker.exists(), "the rogue pickle must never be unpickled"
 
 
+def test_requests_whose_outputs_never_come_back_fail_at_the_request_timeout():
+    """--no-auth on loopback (with its warning): a rogue PULL on the output port takes some outputs;
+    the requests it robbed end with a 504 naming --request-timeout instead of hanging."""
+    port = free_port_pair()
+    server = start_serve(
+        "--socket", "tcp", "--no-auth", "--engine-port", str(port), "--request-timeout", "3", codec="msgspec"
+    )  # fmt: skip
+    ctx: zmq.Context = zmq.Context()
+    rogue_out = ctx.socket(zmq.PULL)
+    rogue_out.setsockopt(zmq.LINGER, 0)
+    rogue_out.connect(f"tcp://127.0.0.1:{port + 1}")
+    try:
+        assert any("WARNING: --no-auth" in line for line in server.lines)
+        time.sleep(0.5)  # the rogue's connection is up before the requests start
+
+        async def scenario():
+            async with aiohttp.ClientSession() as session:
+                body = {"model": MODEL, "prompt": "A long night", "max_tokens": 24, "ignore_eos": True}
+                url = f"{server.base_url}/v1/completions"
+                return await asyncio.wait_for(
+                    asyncio.gather(*(post_json(session, url, body) for _ in range(8))), timeout=60
+                )
+
+        started = time.monotonic()
+        results = asyncio.run(scenario())
+        took = time.monotonic() - started
+        stolen = rogue_out.poll(100)
+    finally:
+        rogue_out.close()
+        ctx.term()
+        server.stop()
+    statuses = [status for status, _ in results]
+    assert stolen, "the rogue PULL should have received some outputs (round-robin)"
+    assert set(statuses) <= {200, 504} and 504 in statuses, statuses
+    timed_out = [body for status, body in results if status == 504]
+    assert all("--request-timeout" in body["error"]["message"] for body in timed_out)
+    assert took < 60
+
+
 def test_pickle_over_unauthenticated_tcp_is_refused():
     done = subprocess.run(
         [
@@ -316,15 +355,21 @@ def test_stale_ipc_dirs_of_dead_processes_are_removed_at_start():
     assert not stale.exists()
 
 
-def test_a_killed_frontend_leaves_its_ipc_dir_for_the_next_start_to_remove():
-    server = start_serve(codec="msgspec")
-    mine = [p for p in Path(tempfile.gettempdir()).glob(f"wirebench-{server.proc.pid}-*")]
+@pytest.mark.parametrize("flags", [(), ("--transport", "shm")], ids=["zmq", "shm"])
+def test_a_killed_frontend_leaves_nothing_behind(flags):
+    """The engine notices its frontend is gone and removes the ipc directory and the frontend's shm
+    segment itself (the shm case sends no frame through the arena: only the spawn named it)."""
+    server = start_serve(*flags, codec="msgspec-oob")
+    pid = server.proc.pid
+    mine = list(Path(tempfile.gettempdir()).glob(f"wirebench-{pid}-*"))
+    segments = [s for s in shm_segments() if s.startswith(f"wirebench-{pid}-")]
     children = server.child_pids
-    os.kill(server.proc.pid, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
     server.proc.wait()
     assert not still_alive(children, grace_s=5)  # the engine stops when its frontend is gone
-    start_serve(codec="msgspec").stop()
     assert mine and not any(p.exists() for p in mine)
+    assert bool(segments) == bool(flags)
+    assert not [s for s in shm_segments() if s.startswith(f"wirebench-{pid}-")]
 
 
 def _ipv6_loopback() -> bool:
@@ -360,8 +405,12 @@ def test_an_ipv6_engine_host_works_or_is_refused_cleanly():
         )
         assert done.returncode != 0 and "Traceback" not in done.stderr
         return
-    server = start_serve("--socket", "tcp", "--engine-host", "::1", "--engine-port", str(port), codec="msgspec")
+    # The HTTP side on ::1 too: the URL it prints has the brackets clients need.
+    server = start_serve(
+        "--socket", "tcp", "--engine-host", "::1", "--engine-port", str(port), "--host", "::1", codec="msgspec"
+    )  # fmt: skip
     try:
+        assert server.base_url.startswith("http://[::1]:")
 
         async def scenario():
             async with aiohttp.ClientSession() as session:

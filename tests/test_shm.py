@@ -7,6 +7,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -50,8 +51,39 @@ def test_a_full_arena_waits_for_a_release(arena):
     block, gen, _ = arena.alloc(700_000)
     threading.Timer(0.2, arena.free, (block, gen)).start()
     assert arena.alloc(700_000, timeout_s=5)[2].nbytes == 700_000
-    with pytest.raises(ShmError, match="does not fit"):
+    with pytest.raises(ShmError, match="do not fit"):
         arena.alloc(2 << 20)
+
+
+def test_a_requests_blocks_are_taken_all_at_once_so_requests_never_wait_on_each_other(arena):
+    import threading
+
+    # Two "requests" that each need 3 blocks of 200 KB in a 1 MiB arena (5 fit): taken one at a time,
+    # each could hold some and wait forever for the rest; all at once, one waits for the other's release.
+    got: dict[str, list] = {}
+
+    def request(name: str) -> None:
+        blocks = arena.alloc_many([200_000] * 3, timeout_s=5)
+        got[name] = blocks
+        threading.Timer(0.2, lambda: [arena.free(b, g) for b, g, _ in blocks]).start()
+
+    threads = [threading.Thread(target=request, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert sorted(got) == ["a", "b"] and all(len(v) == 3 for v in got.values())
+    deadline = time.monotonic() + 5
+    while arena.used_bytes and time.monotonic() < deadline:  # the second request's blocks come back too
+        time.sleep(0.05)
+    # What cannot be had at all fails at once, holding nothing, and says which flag sizes the arena.
+    with pytest.raises(ShmError, match="--shm-size"):
+        arena.alloc_many([400_000] * 3)
+    held, gen, _ = arena.alloc(900_000)
+    with pytest.raises(ShmError, match="arena is full: .* held, .*raise --shm-size"):
+        arena.alloc_many([100_000, 100_000])
+    arena.free(held, gen)
+    assert arena.used_bytes < 400_000  # the failed attempts left nothing taken
 
 
 def test_views_release_their_block_when_the_last_user_is_gone(arena):

@@ -3,10 +3,11 @@
 import argparse
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
-from harness.commands.serve import check_transport_safety
+from harness.commands.serve import check_transport_safety, insecure_warnings
 from harness.wire import curve, transport
 from harness.wire.transport import EngineAddresses
 
@@ -38,8 +39,21 @@ def test_is_loopback(address, expected):
     assert transport.is_loopback(address) is expected
 
 
-def _args(codec, allow=False):
-    return argparse.Namespace(codec=codec, allow_insecure_pickle=allow)
+def _args(codec, allow=False, no_auth=False, remote_ok=False):
+    return argparse.Namespace(codec=codec, allow_insecure_pickle=allow, no_auth=no_auth, allow_remote_no_auth=remote_ok)
+
+
+def test_no_auth_is_loud_and_refused_off_loopback_without_a_second_flag():
+    remote, local = EngineAddresses.tcp("10.1.2.3", 6000), EngineAddresses.tcp("127.0.0.1", 6000)
+    said = check_transport_safety(_args("msgspec", no_auth=True), remote)
+    assert said is not None and "refusing --no-auth on non-loopback tcp://10.1.2.3" in said
+    assert check_transport_safety(_args("msgspec", no_auth=True, remote_ok=True), remote) is None
+    assert check_transport_safety(_args("msgspec", no_auth=True), local) is None
+    warnings = insecure_warnings(_args("msgspec", no_auth=True), local)
+    assert len(warnings) == 1 and "unauthenticated and unencrypted" in warnings[0]
+    warnings = insecure_warnings(_args("pickle", allow=True, no_auth=True), local)
+    assert any("run code as this user" in w for w in warnings)
+    assert insecure_warnings(_args("pickle"), EngineAddresses.tcp("127.0.0.1", 6000, curve.ephemeral())) == []
 
 
 def test_pickle_over_tcp_needs_authentication_and_loopback_or_the_flag():
@@ -70,3 +84,38 @@ def test_envelope_round_trip():
     assert transport.open_envelope(transport.envelope(transport.ABORT)) == (transport.ABORT, None)
     with pytest.raises(ValueError):
         transport.open_envelope(b"")
+
+
+# --- CURVE key folders: only this user's private ones are trusted (issue 21) -----------------------
+
+
+def test_key_folders_are_created_private_and_reused(tmp_path: Path) -> None:
+    folder = tmp_path / "keys"
+    keys = curve.create_or_load(folder)
+    assert folder.stat().st_mode & 0o777 == 0o700
+    assert (folder / "engine.key_secret").stat().st_mode & 0o077 == 0
+    assert curve.create_or_load(folder) == keys == curve.load(folder)  # a restarted engine keeps its identity
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o770, 0o701])
+def test_a_key_folder_open_to_others_is_refused_not_chmodded(tmp_path: Path, mode: int) -> None:
+    folder = tmp_path / "planted"
+    curve.create_or_load(folder)
+    folder.chmod(mode)
+    with pytest.raises(curve.KeyFolderError, match="group or others"):
+        curve.create_or_load(folder)
+    with pytest.raises(curve.KeyFolderError):
+        curve.load(folder)
+    assert folder.stat().st_mode & 0o777 == mode  # left as found
+
+
+def test_a_readable_secret_or_a_symlinked_folder_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "keys"
+    curve.create_or_load(folder)
+    (folder / "frontend.key_secret").chmod(0o644)
+    with pytest.raises(curve.KeyFolderError, match="frontend.key_secret"):
+        curve.load(folder)
+    link = tmp_path / "link"
+    link.symlink_to(folder)
+    with pytest.raises(curve.KeyFolderError, match="symbolic link"):
+        curve.create_or_load(link)

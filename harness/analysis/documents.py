@@ -29,6 +29,8 @@ Schema history (``schema_version`` in every document):
   them, its ``per_layout`` counts beside it; 1 had one count per cell), ``metadata`` (versions, machine,
   valgrind), ``cells``: one per codec × payload × op with ``instructions`` per call
   (``bench micro --count instructions``; ``harness.analysis.instruction_counts``).
+- gate-jobs 1: ``kind: "gate-jobs"``, the recipe, exit-code counts and per job the gate's
+  primary verdict, paired SD and wall time (``scripts/gate_rates.py``).
 - sweep 1: ``kind: "sweep"``, axes, payload bytes, the micro and e2e parts
   with per-point intervals and verdicts, crossings, plots
   (``harness/commands/sweep.py`` documents each field).
@@ -60,7 +62,7 @@ if TYPE_CHECKING:  # the micro figures only; importing harness.micro would impor
     from harness.micro.timing import DeliveryMeasurement, Measurement
 
 # The one table of schema versions: kind → the version written now (the history is above).
-SCHEMAS = {"run": 1, "compare": 2, "micro": 2, "sweep": 1, "instructions": 2}
+SCHEMAS = {"run": 1, "compare": 2, "micro": 2, "sweep": 1, "instructions": 2, "gate-jobs": 1}
 RUN_SCHEMA, COMPARE_SCHEMA, MICRO_SCHEMA, SWEEP_SCHEMA = (SCHEMAS[k] for k in ("run", "compare", "micro", "sweep"))
 
 

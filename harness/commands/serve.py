@@ -25,7 +25,7 @@ from harness.analysis.documents import write_json
 from harness.engine.config import EngineConfig
 from harness.experiment.server import ready_line
 from harness.experiment.server_flags import add_model_arguments
-from harness.frontend.engine_client import ZmqEngineClient
+from harness.frontend.engine_client import REQUEST_TIMEOUT_S, ZmqEngineClient
 from harness.frontend.settings import FrontendSettings
 from harness.frontend.shm_sender import ShmSender
 from harness.wire import curve, parent_watch, shm, transport
@@ -80,6 +80,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="tcp without CURVE authentication and encryption (any local process can then talk to the engine)",
     )
     t.add_argument(
+        "--allow-remote-no-auth",
+        action="store_true",
+        help="with --no-auth, allow an engine address that is not loopback (every host that reaches it can "
+        "send the engine requests and read its outputs)",
+    )
+    t.add_argument(
         "--allow-insecure-pickle",
         action="store_true",
         help="allow a pickle codec over tcp without authentication, or to another host (unpickling runs "
@@ -115,6 +121,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"seconds without a message before the engine counts as stalled (its requests fail, /health 503); "
         f"it is taken back when it answers again (default {transport.STALL_TIMEOUT_S:g})",
     )
+    t.add_argument(
+        "--request-timeout",
+        type=float,
+        default=REQUEST_TIMEOUT_S,
+        metavar="S",
+        help="seconds without an output for one request before it fails (504) and is aborted in the engine "
+        "(default %(default)s)",
+    )
     lim = p.add_argument_group("request limits (a 400, 408, 413 or 415 with an OpenAI-style error)")
     lim_defaults = FrontendSettings()
     lim.add_argument(
@@ -139,6 +153,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--body-timeout", type=float, default=lim_defaults.body_timeout_s, help="seconds to receive a request body"
     )
     for flag, field, what in (
+        ("--max-inflight-pixels", "max_inflight_pixels", "decoded pixels of all requests at once; more wait, then 503"),
         ("--max-json-elements", "max_json_elements", "JSON elements of a body (its commas, counted before parsing)"),
         ("--max-messages", "max_messages", "chat messages of a request"),
         ("--max-stop-strings", "max_stop_strings", "stop strings of a request"),
@@ -238,6 +253,15 @@ def check_transport_safety(args: argparse.Namespace, addresses: EngineAddresses)
     ipc: fine (a private 0700 directory). tcp: only when authenticated (CURVE) and on loopback;
     otherwise only with --allow-insecure-pickle.
     """
+    tcp = [a for a in (addresses.input, addresses.output) if not a.startswith(("ipc://", "inproc://"))]
+    if args.no_auth and tcp and not getattr(args, "allow_remote_no_auth", False):
+        remote = [a for a in tcp if not is_loopback(a)]
+        if remote:
+            return (
+                f"refusing --no-auth on non-loopback {remote[0]}: any host that reaches it could send the engine "
+                "requests and read every output. Drop --no-auth (CURVE), bind to loopback, or pass "
+                "--allow-remote-no-auth as well."
+            )
     if not unpickles_peer_data(args.codec) or args.allow_insecure_pickle:
         return None
     for address in (addresses.input, addresses.output):
@@ -258,6 +282,23 @@ def check_transport_safety(args: argparse.Namespace, addresses: EngineAddresses)
     return None
 
 
+def insecure_warnings(args: argparse.Namespace, addresses: EngineAddresses) -> list[str]:
+    """What an insecure mode allows, said out loud every time it is on."""
+    tcp = [a for a in (addresses.input, addresses.output) if not a.startswith(("ipc://", "inproc://"))]
+    out = []
+    if args.no_auth and tcp:
+        out.append(
+            f"--no-auth: the engine's tcp sockets ({', '.join(tcp)}) are unauthenticated and unencrypted; "
+            "any process that reaches them can send requests, abort others' and read every output"
+        )
+    if args.allow_insecure_pickle and tcp and unpickles_peer_data(args.codec):
+        out.append(
+            f"--allow-insecure-pickle: codec {args.codec!r} unpickles what arrives on {', '.join(tcp)}; "
+            "a peer that can send a frame can run code as this user"
+        )
+    return out
+
+
 async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) -> int:
     from harness.engine.process import run_engine
     from harness.frontend.app import build_app
@@ -269,10 +310,12 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
         log.warning("removed %s, left by a process that is gone", stale)
     try:
         addresses = _addresses(args)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, curve.KeyFolderError) as exc:
         print(f"bench serve: {exc}", file=sys.stderr)
         return 2
     error = check_transport_safety(args, addresses) or check_shm(args, addresses)
+    for warning in insecure_warnings(args, addresses):
+        print(f"bench serve: WARNING: {warning}", file=sys.stderr)
     if error:
         print(f"bench serve: {error}", file=sys.stderr)
         addresses.cleanup()
@@ -288,11 +331,13 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
     client: ZmqEngineClient | None = None
     runner: web.AppRunner | None = None
     try:
+        arena = shm.Arena(args.shm_size << 20) if args.transport == "shm" else None
         if not args.frontend_only:
             ctx = multiprocessing.get_context("spawn")
             engine_addresses = (
                 replace(addresses, curve=curve.for_engine(addresses.curve)) if addresses.curve else addresses
             )
+            engine_addresses = replace(engine_addresses, frontend_segment=arena.name if arena else None)
             process = ctx.Process(
                 target=run_engine,
                 args=(config, engine_addresses, args.log_level, True),
@@ -304,8 +349,9 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
             args.codec,
             replace(addresses, curve=curve.for_frontend(addresses.curve)) if addresses.curve else addresses,
             heartbeat_timeout_s=args.engine_stall_timeout,
+            request_timeout_s=args.request_timeout,
             verify=args.verify,
-            shm=ShmSender(shm.Arena(args.shm_size << 20), args.shm_threshold) if args.transport == "shm" else None,
+            shm=ShmSender(arena, args.shm_threshold) if arena is not None else None,
             is_process_alive=(process.is_alive if process else None),
             owns_engine=not args.frontend_only,
             spans=not args.no_spans,
@@ -331,6 +377,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
             max_request_pixels=args.max_request_pixels,
             body_timeout_s=args.body_timeout,
             max_json_elements=args.max_json_elements,
+            max_inflight_pixels=args.max_inflight_pixels,
             max_messages=args.max_messages,
             max_stop_strings=args.max_stop_strings,
             max_stop_chars=args.max_stop_chars,
@@ -348,7 +395,8 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
         port = server.sockets[0].getsockname()[1] if isinstance(server, asyncio.Server) else args.port
         engine_desc = ", ".join(f"{k}={v}" for k, v in info.items() if k != "pid")
         engine_desc = f"transport={args.transport}, {engine_desc}"
-        print(ready_line(args.codec, f"http://{args.host}:{port}", engine_desc), flush=True)
+        host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 literal needs brackets in a URL
+        print(ready_line(args.codec, f"http://{host}:{port}", engine_desc), flush=True)
         if ready is not None:
             ready.set()
         await stop.wait()

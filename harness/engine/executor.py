@@ -93,6 +93,8 @@ class _TorchState:
     # Token history for the sampler's penalties; None (no tracking) when all are default.
     prompt_ids: list[int] | None = None
     output_ids: list[int] | None = None
+    # logit_bias as (token ids, biases) within the vocabulary: made once at admission, not every step.
+    bias: tuple[list[int], list[float]] | None = None
 
 
 class TorchExecutor:
@@ -181,7 +183,7 @@ class TorchExecutor:
 
     def _new_state(self, nr: NewRequest) -> _TorchState:
         params = nr.request.sampling_params
-        st = _TorchState(params, self.sampler.request_generator(params))
+        st = _TorchState(params, self.sampler.request_generator(params), bias=self.sampler.bias_lists(params))
         if uses_penalties(params):
             st.prompt_ids, st.output_ids = nr.request.prompt_token_ids, []
         for item, pr in zip(nr.request.mm_inputs or [], nr.request.mm_placeholders or [], strict=True):
@@ -245,7 +247,7 @@ class TorchExecutor:
     def _sample_row(self, c: ScheduledChunk) -> SampleRow:
         st = self.states[c.request_id]
         if st.output_ids is None:  # default penalties: no history to keep
-            return SampleRow(st.params, st.generator, c.suppress_token_ids)
+            return SampleRow(st.params, st.generator, c.suppress_token_ids, bias=st.bias)
         # A chunk past the prompt is a decode, which feeds the newest output
         # token (the scheduler's record of it); prefill chunks hold prompt only.
         if c.start_pos >= len(st.prompt_ids or ()):
@@ -256,6 +258,7 @@ class TorchExecutor:
             c.suppress_token_ids,
             prompt_token_ids=st.prompt_ids,
             output_token_ids=st.output_ids,
+            bias=st.bias,
         )
 
 

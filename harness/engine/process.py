@@ -30,7 +30,7 @@ from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore, error_output
 from harness.engine.scheduler import Scheduler
 from harness.engine.timings import EngineTimings
-from harness.wire import curve, transport
+from harness.wire import curve, shm, transport
 from harness.wire.integrity import request_digest
 from harness.wire.messages import EngineCoreAbort, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from harness.wire.shm import Handle, Mappings, ShmError
@@ -290,11 +290,20 @@ class EngineProcess:
         parent = multiprocessing.parent_process()
         return parent is not None and not parent.is_alive()
 
+    def _remove_frontend_leftovers(self) -> None:
+        """What a killed frontend could not remove and nobody else will: its shared memory (the segments
+        mapped here, and the one it named at spawn even if nothing was sent through it) and the private
+        ipc directory of the sockets."""
+        self.mappings.unlink_all()
+        if self.addresses.frontend_segment:
+            shm.unlink_segment(self.addresses.frontend_segment)
+        self.addresses.cleanup()
+
     def _busy_loop(self, core: EngineCore) -> None:
         while not self.stopping.is_set():
             if self._parent_gone():
                 log.error("the frontend process is gone; stopping")
-                self.mappings.unlink_all()  # its shared memory: nobody else is left to remove it
+                self._remove_frontend_leftovers()
                 return
             # Block only when idle; otherwise take what arrived and step.
             try:

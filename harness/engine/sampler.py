@@ -60,6 +60,8 @@ class SampleRow:
     # Token history, read only when ``uses_penalties(params)``; None means none.
     prompt_token_ids: Sequence[int] | None = None
     output_token_ids: Sequence[int] | None = None  # generated so far, oldest first
+    # params.logit_bias as (ids, biases) in the vocabulary, when the caller made it once (Sampler.bias_lists)
+    bias: tuple[list[int], list[float]] | None = None
 
 
 def is_greedy(params: SamplingParams) -> bool:
@@ -190,17 +192,24 @@ class Sampler:
         r, t = self.stager.ints(at_row, at_tok)
         return logits.index_put((r, t), logits.new_full((), float("-inf")))
 
+    def bias_lists(self, params: SamplingParams) -> tuple[list[int], list[float]] | None:
+        """params.logit_bias as (token ids, biases), ids outside the vocabulary dropped; None without one.
+        The executor makes it once per request: a step only concatenates."""
+        if not params.logit_bias:
+            return None
+        kept = [(t, b) for t, b in params.logit_bias.items() if 0 <= t < self.vocab_size]
+        return [t for t, _ in kept], [b for _, b in kept]
+
     def _with_logit_bias(self, logits: Tensor, rows: list[SampleRow], idx: list[int]) -> Tensor:
         """A copy of logits with rows[j]'s bias added on row idx[j] (ids outside the vocabulary ignored)."""
         at_row: list[int] = []
         at_tok: list[int] = []
         vals: list[float] = []
         for j, row in zip(idx, rows, strict=True):
-            for tok, bias in (row.params.logit_bias or {}).items():
-                if 0 <= tok < self.vocab_size:
-                    at_row.append(j)
-                    at_tok.append(tok)
-                    vals.append(bias)
+            ids, biases = row.bias if row.bias is not None else self.bias_lists(row.params) or ([], [])
+            at_row += [j] * len(ids)
+            at_tok += ids
+            vals += biases
         r, t = self.stager.ints(at_row, at_tok)
         (v,) = self.stager.floats(vals)
         return logits.index_put((r, t), v.to(logits.dtype), accumulate=True)

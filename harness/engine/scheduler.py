@@ -62,6 +62,11 @@ class _Request:
     num_computed_tokens: int = 0
     slot: int = -1
     sent_to_executor: bool = False
+    # The request's stop token ids as a set, made once at admission (a step checks membership only).
+    stop_ids: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        self.stop_ids = frozenset(self.req.sampling_params.stop_token_ids)
 
     @property
     def num_output_tokens(self) -> int:
@@ -359,7 +364,7 @@ class Scheduler:
         sp = r.req.sampling_params
         if r.num_output_tokens >= sp.min_tokens:
             # A stop token on the last allowed token still reports "stop".
-            if tok in sp.stop_token_ids:
+            if tok in r.stop_ids:
                 return FinishReason.STOP, tok
             if tok == r.eos_token_id and not sp.ignore_eos:
                 return FinishReason.STOP, None

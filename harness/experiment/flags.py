@@ -51,8 +51,8 @@ def add_experiment_arguments(
         "--repeat",
         type=int,
         default=1,
-        help=f"interleaved rounds, order reversed every other round (default %(default)s; verdicts need >= "
-        f"{stats.MIN_ROUNDS}, {stats.DEFAULT_ROUNDS} detect a change of 3x the round-to-round noise 4 times in 5)",
+        help=f"interleaved rounds, each in the order of one row of a Williams design (default %(default)s; "
+        f"verdicts need >= {stats.MIN_ROUNDS}; the power of {stats.DEFAULT_ROUNDS} is in docs/method.md)",
     )
     p.add_argument(
         "--block-size",

@@ -42,8 +42,15 @@ import msgspec
 from aiohttp import web
 
 from harness.frontend import outputs
-from harness.frontend.engine_client import EngineClient, EngineDeadError, EngineRequestError, RequestRejectedError
-from harness.frontend.images import TensorAlloc
+from harness.frontend.engine_client import (
+    EngineClient,
+    EngineDeadError,
+    EngineRequestError,
+    OverloadedError,
+    RequestRejectedError,
+    RequestTimeoutError,
+)
+from harness.frontend.images import PixelBudget, TensorAlloc
 from harness.frontend.inputs import Prepared, prepare_chat, prepare_completion
 from harness.frontend.metrics import FrontendMetrics
 from harness.frontend.protocol import ProtocolError, error_body
@@ -60,6 +67,8 @@ log = logging.getLogger("wirebench.frontend")
 ENGINE_ERRORS: tuple[tuple[type[Exception], int, str, str], ...] = (
     (RequestRejectedError, 400, "rejected", ""),
     (EngineDeadError, 503, "failed", "the engine is not available: "),
+    (OverloadedError, 503, "failed", ""),
+    (RequestTimeoutError, 504, "failed", ""),
     (EngineRequestError, 500, "failed", ""),
 )
 
@@ -77,6 +86,7 @@ TOKENIZER = web.AppKey("tokenizer", TextTokenizer)
 SETTINGS = web.AppKey("settings", FrontendSettings)
 METRICS = web.AppKey("metrics", FrontendMetrics)
 STARTED = web.AppKey("started", int)
+PIXELS = web.AppKey("pixels", PixelBudget)
 
 _json = msgspec.json.Encoder()
 _DONE = b"data: [DONE]\n\n"
@@ -218,7 +228,7 @@ async def _read_json(request: web.Request) -> Any:
         raise ProtocolError("the request body's JSON is nested too deeply") from None
 
 
-Prepare = Callable[[Any, TextTokenizer, FrontendSettings, TensorAlloc | None], Awaitable[Prepared]]
+Prepare = Callable[[Any, TextTokenizer, FrontendSettings, TensorAlloc | None, PixelBudget], Awaitable[Prepared]]
 
 
 def _generation_handler(prepare: Prepare) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -227,7 +237,7 @@ def _generation_handler(prepare: Prepare) -> Callable[[web.Request], Awaitable[w
         points = FrontPoints(http_received=time.monotonic_ns())
         try:
             alloc = getattr(app[ENGINE], "tensor_alloc", None)  # the shm transport builds tensors in place
-            prep = await prepare(await _read_json(request), app[TOKENIZER], app[SETTINGS], alloc)
+            prep = await prepare(await _read_json(request), app[TOKENIZER], app[SETTINGS], alloc, app[PIXELS])
         except ProtocolError as exc:
             app[METRICS].requests["rejected"] += 1
             return error_response(exc.message, exc.status, exc.param)
@@ -316,6 +326,7 @@ def build_app(engine: EngineClient, tokenizer: TextTokenizer, settings: Frontend
     app[SETTINGS] = settings
     app[METRICS] = FrontendMetrics()
     app[STARTED] = int(time.time())
+    app[PIXELS] = PixelBudget(settings.max_inflight_pixels)
     app.router.add_post("/v1/completions", _generation_handler(prepare_completion))
     app.router.add_post("/v1/chat/completions", _generation_handler(prepare_chat))
     app.router.add_get("/v1/models", models)

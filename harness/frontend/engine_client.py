@@ -76,6 +76,18 @@ class EngineRequestError(RuntimeError):
     """The engine failed while serving the request (a server-side error, not the client's)."""
 
 
+class OverloadedError(RuntimeError):
+    """No room for the request now (a full shared-memory arena): the client may retry."""
+
+
+class RequestTimeoutError(EngineRequestError):
+    """No output came back for the request within the request timeout (its outputs went elsewhere,
+    or the engine lost it while its heartbeats still arrive)."""
+
+
+REQUEST_TIMEOUT_S = 300.0  # seconds without an output for one request before it fails
+
+
 class EngineClient(Protocol):
     codec_name: str
     # The request timelines of both processes (harness.wire.spans); disabled where not recorded.
@@ -124,8 +136,10 @@ class ZmqEngineClient:
         spans: bool = True,
         shm: ShmSender | None = None,
         verify: bool = False,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> None:
         self.codec_name = codec_name
+        self._request_timeout_s = request_timeout_s
         self._encoder = get_codec(codec_name)
         self._decoder = get_codec(codec_name)
         self._addresses = addresses
@@ -165,7 +179,7 @@ class ZmqEngineClient:
         # --verify: each request carries its digest (harness.wire.integrity), checked by the engine.
         self._verify = verify
         # Pixel tensors built straight into the arena travel without a copy.
-        self.tensor_alloc = shm.tensor if shm is not None else None
+        self.tensor_alloc = shm.tensors if shm is not None else None
 
     # --- lifecycle ----------------------------------------------------------
     async def wait_ready(self, timeout_s: float, accept_heartbeat: bool = False) -> dict:
@@ -274,7 +288,7 @@ class ZmqEngineClient:
             try:
                 message, held = await self._shm.message(rid, frames)
             except ShmError as exc:
-                raise EngineDeadError(f"shared memory: {exc}") from exc
+                raise OverloadedError(str(exc)) from exc
         if self._verify:  # the digest travels outside the codec: flagged kind, one last frame
             message[0] = bytes((message[0][0] | transport.VERIFIED,)) + message[0][1:]
             big = bool(request.mm_inputs)  # hashing megabytes of pixels leaves the event loop
@@ -294,7 +308,13 @@ class ZmqEngineClient:
                 points.sent = time.monotonic_ns()
                 self.timelines.track(rid, points)
             while not finished:
-                item = await q.get()
+                try:
+                    item = await asyncio.wait_for(q.get(), self._request_timeout_s)
+                except TimeoutError:
+                    raise RequestTimeoutError(
+                        f"no output for this request within {self._request_timeout_s:g} s (bench serve "
+                        "--request-timeout); it is aborted in the engine"
+                    ) from None
                 if isinstance(item, Exception):
                     # A dead engine has nothing left to abort; otherwise (lost
                     # output, local abort) the finally below aborts it there.

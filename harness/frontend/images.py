@@ -19,18 +19,22 @@ thread (``asyncio.to_thread``) so the event loop keeps streaming.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
 import hashlib
 import io
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 from PIL import Image
+
+from harness.frontend.protocol import ProtocolError
 
 MmPayload = Literal["pil", "tensor"]
 MM_PAYLOADS: tuple[str, ...] = ("pil", "tensor")
@@ -73,15 +77,51 @@ def torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
-# Where a pixel tensor is built: (shape, torch dtype) → an empty tensor, e.g. in the shm arena.
-TensorAlloc = Callable[[tuple[int, ...], Any], Any]
+class PixelBudget:
+    """Decoded pixels in flight across all requests: a request's image decoding acquires its pixels
+    (counted from the headers) before any pixel is decoded, and gives them back when done. So
+    concurrent image requests queue for memory instead of multiplying it; one that waits longer than
+    ``wait_s`` gets a 503."""
+
+    def __init__(self, total: int, wait_s: float = 10.0) -> None:
+        self.total = total
+        self.wait_s = wait_s
+        self.used = 0
+        self._changed: asyncio.Condition | None = None  # made on the event loop that uses it
+
+    @contextlib.asynccontextmanager
+    async def hold(self, pixels: int) -> AsyncIterator[None]:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        changed = self._changed
+        async with changed:
+            try:
+                await asyncio.wait_for(changed.wait_for(lambda: self.used + pixels <= self.total), self.wait_s)
+            except TimeoutError:
+                raise ProtocolError(
+                    f"the server is decoding {self.used} pixels of other requests' images (limit {self.total}, "
+                    "bench serve --max-inflight-pixels); retry later",
+                    status=503,
+                ) from None
+            self.used += pixels
+        try:
+            yield
+        finally:
+            async with changed:
+                self.used -= pixels
+                changed.notify_all()
 
 
-def pixel_values(image: Image.Image, size: int, dtype: str = "float16", alloc: TensorAlloc | None = None) -> Any:
+# Where a request's pixel tensors are built, all at once: ([shape, ...], torch dtype) → empty tensors,
+# e.g. in the shm arena.
+TensorAlloc = Callable[[list[tuple[int, ...]], Any], list[Any]]
+
+
+def pixel_values(image: Image.Image, size: int, dtype: str = "float16", out: Any = None) -> Any:
     """Resize to size×size, scale to [0, 1], normalise; a torch tensor [1, 3, size, size].
 
-    ``alloc`` gives the tensor's memory (the shm transport's arena, so the frame
-    that carries it needs no copy); by default torch allocates.
+    ``out`` is the tensor to write (e.g. one in the shm transport's arena, so the
+    frame that carries it needs no copy); by default torch allocates.
     """
     import torch
 
@@ -89,31 +129,28 @@ def pixel_values(image: Image.Image, size: int, dtype: str = "float16", alloc: T
     arr = np.asarray(rgb, dtype=np.float32) / 255.0  # [S, S, 3]
     arr = (arr - CLIP_MEAN) / CLIP_STD
     chw = torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1))).unsqueeze(0)  # [1, 3, S, S]
-    if alloc is None:
+    if out is None:
         return chw.to(torch_dtype(dtype)).contiguous()
-    out = alloc((1, 3, size, size), torch_dtype(dtype))
     out.copy_(chw)  # the same conversion, written straight into the given memory
     return out
 
 
-def to_mm_input(image: Image.Image, payload: MmPayload, size: int, dtype: str, alloc: TensorAlloc | None = None) -> Any:
-    """The engine-bound form of one decoded image."""
+def to_mm_input(image: Image.Image, payload: MmPayload, size: int, dtype: str, out: Any = None) -> Any:
+    """The engine-bound form of one decoded image (``out``: where its pixel tensor goes)."""
     if payload == "pil":
         return image
     if payload == "tensor":
-        return {"pixel_values": pixel_values(image, size, dtype, alloc)}
+        return {"pixel_values": pixel_values(image, size, dtype, out)}
     raise ValueError(f"unknown mm payload {payload!r}; choose one of {', '.join(MM_PAYLOADS)}")
 
 
-def process_image(
-    image: Image.Image, *, payload: MmPayload, size: int, dtype: str, alloc: TensorAlloc | None = None
-) -> ProcessedImage:
+def process_image(image: Image.Image, *, payload: MmPayload, size: int, dtype: str, out: Any = None) -> ProcessedImage:
     """Decode an opened image's pixels and convert them; ValueError with a clear message on bad input."""
     load_pixels(image)
     # A plain RGB image, as vLLM's image loader hands on: one mode for every
     # codec to carry, and no file object or PNG metadata riding along.
     rgb = image.convert("RGB")
-    return ProcessedImage(to_mm_input(rgb, payload, size, dtype, alloc), image_hash(rgb))
+    return ProcessedImage(to_mm_input(rgb, payload, size, dtype, out), image_hash(rgb))
 
 
 def decode_data_url(

@@ -14,10 +14,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.frontend import protocol
-from harness.frontend.images import ProcessedImage, TensorAlloc, open_data_url, process_image
+from harness.frontend.images import (
+    PixelBudget,
+    ProcessedImage,
+    TensorAlloc,
+    open_data_url,
+    process_image,
+    torch_dtype,
+)
 from harness.frontend.protocol import ProtocolError, StreamOptions
 from harness.frontend.settings import FrontendSettings
 from harness.wire.messages import EngineCoreRequest, PlaceholderRange, SamplingParams
+from harness.wire.shm import ShmError
 from harness.wire.tokenizer import DEFAULT_IMAGE_MARKER, TextTokenizer
 
 # Placeholder token id when the tokenizer has no image token (user tokenizers):
@@ -172,7 +180,11 @@ async def tokenize(tokenizer: TextTokenizer, text: str) -> list[int]:
 
 
 async def prepare_completion(
-    body: Any, tokenizer: TextTokenizer, settings: FrontendSettings, alloc: TensorAlloc | None = None
+    body: Any,
+    tokenizer: TextTokenizer,
+    settings: FrontendSettings,
+    alloc: TensorAlloc | None = None,
+    budget: PixelBudget | None = None,
 ) -> Prepared:
     req = protocol.parse_completion_request(body, settings.limits())
     model = _check_model(settings, req.model)
@@ -194,9 +206,14 @@ async def prepare_completion(
 
 
 async def prepare_chat(
-    body: Any, tokenizer: TextTokenizer, settings: FrontendSettings, alloc: TensorAlloc | None = None
+    body: Any,
+    tokenizer: TextTokenizer,
+    settings: FrontendSettings,
+    alloc: TensorAlloc | None = None,
+    budget: PixelBudget | None = None,
 ) -> Prepared:
-    """``alloc``: where pixel tensors are built (the shm transport's arena), by default torch's memory."""
+    """``alloc``: where pixel tensors are built (the shm transport's arena), by default torch's memory;
+    ``budget``: the decoded pixels all requests may have in flight."""
     req = protocol.parse_chat_request(body, settings.limits())
     model = _check_model(settings, req.model)
     n_images = len(req.image_urls)
@@ -212,7 +229,7 @@ async def prepare_chat(
     max_tokens = _resolve_max_tokens(settings, len(ids), req.sampling.max_tokens, chat=True)
     mm_inputs = mm_hashes = None
     if n_images:
-        images = await _process_images(req.image_urls, settings, alloc)
+        images = await _process_images(req.image_urls, settings, alloc, budget)
         mm_inputs = [img.mm_input for img in images]
         mm_hashes = [img.mm_hash for img in images]
     request = _engine_request(
@@ -231,28 +248,34 @@ async def prepare_chat(
 
 
 async def _process_images(
-    urls: list[str], settings: FrontendSettings, alloc: TensorAlloc | None = None
+    urls: list[str], settings: FrontendSettings, alloc: TensorAlloc | None = None, budget: PixelBudget | None = None
 ) -> list[ProcessedImage]:
     """Decode (and convert) the images off the event loop, in order.
 
     Every image's header is read first and the request's pixels counted before
     any pixel is decoded: the work a request can cause is bounded per image
-    (``max_image_pixels``) and per request (``max_request_pixels``).
+    (``max_image_pixels``), per request (``max_request_pixels``) and, through
+    ``budget``, for all requests decoding at once (``max_inflight_pixels``).
     """
 
-    def work() -> list[ProcessedImage]:
+    def open_all() -> list[Any]:
         opened = []
         for i, url in enumerate(urls):
             try:
                 opened.append(open_data_url(url, settings.max_image_bytes, settings.max_image_pixels))
             except ValueError as exc:
                 raise ProtocolError(f"image {i}: {exc}", param="messages") from exc
-        pixels = sum(img.width * img.height for img in opened)
-        if pixels > settings.max_request_pixels:
-            raise ProtocolError(
-                f"the request's images have {pixels} pixels in all, over the limit of {settings.max_request_pixels}",
-                param="messages",
-            )
+        return opened
+
+    def decode_all(opened: list[Any]) -> list[ProcessedImage]:
+        # A request's tensors are taken all at once: never some held while waiting for the rest.
+        targets: list[Any] = [None] * len(opened)
+        if alloc is not None and settings.mm_payload == "tensor" and opened:
+            size = settings.mm_tensor_size
+            try:
+                targets = alloc([(1, 3, size, size)] * len(opened), torch_dtype(settings.mm_tensor_dtype))
+            except ShmError as exc:  # no room now: the client may retry (503), the message says what holds it
+                raise ProtocolError(str(exc), status=503) from exc
         out = []
         for i, img in enumerate(opened):
             try:
@@ -262,11 +285,21 @@ async def _process_images(
                         payload=settings.mm_payload,
                         size=settings.mm_tensor_size,
                         dtype=settings.mm_tensor_dtype,
-                        alloc=alloc,
+                        out=targets[i],
                     )
                 )
             except ValueError as exc:
                 raise ProtocolError(f"image {i}: {exc}", param="messages") from exc
         return out
 
-    return await asyncio.to_thread(work)
+    opened = await asyncio.to_thread(open_all)
+    pixels = sum(img.width * img.height for img in opened)
+    if pixels > settings.max_request_pixels:
+        raise ProtocolError(
+            f"the request's images have {pixels} pixels in all, over the limit of {settings.max_request_pixels}",
+            param="messages",
+        )
+    if budget is None:
+        return await asyncio.to_thread(decode_all, opened)
+    async with budget.hold(pixels):
+        return await asyncio.to_thread(decode_all, opened)

@@ -28,6 +28,7 @@ ERROR_TYPES = {
     415: "invalid_request_error",
     500: "internal_server_error",
     503: "service_unavailable_error",
+    504: "timeout_error",
 }
 
 

@@ -30,6 +30,8 @@ class FrontendSettings:
     # Decoded pixels, from the image headers before any pixel is decoded: per image and per request.
     max_image_pixels: int = DEFAULT_MAX_PIXELS
     max_request_pixels: int = DEFAULT_MAX_PIXELS
+    # Decoded pixels of all requests at once (PixelBudget): requests beyond it wait, then get a 503.
+    max_inflight_pixels: int = 2 * DEFAULT_MAX_PIXELS
     max_request_bytes: int = 64 * 1024 * 1024  # whole HTTP body (base64 images inflate by 4/3)
     # A prompt's UTF-8 bytes, checked before tokenizing (a 2,048-token context fits in far less).
     max_prompt_bytes: int = 256 * 1024
@@ -56,6 +58,7 @@ class FrontendSettings:
         for name in (
             "max_image_pixels",
             "max_request_pixels",
+            "max_inflight_pixels",
             "max_prompt_bytes",
             "body_timeout_s",
             "max_model_len",
@@ -74,6 +77,11 @@ class FrontendSettings:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"FrontendSettings.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_inflight_pixels < self.max_request_pixels:
+            raise ValueError(
+                f"max_inflight_pixels ({self.max_inflight_pixels}) must be >= max_request_pixels "
+                f"({self.max_request_pixels}): a request at the limit could never be decoded"
+            )
 
     @classmethod
     def from_engine_config(cls, config: EngineConfig, **overrides: Any) -> FrontendSettings:

@@ -33,10 +33,12 @@ class ShmSender:
         self.zero_copy_bytes = 0
 
     async def message(self, rid: str, frames: Sequence[Any]) -> tuple[list[Any], list[Handle]]:
-        """The ZeroMQ message for a request, and the blocks it holds (to give back if it is never sent)."""
+        """The ZeroMQ message for a request, and the blocks it holds (to give back if it is never sent).
+        The frames that must be copied get their blocks all at once (``Arena.alloc_many``)."""
         table: list[list[Any]] = []
         out: list[Any] = [frames[0]]
         held: list[Handle] = []
+        to_copy: list[tuple[int, memoryview]] = []  # (index in out, frame)
         try:
             for i, frame in enumerate(frames[1:], start=1):
                 view = memoryview(frame).cast("B") if memoryview(frame).ndim != 1 else memoryview(frame)
@@ -45,12 +47,22 @@ class ShmSender:
                     continue
                 handle = self.arena.handle_of(view)
                 if handle is None:
-                    handle = await self._copy_in(view)
+                    to_copy.append((i, view))
+                    table.append([i])  # its handle once the blocks are taken
                 else:
                     self.zero_copy_bytes += view.nbytes
-                held.append(handle)
-                table.append([i, *handle.to_list()])
+                    held.append(handle)
+                    table.append([i, *handle.to_list()])
                 out.append(b"")
+            if to_copy:
+                blocks = await self._alloc_many([v.nbytes for _, v in to_copy])
+                by_index = {}
+                for (i, view), (block, gen, dst) in zip(to_copy, blocks, strict=True):
+                    handle = Handle(self.arena.name, block, view.nbytes, gen)
+                    held.append(handle)
+                    by_index[i] = handle
+                    await self._copy(view, dst)
+                table = [row if len(row) > 1 else [row[0], *by_index[row[0]].to_list()] for row in table]
         except BaseException:
             self.unsent(held)
             raise
@@ -59,33 +71,32 @@ class ShmSender:
         envelope = transport.envelope(transport.ADD_SHM, rid)
         return [envelope, json.dumps(table).encode(), *out], held
 
-    async def _copy_in(self, view: memoryview) -> Handle:
-        block, gen, dst = await self._alloc(view.nbytes)
+    async def _copy(self, view: memoryview, dst: memoryview) -> None:
         if view.nbytes >= COPY_IN_THREAD_BYTES:
             await asyncio.to_thread(dst.__setitem__, slice(None), view)
         else:
             dst[:] = view
         self.copied_bytes += view.nbytes
-        return Handle(self.arena.name, block, view.nbytes, gen)
 
-    async def _alloc(self, nbytes: int) -> tuple[int, int, memoryview]:
-        """A block, waiting on the event loop (not blocking it) while the arena is full."""
+    async def _alloc_many(self, sizes: list[int]) -> list[tuple[int, int, memoryview]]:
+        """Blocks for every size at once, waiting on the event loop (not blocking it) while the arena is full."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ALLOC_TIMEOUT_S
         while True:
             try:
-                return self.arena.alloc(nbytes)
+                return self.arena.alloc_many(sizes)
             except ShmError:
                 left = deadline - loop.time()
-                if left <= 0 or nbytes + 64 > self.arena.size:
+                if left <= 0 or sum(sizes) + 64 * len(sizes) > self.arena.size:
                     raise
                 self._room.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._room.wait(), left)
 
-    def tensor(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        """An empty tensor in the arena (images.TensorAlloc); runs in the image thread, may wait for room."""
-        return self.arena.tensor(shape, dtype, timeout_s=ALLOC_TIMEOUT_S)
+    def tensors(self, shapes: list[tuple[int, ...]], dtype: Any) -> list[Any]:
+        """A request's empty tensors in the arena, all at once (images.TensorAlloc); runs in the image
+        thread, may wait for room (never holding part of what it needs)."""
+        return self.arena.tensors(shapes, dtype, timeout_s=ALLOC_TIMEOUT_S)
 
     def released(self, entries: Sequence[Sequence[Any]]) -> None:
         """The engine's RELEASE: [segment, block, generation] per block it no longer views."""

@@ -140,7 +140,7 @@ def _child(codec_name: str, payload: str, op: str, calls: int, shift: int) -> No
     (each given a version tag) move the interpreter's incidental layout before anything is imported."""
     shifted = [type(f"Shift{i}", (), {"tag": i}) for i in range(shift)]
     for cls in shifted:
-        _ = cls.tag
+        _ = cls.tag  # type: ignore[attr-defined]
     import wirecodecs
     from harness.micro.payloads import PAYLOADS
     from harness.wire.messages import EngineCoreOutputs, EngineCoreRequest

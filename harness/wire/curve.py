@@ -16,7 +16,10 @@ Key material:
   folder ``--curve-dir`` (mode 0700) holding ``engine.key_secret`` and
   ``frontend.key_secret`` (mode 0600, ZeroMQ's certificate format);
   ``--frontend-only --curve-dir`` reads the same folder (copy it to the
-  frontend's host). Whoever can read that folder can talk to the engine.
+  frontend's host). Whoever can read that folder can talk to the engine, so a
+  folder or secret file of another owner, or open to group or others, is refused
+  (``KeyFolderError``), never chmod-ed into trust: a planted folder of known keys
+  would let its planter in.
 
 Over ipc sockets (the default) none of this is needed: they live in a
 private 0700 directory, so only this user can connect to them.
@@ -24,6 +27,7 @@ private 0700 directory, so only this user can connect to them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -56,10 +60,31 @@ def default_dir(port: int) -> Path:
     return Path.home() / ".wirebench" / "curve" / f"engine-{port}"
 
 
+class KeyFolderError(PermissionError):
+    """A key folder (or key file) this user cannot trust: another owner, or readable by others."""
+
+
+def check_private(path: Path) -> None:
+    """Refuse a key folder or file that is not this user's alone: someone who could write it could have
+    planted keys they know (and, with a pickle codec, run code as this user)."""
+    st = path.lstat()
+    if path.is_symlink():
+        raise KeyFolderError(f"{path} is a symbolic link: key folders and files must be real and private")
+    if st.st_uid != os.getuid():
+        raise KeyFolderError(f"{path} belongs to uid {st.st_uid}, not to this user ({os.getuid()}): refusing its keys")
+    if st.st_mode & 0o077:
+        raise KeyFolderError(
+            f"{path} has mode {st.st_mode & 0o777:o}: group or others may read or change it; "
+            f"make it 0{0o700 if path.is_dir() else 0o600:o} (chmod) or remove it, then start again"
+        )
+
+
 def create_or_load(folder: Path) -> CurveKeys:
-    """The engine side: the folder's keys, created (owner-only) when it has none."""
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(folder, 0o700)
+    """The engine side: the folder's keys, created owner-only when it has none. An existing folder is
+    used only when it is this user's and private (``check_private``), never chmod-ed into trust."""
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(parents=True, mode=0o700)
+    check_private(folder)
     if not (folder / f"{ENGINE}.key_secret").exists() or not (folder / f"{FRONTEND}.key_secret").exists():
         for name in (ENGINE, FRONTEND):
             public_file, secret_file = zmq.auth.create_certificates(str(folder), name)
@@ -68,13 +93,19 @@ def create_or_load(folder: Path) -> CurveKeys:
 
 
 def load(folder: Path, wait_s: float = 10.0) -> CurveKeys:
-    """Both key pairs from a folder ``create_or_load`` wrote; FileNotFoundError naming it otherwise.
+    """Both key pairs from a private folder ``create_or_load`` wrote; FileNotFoundError naming it
+    otherwise, KeyFolderError when the folder or a secret file is not this user's alone.
 
     Waits up to ``wait_s`` for the files: an engine and its frontend started together race.
     """
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and not (folder / f"{FRONTEND}.key_secret").exists():
         time.sleep(0.1)
+    if folder.exists():
+        check_private(folder)
+        for name in (ENGINE, FRONTEND):
+            if (folder / f"{name}.key_secret").exists():
+                check_private(folder / f"{name}.key_secret")
     try:
         engine_public, engine_secret = zmq.auth.load_certificate(str(folder / f"{ENGINE}.key_secret"))
         frontend_public, frontend_secret = zmq.auth.load_certificate(str(folder / f"{FRONTEND}.key_secret"))

@@ -34,7 +34,7 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,26 +106,56 @@ class Arena:
     # --- allocation ----------------------------------------------------------------------------
     def alloc(self, nbytes: int, timeout_s: float = 0.0) -> tuple[int, int, memoryview]:
         """A block for ``nbytes``: (block offset, generation, writable view of its data); waits for room."""
-        need = _round_up(HEADER + nbytes)
-        if need > self.size:
-            raise ShmError(f"a {nbytes}-byte buffer does not fit the {self.size >> 20} MiB arena (--shm-size)")
+        return self.alloc_many([nbytes], timeout_s)[0]
+
+    def alloc_many(self, sizes: Sequence[int], timeout_s: float = 0.0) -> list[tuple[int, int, memoryview]]:
+        """Blocks for every size, all at once or none: a request never holds some of its blocks while it
+        waits for the rest (six requests each holding part of what they need would wait on each other)."""
+        needs = [_round_up(HEADER + n) for n in sizes]
+        if sum(needs) > self.size:
+            raise ShmError(
+                f"a request's {len(sizes)} buffer(s) of {sum(sizes)} bytes do not fit the "
+                f"{self.size >> 20} MiB arena (--shm-size)"
+            )
         deadline = time.monotonic() + timeout_s
         with self._released:
-            while (block := self._take(need)) is None:
+            while (blocks := self._take_all(needs)) is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    used = sum(size for size, _ in self._used.values())
-                    raise ShmError(
-                        f"the shared-memory arena is full ({used >> 20} of {self.size >> 20} MiB held by "
-                        f"{len(self._used)} buffers the engine has not released): raise --shm-size"
-                    )
+                    raise ShmError(self._full_message(sum(needs)))
                 self._released.wait(left)
-            self._generation += 1
-            gen = self._generation
-            self._used[block] = (need, gen)
+            out = []
+            for block, need, nbytes in zip(blocks, needs, sizes, strict=True):
+                self._generation += 1
+                self._used[block] = (need, self._generation)
+                out.append((block, self._generation, nbytes))
             self.peak_used = max(self.peak_used, sum(size for size, _ in self._used.values()))
-        np.frombuffer(self._mm, dtype=np.uint64, count=2, offset=block)[:] = (gen, nbytes)
-        return block, gen, memoryview(self._mm)[block + HEADER : block + HEADER + nbytes]
+        views = []
+        for block, gen, nbytes in out:
+            np.frombuffer(self._mm, dtype=np.uint64, count=2, offset=block)[:] = (gen, nbytes)
+            views.append((block, gen, memoryview(self._mm)[block + HEADER : block + HEADER + nbytes]))
+        return views
+
+    def _take_all(self, needs: Sequence[int]) -> list[int] | None:
+        """Every block, or none (what was taken goes back); called with the lock held."""
+        taken: list[tuple[int, int]] = []
+        for need in needs:
+            block = self._take(need)
+            if block is None:
+                for offset, size in taken:
+                    self._insert_free(offset, size)
+                return None
+            taken.append((block, need))
+        return [block for block, _ in taken]
+
+    def _full_message(self, wanted: int) -> str:
+        used = sum(size for size, _ in self._used.values())
+        built = sum(self._used[b][0] for b, g in self._unsent if b in self._used)
+        return (
+            f"the shared-memory arena is full: {wanted >> 10} KiB wanted, {used >> 20} of {self.size >> 20} MiB "
+            f"held, {(used - built) >> 20} MiB by buffers sent and not yet released by the engine, "
+            f"{built >> 20} MiB by requests this frontend is still preparing; raise --shm-size"
+        )
 
     def _take(self, need: int) -> int | None:
         for i, (offset, size) in enumerate(self._free):
@@ -167,18 +197,26 @@ class Arena:
             return sum(size for size, _ in self._used.values())
 
     # --- frames that already live here ---------------------------------------------------------
-    def tensor(self, shape: tuple[int, ...], dtype: Any, timeout_s: float = 0.0) -> Any:
-        """A torch tensor whose storage is an arena block: a frame encoded from it needs no copy to travel."""
+    def tensors(self, shapes: Sequence[tuple[int, ...]], dtype: Any, timeout_s: float = 0.0) -> list[Any]:
+        """Torch tensors whose storage is arena blocks, taken all at once (``alloc_many``): a frame encoded
+        from one needs no copy to travel."""
         import torch
 
-        nbytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
-        block, gen, view = self.alloc(nbytes, timeout_s)
-        t = torch.frombuffer(view, dtype=torch.uint8, count=nbytes).view(dtype).view(shape)
-        # Until it is handed to the transport, the block belongs to the tensor: freed with it if never sent.
-        with self._lock:
-            self._unsent.add((block, gen))
-        weakref.finalize(t, self._free_unsent, block, gen)
-        return t
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        sizes = [int(np.prod(shape)) * itemsize for shape in shapes]
+        out = []
+        for shape, nbytes, (block, gen, view) in zip(shapes, sizes, self.alloc_many(sizes, timeout_s), strict=True):
+            t = torch.frombuffer(view, dtype=torch.uint8, count=nbytes).view(dtype).view(shape)
+            # Until it is handed to the transport, the block belongs to the tensor: freed with it if never sent.
+            with self._lock:
+                self._unsent.add((block, gen))
+            weakref.finalize(t, self._free_unsent, block, gen)
+            out.append(t)
+        return out
+
+    def tensor(self, shape: tuple[int, ...], dtype: Any, timeout_s: float = 0.0) -> Any:
+        """One tensor in the arena (``tensors``)."""
+        return self.tensors([shape], dtype, timeout_s)[0]
 
     def handle_of(self, frame: Any) -> Handle | None:
         """The handle of a frame that is exactly an arena block's data (built by ``tensor``); None otherwise."""
@@ -259,6 +297,14 @@ class Mappings:
         for name in list(self._maps):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(SHM_DIR / name)
+
+
+def unlink_segment(name: str) -> None:
+    """Remove a segment by name (gone already: nothing to do); a name with a path in it is refused."""
+    if "/" in name or not name.startswith(PREFIX):
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(SHM_DIR / name)
 
 
 def remove_stale_segments() -> list[str]:

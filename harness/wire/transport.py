@@ -76,6 +76,9 @@ class EngineAddresses:
     ipc_dir: str | None = None
     # CURVE keys of an authenticated tcp link (harness.wire.curve); None: unauthenticated.
     curve: CurveKeys | None = None
+    # The spawning frontend's shared-memory segment (--transport shm): a spawned engine whose frontend
+    # was killed removes it, with the ipc directory, since nobody else is left to.
+    frontend_segment: str | None = None
 
     @classmethod
     def private_ipc(cls) -> EngineAddresses:
