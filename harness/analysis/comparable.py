@@ -55,14 +55,16 @@ MACHINE = ("hostname", "machine", "cpu_model", "cpu_usable")  # from a run file'
 
 def run_settings(entry: RunEntry) -> dict[str, Any]:
     """The settings of one run, from its run file (none for a run embedded in a compact compare file)."""
-    meta = (entry.doc or {}).get("metadata") or {}
+    if entry.doc is None:
+        return {}
+    meta = entry.doc.get("metadata") or {}
     flags = meta.get("flags") or {}
     out = {key: flags.get(key, DEFAULTS.get(key)) for key in SETTINGS if key in flags or key in DEFAULTS}
     rate = flags.get("request_rate")
     if rate is not None:
         out["request_rate"] = rate
     out.update({key: meta[key] for key in MACHINE if key in meta})
-    return out if entry.doc is not None else {}
+    return out
 
 
 def arm_differences(arms: Sequence[Arm]) -> list[str]:

@@ -158,9 +158,11 @@ def compare(
         return stats.compare_arms(a, b, paired=rounds is not None, confidence=1 - alpha)
 
     others = [f for f in figures if f is not first]
+    first_pairs = [pair(arm, first) for arm in clean[1:]]
+    other_pairs = [[pair(arm, fig) for fig in others] for arm in clean[1:]]
     firsts, seconds = stats.judge_gatekept(
-        [pair(arm, first) for arm in clean[1:]],
-        [[pair(arm, fig) for fig in others] for arm in clean[1:]],
+        first_pairs,
+        other_pairs,
         primary_higher_is_better=first.higher_is_better,
         secondary_higher_is_better=[f.higher_is_better for f in others],
         alpha=alpha,
@@ -168,9 +170,9 @@ def compare(
         min_rounds=min_rounds,
     )
     ordered = []
-    for arm, v, vs in zip(clean[1:], firsts, seconds, strict=True):
-        ordered.append(VerdictCell(arm.label, first, pair(arm, first), v, "primary"))
-        ordered += [VerdictCell(arm.label, fig, pair(arm, fig), w) for fig, w in zip(others, vs, strict=True)]
+    for arm, p, ps, v, vs in zip(clean[1:], first_pairs, other_pairs, firsts, seconds, strict=True):
+        ordered.append(VerdictCell(arm.label, first, p, v, "primary"))
+        ordered += [VerdictCell(arm.label, fig, q, w) for fig, q, w in zip(others, ps, vs, strict=True)]
     return Comparison(list(arms), figures, ordered, margin_pct, alpha, first, excluded)
 
 

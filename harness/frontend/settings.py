@@ -7,7 +7,7 @@ from typing import Any
 
 from harness.engine.config import EngineConfig
 from harness.frontend.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_PIXELS, MM_PAYLOADS, TENSOR_DTYPES, MmPayload
-from harness.frontend.protocol import RequestLimits
+from harness.frontend.protocol import DEFAULT_LIMITS, RequestLimits
 
 
 def default_model_name(preset: str) -> str:
@@ -37,11 +37,12 @@ class FrontendSettings:
     max_prompt_bytes: int = 256 * 1024
     # Bounds checked before the work they bound (each refusal names its flag), see RequestLimits.
     max_json_elements: int = 65_536  # commas in the raw body, counted before it is parsed
-    max_messages: int = 1_024
-    max_stop_strings: int = 16
-    max_stop_chars: int = 4_096  # all stop strings together
-    max_stop_token_ids: int = 64
-    max_logit_bias: int = 1_024
+    # The per-request bounds' defaults are RequestLimits' (one place for each).
+    max_messages: int = DEFAULT_LIMITS.max_messages
+    max_stop_strings: int = DEFAULT_LIMITS.max_stop_strings
+    max_stop_chars: int = DEFAULT_LIMITS.max_stop_chars  # all stop strings together
+    max_stop_token_ids: int = DEFAULT_LIMITS.max_stop_token_ids
+    max_logit_bias: int = DEFAULT_LIMITS.max_logit_bias
     # Seconds to receive a whole request body (a client that never finishes one gets 408).
     body_timeout_s: float = 30.0
     # max_tokens when the request has none: this cap, or less to fit the context.
