@@ -7,6 +7,7 @@ Installed as ``wirecodecs`` from the ``codecs/`` folder (a package named
 from .base import (
     UNSUPPORTED_PAYLOAD,
     Codec,
+    CodecCalls,
     CodecError,
     DecodeError,
     EncodeError,
@@ -19,17 +20,20 @@ from .registry import (
     UnknownCodecError,
     available_codecs,
     check_codec_spec,
+    codec_listing,
     codecs_out_of_band,
     codecs_that_carry_multimodal,
     get_codec,
     packs_token_ids,
     sends_out_of_band,
+    unavailable_codecs,
     unpickles_peer_data,
 )
 
 __all__ = [
     "UNSUPPORTED_PAYLOAD",
     "Codec",
+    "CodecCalls",
     "CodecError",
     "DecodeError",
     "EncodeError",
@@ -39,6 +43,8 @@ __all__ = [
     "UnknownCodecError",
     "UnsupportedPayloadError",
     "available_codecs",
+    "codec_listing",
+    "unavailable_codecs",
     "check_codec_spec",
     "codecs_out_of_band",
     "codecs_that_carry_multimodal",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import zmq
@@ -49,14 +49,24 @@ class EncodeError(CodecError, TypeError):
 
 UNSUPPORTED_PAYLOAD = "unsupported_payload"
 
+# The kinds of multimodal value a message can carry, by the top-level package of their type.
+MULTIMODAL_KINDS = {"torch": "tensor", "numpy": "array", "PIL": "image"}
+
+
+def multimodal_kind(obj: Any) -> str:
+    """ "tensor", "array" or "image" (empty for anything else)."""
+    return MULTIMODAL_KINDS.get(type(obj).__module__.partition(".")[0], "")
+
 
 class UnsupportedPayloadError(EncodeError):
     """The codec cannot carry a value in this message (e.g. an image in text-only msgspec)."""
 
     code: ClassVar[str] = UNSUPPORTED_PAYLOAD
 
-    def __init__(self, codec: str, obj: Any, capable: Sequence[str]) -> None:
+    def __init__(self, codec: str, obj: Any, capable: Sequence[str] | Mapping[str, Sequence[str]]) -> None:
         kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
+        if isinstance(capable, Mapping):  # the capable codecs per kind of value
+            capable = capable.get(multimodal_kind(obj), ())
         self.codec = codec
         self.type_name = kind
         self.capable = list(capable)
@@ -86,9 +96,12 @@ class Codec(Protocol):
     - ``unpickles_peer_data: ClassVar[bool]`` (default False): decode runs
       code the sender chooses (pickle), so the codec must never face an
       untrusted peer; ``bench serve`` refuses it over non-loopback tcp.
-    - ``alternatives: Sequence[str]``: for a codec that refuses some payloads,
-      the codecs that can carry them; ``get_codec`` fills it in from the
-      registry so the codec's error can name them.
+    - ``multimodal_kinds: ClassVar[frozenset[str]]`` (default: all of
+      "tensor", "array", "image" when it carries multimodal inputs): the kinds
+      it carries; it refuses the others with UnsupportedPayloadError.
+    - ``alternatives: Mapping[str, Sequence[str]]``: for a codec that refuses
+      some payloads, the codecs that carry each kind; ``get_codec`` fills it
+      in from the registry so the codec's error can name them.
     """
 
     name: ClassVar[str]
@@ -98,6 +111,32 @@ class Codec(Protocol):
     def encode(self, msg: Any) -> Frames: ...
 
     def decode(self, frames: Sequence[Frame], msg_type: type[T]) -> T: ...
+
+
+class CodecCalls:
+    """A codec's encode and decode split from its adapter, for callers that time them apart.
+
+    A codec whose native messages are another project's (``vllm``) defines
+    ``to_native(msg)``, ``encode_native(native)``, ``decode_native(frames,
+    msg_type)`` and ``from_native(native, msg_type)``: the adapter turns our
+    message into its own and back, which is not codec time. Any other codec's
+    adapter is the identity and ``adapts`` is False.
+    """
+
+    __slots__ = ("to_native", "encode", "decode", "from_native", "adapts")
+
+    def __init__(self, codec: Any) -> None:
+        self.adapts = hasattr(codec, "to_native")
+        if self.adapts:
+            self.to_native, self.encode = codec.to_native, codec.encode_native
+            self.decode, self.from_native = codec.decode_native, codec.from_native
+        else:
+            self.to_native, self.encode = _same, codec.encode
+            self.decode, self.from_native = codec.decode, _same
+
+
+def _same(msg: Any, *_: Any) -> Any:
+    return msg
 
 
 def as_buffer(frame: Frame) -> bytes | bytearray | memoryview:

@@ -12,7 +12,7 @@ Encoders and one typed decoder per message type are built once per instance.
 from __future__ import annotations
 
 import binascii
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import msgspec
@@ -103,8 +103,8 @@ class MsgspecCodec(_MsgspecBase):
 
     name: ClassVar[str] = "msgspec"
     carries_multimodal: ClassVar[bool] = False
-    # Named in the refusal; get_codec fills it in from the registry.
-    alternatives: Sequence[str] = ()
+    # Named in the refusal (the capable codecs per kind); get_codec fills it in from the registry.
+    alternatives: Mapping[str, Sequence[str]] = {}
 
     def _enc_hook(self, obj: Any) -> Any:
         if is_multimodal(obj):

@@ -14,10 +14,11 @@ after ``+`` (``pickle+request-delay=500us``, see ``wirecodecs.calibration``).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from functools import cache
 from importlib.metadata import entry_points
 
-from .base import Codec
+from .base import MULTIMODAL_KINDS, Codec
 
 ENTRY_POINT_GROUP = "wirebench.codecs"
 
@@ -28,6 +29,16 @@ _BUILTIN: dict[str, str] = {
     "msgspec-b64": "wirecodecs.msgspec_codec:MsgspecB64Codec",
     "msgspec-oob": "wirecodecs.msgspec_codec:MsgspecOobCodec",
     "msgspec-packed": "wirecodecs.msgspec_codec:MsgspecPackedCodec",
+    "vllm": "wirecodecs.vllm_codec:VllmCodec",
+}
+
+# Built-ins that need a package the base install leaves out: the module, and how to get it.
+_NEEDS: dict[str, tuple[str, str]] = {
+    "vllm": (
+        "vllm",
+        "scripts/setup.sh --with-vllm (pip install --no-deps vllm==0.33.0 plus the extra "
+        "'.[vllm]': vLLM's own requirements would replace the CPU torch)",
+    ),
 }
 
 
@@ -45,13 +56,27 @@ def _registered() -> dict[str, str]:
 
 
 def available_codecs() -> list[str]:
-    """Names of every codec that ``get_codec`` accepts, built-ins first."""
-    return list(_registered())
+    """Names of every codec that ``get_codec`` accepts, built-ins first (those installed)."""
+    return [name for name in _registered() if name not in unavailable_codecs()]
+
+
+@cache
+def unavailable_codecs() -> dict[str, str]:
+    """Built-in codecs whose package is not installed → the command that installs it."""
+    return {name: how for name, (module, how) in _NEEDS.items() if importlib.util.find_spec(module) is None}
+
+
+def codec_listing() -> str:
+    """The codecs for a help text: available ones, then the others with what they need."""
+    missing = "".join(f"; {name} (not installed: {how})" for name, how in unavailable_codecs().items())
+    return ", ".join(available_codecs()) + missing
 
 
 @cache
 def codec_class(name: str) -> type[Codec]:
     target = _registered().get(name)
+    if name in unavailable_codecs():
+        raise UnknownCodecError(f"codec {name!r} is not installed: run {unavailable_codecs()[name]}")
     if target is None:
         raise UnknownCodecError(f"unknown codec {name!r}; available: {', '.join(available_codecs())}")
     module_name, _, attr = target.partition(":")
@@ -77,7 +102,7 @@ def get_codec(name: str) -> Codec:
     base, options = split_spec(name)
     codec = codec_class(base)()
     if hasattr(codec, "alternatives"):
-        codec.alternatives = codecs_that_carry_multimodal()
+        codec.alternatives = {kind: codecs_that_carry_multimodal(kind) for kind in MULTIMODAL_KINDS.values()}
     if options:
         from .calibration import DelayedCodec, parse_options
 
@@ -114,12 +139,22 @@ def unpickles_peer_data(name: str) -> bool:
     return bool(getattr(codec_class(split_spec(name)[0]), "unpickles_peer_data", False))
 
 
-def codecs_that_carry_multimodal() -> list[str]:
+def multimodal_kinds(name: str) -> frozenset[str]:
+    """The kinds of multimodal value ("tensor", "array", "image") the codec carries (its class says)."""
+    cls = codec_class(split_spec(name)[0])
+    if not cls.carries_multimodal:
+        return frozenset()
+    return frozenset(getattr(cls, "multimodal_kinds", MULTIMODAL_KINDS.values()))
+
+
+def codecs_that_carry_multimodal(kind: str | None = None) -> list[str]:
+    """Codecs that carry multimodal inputs (of this kind, when given)."""
     names = []
     for name in available_codecs():
         try:
-            if codec_class(name).carries_multimodal:
-                names.append(name)
+            kinds = multimodal_kinds(name)
         except UnknownCodecError:
             continue
+        if kinds and (kind is None or kind in kinds):
+            names.append(name)
     return names

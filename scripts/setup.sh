@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Create .venv at the repo root and install wirebench into it (editable).
 #   scripts/setup.sh          the tool
-#   scripts/setup.sh --test   the tool plus the test dependencies (and Debian's valgrind when missing)
+#   scripts/setup.sh --test   the tool plus the test dependencies (and Debian's valgrind when missing);
+#                             implies --with-vllm (the vllm codec's tests run in CI)
+#   scripts/setup.sh --with-vllm   also vLLM 0.33.0 for the `vllm` codec: its wheel with --no-deps
+#                             (its own requirements pin torch==2.14.0 and would pull a CUDA build)
+#                             and only the small packages `import vllm.v1.engine` needs (extra "vllm")
 # TORCH_SPEC set: it is (re)installed first, split into words so pip options pass, e.g.
 #   TORCH_SPEC="torch==2.6.0 --index-url https://download.pytorch.org/whl/cu124" scripts/setup.sh
 # (pip keeps an installed 2.6.0+cpu for "torch==2.6.0": add --force-reinstall to swap builds.)
@@ -12,8 +16,17 @@
 # of running them; WIREBENCH_VENV names another venv folder than .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+extras=() with_vllm=""
+for arg in "$@"; do
+  case "$arg" in
+    --test) extras+=(test) with_vllm=1 ;;
+    --with-vllm) with_vllm=1 ;;
+    *) echo "setup: unknown option $arg (--test, --with-vllm)" >&2; exit 2 ;;
+  esac
+done
+[ -n "$with_vllm" ] && extras+=(vllm)
 extra=""
-[ "${1:-}" = "--test" ] && extra="[test]"
+[ ${#extras[@]} -gt 0 ] && extra="[$(IFS=,; echo "${extras[*]}")]"
 python=${PYTHON:-python3}
 venv=${WIREBENCH_VENV:-.venv}
 run() {
@@ -28,8 +41,10 @@ elif ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
   run "${pip[@]}" install torch==2.13.0
 fi
 run "${pip[@]}" install -e ".${extra}"
+# The version the vllm codec was written against (wirecodecs/vllm_messages.py VLLM_VERSION).
+[ -n "$with_vllm" ] && run "${pip[@]}" install --no-deps vllm==0.33.0
 # bench micro --count instructions (and its test) count with valgrind's callgrind, Debian's package.
-if [ -n "$extra" ] && ! command -v valgrind >/dev/null; then
+if [[ " ${extras[*]} " == *" test "* ]] && ! command -v valgrind >/dev/null; then
   run sh -c "apt-get update -qq && apt-get install -y -qq valgrind >/dev/null" ||
     echo "setup: valgrind not installed: bench micro --count instructions needs it (its test is skipped)" >&2
 fi

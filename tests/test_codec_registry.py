@@ -55,6 +55,7 @@ class JsonCodec:
 def _clear_registry() -> None:
     registry._registered.cache_clear()
     registry.codec_class.cache_clear()
+    registry.unavailable_codecs.cache_clear()
 
 
 @pytest.fixture
@@ -171,7 +172,31 @@ def test_broken_entry_point_is_a_clear_error(install_plugin: Callable[[str], Non
         "msgspec-b64",
         "msgspec-oob",
         "msgspec-packed",
+        *(["vllm"] if "vllm" in wirecodecs.available_codecs() else []),
     ]
+
+
+def test_a_codec_whose_package_is_missing_is_listed_with_its_install_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As `vllm` is on a machine set up without --with-vllm: listed apart, refused with the command."""
+    monkeypatch.setitem(registry._NEEDS, "vllm", ("wirebench_no_such_package", "scripts/setup.sh --with-vllm"))
+    _clear_registry()
+    try:
+        assert "vllm" not in wirecodecs.available_codecs()
+        assert wirecodecs.unavailable_codecs() == {"vllm": "scripts/setup.sh --with-vllm"}
+        assert "vllm (not installed: scripts/setup.sh --with-vllm)" in wirecodecs.codec_listing()
+        with pytest.raises(wirecodecs.UnknownCodecError, match=r"'vllm' is not installed: run scripts/setup.sh"):
+            wirecodecs.get_codec("vllm")
+        assert "vllm" not in wirecodecs.codecs_that_carry_multimodal()
+    finally:
+        monkeypatch.undo()
+        _clear_registry()
+
+
+def test_the_vllm_codec_is_installed_by_the_test_setup() -> None:
+    """scripts/setup.sh --test installs vLLM (--no-deps): CI runs the vllm codec's suites, never skips them."""
+    assert "vllm" in wirecodecs.available_codecs(), wirecodecs.unavailable_codecs()
 
 
 def test_registry_is_restored_after_plugin_tests() -> None:

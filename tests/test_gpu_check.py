@@ -118,7 +118,10 @@ def setup_installs(
 
 def test_setup_keeps_an_importable_torch_when_no_spec_is_given(tmp_path: Path) -> None:
     assert setup_installs(tmp_path, torch_imports=True) == ["-e ."]
-    assert setup_installs(tmp_path, torch_imports=True, args=("--test",)) == ["-e .[test]"]
+    # The test setup brings vLLM for the vllm codec: never its requirements (a CUDA torch).
+    vllm = "--no-deps vllm==0.33.0"
+    assert setup_installs(tmp_path, torch_imports=True, args=("--test",)) == ["-e .[test,vllm]", vllm]
+    assert setup_installs(tmp_path, torch_imports=True, args=("--with-vllm",)) == ["-e .[vllm]", vllm]
 
 
 def test_setup_installs_the_local_cpu_torch_when_none_imports(tmp_path: Path) -> None:

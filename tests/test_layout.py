@@ -116,6 +116,11 @@ def _layer(module: str) -> int | None:
     return None
 
 
+# The one import up the layers, on purpose: the vllm codec's adapter maps our wire messages onto
+# vLLM's own, so it names them; every other codec is blind to the messages it carries.
+UPWARD_ALLOWED = {"wirecodecs.vllm_messages -> harness.wire.messages"}
+
+
 def test_imports_point_down_the_layers() -> None:
     upward = []
     for name, deps in _graph().items():
@@ -124,7 +129,7 @@ def test_imports_point_down_the_layers() -> None:
             there = _layer(dep)
             if here is not None and there is not None and there > here:
                 upward.append(f"{name} -> {dep}")
-    assert not upward, "\n".join(upward)
+    assert sorted(set(upward) - UPWARD_ALLOWED) == [], "\n".join(upward)
 
 
 def test_nothing_imports_a_command_module() -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -44,6 +45,61 @@ class CodecExpectation:
     # else is an EncodeError). The others are left to torch's/numpy's/PIL's own
     # pickling.
     rawbuf: frozenset[str] = frozenset()
+    # The multimodal kinds it carries (when it carries any); the others it refuses.
+    kinds: frozenset[str] = frozenset({"tensor", "array", "image"})
+    # Its schema has no place for these fields ("Type.field"): they come back at their default.
+    not_carried: frozenset[str] = frozenset()
+    # Fields its message type re-stamps when left at 0.0 (vLLM's EngineCoreOutputs.timestamp).
+    restamped: frozenset[str] = frozenset()
+    # Sample tensors (sample_tensors keys) its encoder refuses with an EncodeError.
+    refused_tensors: frozenset[str] = frozenset()
+    # Frames after the ones its body refers to are ignored, not refused (vLLM's MsgpackDecoder).
+    ignores_extra_frames: bool = False
+    # Makes a sample message valid by the codec's own rules (vLLM validates SamplingParams).
+    prepare: Callable[[Any], Any] = field(default=lambda msg: msg)
+
+    def carries(self, kind: str) -> bool:
+        return self.carries_multimodal and kind in self.kinds
+
+    def delivered(self, msg: Any, decoded: Any) -> Any:
+        """What ``msg`` should come back as: fields not carried at their default, re-stamped ones as decoded."""
+        name = type(msg).__name__
+        changes = {}
+        for key in msg.__struct_fields__:
+            if f"{name}.{key}" in self.not_carried:
+                changes[key] = _default_of(msg, key)
+            if f"{name}.{key}" in self.restamped and getattr(msg, key) == 0.0:
+                changes[key] = getattr(decoded, key)
+        return msgspec.structs.replace(msg, **changes) if changes else msg
+
+
+def prepared(codec: str, msg: Any) -> Any:
+    """``msg`` made valid by the codec's own rules (unlisted codecs: as is)."""
+    exp = EXPECTATIONS.get(codec)
+    return exp.prepare(msg) if exp else msg
+
+
+def assert_delivered(codec: str, msg: Any, decoded: Any, path: str = "msg") -> None:
+    """``decoded`` is ``msg`` as the codec delivers it (fields its schema lacks at their default)."""
+    exp = EXPECTATIONS.get(codec)
+    assert_wire_equal(exp.delivered(msg, decoded) if exp else msg, decoded, path)
+
+
+def _default_of(msg: Any, key: str) -> Any:
+    fields = {f.name: f for f in msgspec.structs.fields(type(msg))}
+    f = fields[key]
+    if f.default is not msgspec.NODEFAULT:
+        return f.default
+    if f.default_factory is not msgspec.NODEFAULT:
+        return f.default_factory()
+    return None  # a required field the codec's schema lacks (EngineCoreRequest.prompt: str | None)
+
+
+def _vllm_valid(msg: Any) -> Any:
+    """vLLM refuses stop strings without detokenize (VLLMValidationError): the sample keeps them."""
+    if isinstance(msg, EngineCoreRequest) and msg.sampling_params.stop:
+        msg.sampling_params.detokenize = True
+    return msg
 
 
 _ALL = frozenset({"tensor", "array", "image"})
@@ -55,6 +111,19 @@ EXPECTATIONS: dict[str, CodecExpectation] = {
     "msgspec-b64": CodecExpectation(True, out_of_band=False, family="msgpack", rawbuf=_ALL),
     "msgspec-oob": CodecExpectation(True, out_of_band=True, family="msgpack", rawbuf=_ALL),
     "msgspec-packed": CodecExpectation(True, out_of_band=True, family="msgpack", rawbuf=_ALL),
+    # vLLM 0.33's own messages (wirecodecs/vllm_messages.py says how ours map onto them).
+    "vllm": CodecExpectation(
+        True,
+        out_of_band=True,
+        family="vllm",
+        kinds=frozenset({"tensor"}),
+        not_carried=frozenset({"EngineCoreRequest.prompt", "EngineCoreOutputs.step_start_time"}),
+        restamped=frozenset({"EngineCoreOutputs.timestamp"}),
+        # vLLM's encoder views a tensor's bytes as uint8, which torch refuses for a conjugate view.
+        refused_tensors=frozenset({"complex64_conj"}),
+        ignores_extra_frames=True,
+        prepare=_vllm_valid,
+    ),
 }
 
 UNICODE_TEXT = "Grüße, 世界! 🚀🦙 naïve café — ﷽ x\u0301 \u200d👩‍💻 \u00a0end"

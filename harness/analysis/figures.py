@@ -70,6 +70,9 @@ IPC_SPAN_FIGURES = (
 IPC_FIGURES = (
     *IPC_SPAN_FIGURES,
     Figure("ipc_ipc_mean_us", "IPC mean", unit="µs", judged=False),
+    # A codec's adapter (vllm: our message to vLLM's and back), outside IPC; 0 for the others.
+    Figure("ipc_request_adapt_p50_us", "req adapt", unit="µs", judged=False, detail="request adapter"),
+    Figure("ipc_output_adapt_p50_us", "out adapt", unit="µs", judged=False, detail="output adapter"),
     Figure("ipc_share_pct", "IPC % TTFT", unit="%", judged=False),
     Figure("loop_lag_p99_ms", "loop lag p99 ms", judged=False),
 )

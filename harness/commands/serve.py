@@ -33,8 +33,8 @@ from harness.wire.spans import trace_events
 from harness.wire.transport import EngineAddresses, is_loopback, transport_refusal
 from wirecodecs import (
     UnknownCodecError,
-    available_codecs,
     check_codec_spec,
+    codec_listing,
     unpickles_peer_data,
 )
 
@@ -48,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--codec",
         default="pickle",
         type=codec_spec,
-        help=f"wire codec in both directions: {', '.join(available_codecs())}; options after + inject a known "
+        help=f"wire codec in both directions: {codec_listing()}; options after + inject a known "
         "cost (pickle+request-delay=500us, see wirecodecs.calibration)",
     )
     p.add_argument("--host", default="127.0.0.1", help="HTTP host")

@@ -36,7 +36,7 @@ from harness.wire.messages import EngineCoreAbort, EngineCoreOutput, EngineCoreO
 from harness.wire.shm import Handle, Mappings, ShmError
 from harness.wire.spans import host_clock_id
 from harness.wire.transport import CodecClock, CodecCounters, EngineAddresses
-from wirecodecs import CodecError, get_codec
+from wirecodecs import CodecCalls, CodecError, get_codec
 
 log = logging.getLogger("wirebench.engine")
 
@@ -63,6 +63,8 @@ class EngineProcess:
         self.addresses = addresses
         self.codec_in = get_codec(config.codec)  # decodes requests (input thread)
         self.codec_out = get_codec(config.codec)  # encodes outputs (output thread)
+        # Decode and encode apart from the codec's adapter (vllm's message conversion), timed apart.
+        self.calls_in, self.calls_out = CodecCalls(self.codec_in), CodecCalls(self.codec_out)
         self.counters = CodecCounters()
         self.inputs: queue.Queue[Any] = queue.Queue()
         self.outputs: queue.Queue[Any] = queue.Queue()
@@ -125,18 +127,22 @@ class EngineProcess:
         if msg_type is None:
             raise ValueError(f"unknown message kind {kind:#x}")
         clock = CodecClock().start()
+        adapt_ns = 0
         try:
-            msg: Any = self.codec_in.decode(body, msg_type)
+            msg: Any = self.calls_in.decode(body, msg_type)
+            clock.stop()
+            if self.calls_in.adapts:
+                msg = self.calls_in.from_native(msg, msg_type)
+                adapt_ns = time.monotonic_ns() - clock.end_ns
         except CodecError as exc:
             if request_id is None:
                 raise
             self._send_outputs([error_output(request_id, f"request could not be decoded: {exc}")])
             return
         if msg_type is EngineCoreRequest:
-            clock.stop()
-            self.counters.add_decode(clock, body)
+            self.counters.add_decode(clock, body, adapt_ns)
             if self.timings is not None and request_id is not None:
-                self.timings.received(request_id, received_ns, clock.end_ns, clock.cpu_ns)
+                self.timings.received(request_id, received_ns, clock.end_ns, clock.cpu_ns, adapt_ns)
             if request_id is not None and msg.request_id != request_id:
                 self._send_outputs([error_output(request_id, "request id in body and envelope differ")])
                 return
@@ -218,9 +224,7 @@ class EngineProcess:
     def _send_batch(self, sock: zmq.Socket, batch: EngineCoreOutputs) -> None:
         seq = self._out_seq
         self._out_seq += 1
-        clock = CodecClock().start()
-        frames = self._encode_outputs(batch)
-        clock.stop()
+        frames, clock, adapt_ns = self._encode_outputs(batch)
         self._send(sock, [transport.output_envelope(seq), *frames], copy=False)
         if self.timings is not None:
             sent = time.monotonic_ns()
@@ -231,6 +235,7 @@ class EngineProcess:
                 "encode_start": clock.start_ns,
                 "encode_end": clock.end_ns,
                 "encode_cpu": clock.cpu_ns,
+                "adapt": adapt_ns,
                 "sent": sent,
                 "bytes": transport.frames_nbytes(frames),
             }
@@ -241,12 +246,19 @@ class EngineProcess:
         if ready is not None:
             self._send(sock, [transport.envelope(transport.SPANS), msgspec.json.encode(ready)])
 
-    def _encode_outputs(self, batch: EngineCoreOutputs) -> list[Any]:
-        """The batch's codec frames; a batch the codec cannot encode becomes error outputs for its requests."""
+    def _encode_outputs(self, batch: EngineCoreOutputs) -> tuple[list[Any], CodecClock, int]:
+        """The batch's codec frames, the encode's clock and the adapter's ns.
+
+        A batch the codec cannot encode becomes error outputs for its requests.
+        """
         batch.timestamp = time.time()
-        clock = CodecClock().start()
+        calls = self.calls_out
+        adapt_start = time.monotonic_ns()
+        clock = CodecClock()
         try:
-            frames = self.codec_out.encode(batch)
+            native = calls.to_native(batch)
+            clock.start()
+            frames = calls.encode(native)
         except CodecError as exc:
             # Nothing may be lost: the same requests end with an error instead.
             log.exception("could not encode an output batch")
@@ -255,9 +267,12 @@ class EngineProcess:
                 outputs=[error_output(o.request_id, message, rejected=False) for o in batch.outputs]
             )
             frames = self.codec_out.encode(batch)
-        else:
-            self.counters.add_encode(clock.stop(), frames)
-        return frames
+            clock.start()  # nothing of the failed encode is counted
+            return frames, clock.stop(), 0
+        clock.stop()
+        adapt_ns = clock.start_ns - adapt_start if calls.adapts else 0
+        self.counters.add_encode(clock, frames, adapt_ns)
+        return frames, clock, adapt_ns
 
     def _send_outputs(self, outputs: list[EngineCoreOutput], step_start: float = 0.0, step_index: int = 0) -> None:
         self.outputs.put(EngineCoreOutputs(outputs=outputs, step_index=step_index, step_start_time=step_start))

@@ -36,9 +36,11 @@ class EngineTimings:
         self._last_flush = time.monotonic()
 
     # input thread
-    def received(self, request_id: str, received_ns: int, decoded_ns: int, decode_cpu_ns: int) -> None:
+    def received(
+        self, request_id: str, received_ns: int, decoded_ns: int, decode_cpu_ns: int, adapt_ns: int = 0
+    ) -> None:
         with self._lock:
-            self._pending[request_id] = EnginePoints(received_ns, decoded_ns, decode_cpu_ns)
+            self._pending[request_id] = EnginePoints(received_ns, decoded_ns, decode_cpu_ns, adapt_ns=adapt_ns)
             while len(self._pending) > MAX_PENDING:
                 self._pending.popitem(last=False)
 

@@ -48,7 +48,7 @@ from harness.wire.messages import (
 from harness.wire.shm import Handle, ShmError
 from harness.wire.spans import FrontPoints, host_clock_id
 from harness.wire.transport import CodecClock, CodecCounters, EngineAddresses
-from wirecodecs import CodecError, EncodeError, get_codec, packs_token_ids
+from wirecodecs import CodecCalls, CodecError, EncodeError, get_codec, packs_token_ids
 
 log = logging.getLogger("wirebench.frontend")
 
@@ -142,6 +142,8 @@ class ZmqEngineClient:
         self._request_timeout_s = request_timeout_s
         self._encoder = get_codec(codec_name)
         self._decoder = get_codec(codec_name)
+        # Encode and decode apart from the codec's adapter (vllm's message conversion), timed apart.
+        self._encode_calls, self._decode_calls = CodecCalls(self._encoder), CodecCalls(self._decoder)
         self._addresses = addresses
         self._is_process_alive = is_process_alive
         self._heartbeat_timeout_s = heartbeat_timeout_s
@@ -276,12 +278,16 @@ class ZmqEngineClient:
         if self._packed and isinstance(request.prompt_token_ids, list):
             # The codec carries ids as one int32 buffer (msgspec-packed): the tokenizer's list is packed here.
             request.prompt_token_ids = pack_token_ids(request.prompt_token_ids)
-        clock = CodecClock().start()
+        calls = self._encode_calls
         try:
-            frames = self._encoder.encode(request)
+            adapt_start = time.monotonic_ns()
+            native = calls.to_native(request)
+            adapt_ns = time.monotonic_ns() - adapt_start if calls.adapts else 0
+            clock = CodecClock().start()
+            frames = calls.encode(native)
         except EncodeError as exc:
             raise RequestRejectedError(str(exc), code=exc.code) from exc
-        self._counters.add_encode(clock.stop(), frames)
+        self._counters.add_encode(clock.stop(), frames, adapt_ns)
         message: list[Any] = [transport.envelope(transport.ADD, rid), *frames]
         held: list[Handle] = []
         if self._shm is not None:
@@ -305,6 +311,7 @@ class ZmqEngineClient:
                 raise
             if points is not None and self.timelines.enabled:
                 points.encode_start, points.encode_end, points.encode_cpu = clock.start_ns, clock.end_ns, clock.cpu_ns
+                points.adapt_ns = adapt_ns
                 points.sent = time.monotonic_ns()
                 self.timelines.track(rid, points)
             while not finished:
@@ -373,28 +380,35 @@ class ZmqEngineClient:
                 if kind != transport.OUTPUTS:
                     continue
                 body = frames[1:]
+                calls = self._decode_calls
                 clock = CodecClock().start()
-                batch = self._decoder.decode(body, EngineCoreOutputs)
-                self._counters.add_decode(clock.stop(), body)
+                native = calls.decode(body, EngineCoreOutputs)
+                clock.stop()
+                batch = calls.from_native(native, EngineCoreOutputs)
+                adapt_ns = time.monotonic_ns() - clock.end_ns if calls.adapts else 0
+                self._counters.add_decode(clock, body, adapt_ns)
             except (CodecError, ValueError, msgspec.DecodeError) as exc:
                 log.error("undecodable message from the engine: %s", exc)
                 if kind == transport.OUTPUTS:
                     self._fail_in_flight(f"an output batch from the engine could not be decoded: {exc}")
                 continue
             if self.timelines.enabled:
-                self._stamp_first_outputs(batch, transport.output_seq(frames[0]), received, clock)
+                self._stamp_first_outputs(batch, transport.output_seq(frames[0]), received, clock, adapt_ns)
             for output in batch.outputs:
                 q = self._queues.get(output.request_id)
                 if q is not None:
                     q.put_nowait(output)
 
-    def _stamp_first_outputs(self, batch: EngineCoreOutputs, seq: int, received: int, clock: CodecClock) -> None:
-        self.timelines.batch_received(seq, received, clock.end_ns, clock.cpu_ns)
+    def _stamp_first_outputs(
+        self, batch: EngineCoreOutputs, seq: int, received: int, clock: CodecClock, adapt_ns: int
+    ) -> None:
+        self.timelines.batch_received(seq, received, clock.end_ns, clock.cpu_ns, adapt_ns)
         for output in batch.outputs:
             points = self.timelines.front_points(output.request_id)
             if points is not None and points.first_output_seq < 0:
                 points.first_output_received, points.first_output_decoded = received, clock.end_ns
                 points.first_output_decode_cpu, points.first_output_seq = clock.cpu_ns, seq
+                points.first_output_adapt_ns = adapt_ns
 
     async def _monitor(self) -> None:
         last_tick = time.monotonic()

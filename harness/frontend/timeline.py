@@ -60,7 +60,7 @@ class Timelines:
         self._front: dict[str, tuple[float, FrontPoints]] = {}  # in flight, or waiting for the engine's half
         self._front_done: set[str] = set()
         self._engine: dict[str, tuple[float, EnginePoints]] = {}
-        self._batch_front: dict[int, tuple[float, int, int, int]] = {}  # seq → (t, received, decoded, cpu)
+        self._batch_front: dict[int, tuple[float, int, int, int, int]] = {}  # seq → (t, received, decoded, cpu, adapt)
         self._batch_engine: dict[int, tuple[float, dict[str, Any]]] = {}
         self._batches: dict[int, BatchPoints] = {}  # complete, by seq, for joining first batches
         self.requests = Ring(KEEP_REQUESTS)
@@ -90,9 +90,11 @@ class Timelines:
             self._front_done.add(request_id)
             self._try_join(request_id)
 
-    def batch_received(self, seq: int, received_ns: int, decoded_ns: int, decode_cpu_ns: int) -> None:
+    def batch_received(
+        self, seq: int, received_ns: int, decoded_ns: int, decode_cpu_ns: int, adapt_ns: int = 0
+    ) -> None:
         if self.enabled and seq >= 0:
-            self._batch_front[seq] = (time.monotonic(), received_ns, decoded_ns, decode_cpu_ns)
+            self._batch_front[seq] = (time.monotonic(), received_ns, decoded_ns, decode_cpu_ns, adapt_ns)
             self._try_batch(seq)
 
     # --- the engine's points ---------------------------------------------------------------
@@ -117,9 +119,9 @@ class Timelines:
         if front is None or engine is None:
             return
         del self._batch_front[seq], self._batch_engine[seq]
-        _, received, decoded, cpu = front
+        _, received, decoded, cpu, adapt = front
         fields = {k: v for k, v in engine[1].items() if k in BatchPoints.__dataclass_fields__}
-        batch = BatchPoints(**fields, received=received, decoded=decoded, decode_cpu=cpu)
+        batch = BatchPoints(**fields, received=received, decoded=decoded, decode_cpu=cpu, front_adapt=adapt)
         self._batches[seq] = batch
         while len(self._batches) > KEEP_BATCHES:
             del self._batches[next(iter(self._batches))]

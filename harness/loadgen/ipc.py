@@ -58,7 +58,7 @@ async def fetch_budget(
     wanted = set(server_ids)
     timelines = [t for t in body.get("requests") or () if t.get("request_id") in wanted]
     result = budget(timelines, body.get("loop_lag_ms") or {})
-    for what in ("encode", "encode_cpu", "wire", "decode", "decode_cpu"):  # per step, every batch of the run
+    for what in ("adapt", "encode", "encode_cpu", "wire", "decode", "decode_cpu"):  # per step, every batch of the run
         values = [float(b["spans_us"][what]) for b in body.get("batches") or () if b.get("spans_us")]
         result.spans[f"step.{what}"] = span_stats(values)
     return result
@@ -77,6 +77,10 @@ ROWS: tuple[tuple[str, str, str | None], ...] = (
     ("Output wire, send -> receive", "output.wire", None),
     ("Output decode", "output.decode", "output.decode_cpu"),
     ("IPC, first-token path", "ipc", None),
+    # Only for a codec with an adapter (vllm): building its messages from ours and back, not IPC.
+    ("Codec adapter, request", "request.adapt", None),
+    ("Codec adapter, first output", "output.adapt", None),
+    ("Every step: codec adapter", "step.adapt", None),
     ("Every step: output encode", "step.encode", "step.encode_cpu"),
     ("Every step: output wire", "step.wire", None),
     ("Every step: output decode", "step.decode", "step.decode_cpu"),
@@ -97,7 +101,7 @@ def report_lines(ipc: IpcBudget | None, mean_ttft_ms: float, width: int = 50) ->
     lines = [title, f"{'span':<32}{'wall':>17}{'CPU':>17}"]
     for label, name, cpu in ROWS:
         s = ipc.spans.get(name)
-        if s is None or not s.count:
+        if s is None or not s.count or (name.endswith(".adapt") and not s.p99_us):
             continue
         c = ipc.spans.get(cpu) if cpu else None
         cpu_text = f"{_fmt(c.p50_us)} / {_fmt(c.p99_us)}" if c is not None and c.count else ""
@@ -115,7 +119,7 @@ def budget_figures(ipc: dict[str, Any] | None) -> dict[str, float]:
     """Flat figures of a run document's ``ipc`` section (for tables and comparisons): ``ipc_<span>_p50_us``..."""
     out: dict[str, float] = {}
     spans = (ipc or {}).get("spans_us") or {}
-    for name in (*(f"{d}.{w}" for d, w in REQUEST_SPANS), "ipc", "step.wire"):
+    for name in (*(f"{d}.{w}" for d, w in REQUEST_SPANS), "ipc", "step.wire", "request.adapt", "output.adapt"):
         s = spans.get(name) or {}
         key = name.replace(".", "_")
         for stat in ("p50_us", "p99_us", "mean_us"):

@@ -56,7 +56,7 @@ def _receiver(address: str, codec_name: str, msg_type_name: str, conn: Connectio
     from harness.wire import messages
 
     msg_type = getattr(messages, msg_type_name)
-    codec = wirecodecs.get_codec(codec_name)
+    calls = wirecodecs.CodecCalls(wirecodecs.get_codec(codec_name))
     released: list[list[Any]] = []
     maps = Mappings(lambda seg, block, gen: released.append([seg, block, gen]))
     ctx: zmq.Context = zmq.Context()
@@ -75,7 +75,7 @@ def _receiver(address: str, codec_name: str, msg_type_name: str, conn: Connectio
                 body = body[1:]
                 for index, *handle in table:
                     body[index] = maps.view(Handle.from_list(handle))
-            msg = codec.decode(body, msg_type)
+            msg = calls.decode(body, msg_type)  # the codec's native message: its adapter is not delivery
             done = time.monotonic_ns()
             del msg, body, frames  # the views die here: their blocks are released
             conn.send((done, released[:]))
@@ -110,10 +110,12 @@ def measure(
 ) -> Delivery:
     """The delivery time of ``msg`` (p50/p99 µs over ``iterations`` one-at-a-time sends)."""
     codec = wirecodecs.get_codec(codec_name)
+    calls = wirecodecs.CodecCalls(codec)  # the adapter (vllm's) runs outside the clock
     if transport_name != "zmq" and not wirecodecs.sends_out_of_band(codec_name):
         return Delivery(codec_name, transport_name, payload, "unsupported", "no out-of-band frames for shm")
     try:
-        codec.encode(msg)
+        native = calls.to_native(msg)
+        calls.encode(native)
     except wirecodecs.EncodeError as exc:
         return Delivery(codec_name, transport_name, payload, "unsupported", str(exc)[:60])
     folder = tempfile.mkdtemp(prefix="wirebench-delivery-")
@@ -130,11 +132,11 @@ def measure(
             raise RuntimeError("receiver did not start")
         sock.connect(address)
         if arena is not None and transport_name == "shm-inplace":
-            msg = _place_in_arena(msg, arena)
+            native = calls.to_native(_place_in_arena(msg, arena))
         times = []
         for _ in range(iterations):
             start = time.monotonic_ns()
-            frames = codec.encode(msg)
+            frames = calls.encode(native)
             message = _message(frames, arena, threshold)
             sock.send_multipart(message, copy=False)
             done, released = parent.recv()
@@ -142,8 +144,8 @@ def measure(
             if arena is not None:
                 for _, block, gen in released:
                     arena.free(block, gen)
-                if transport_name == "shm-inplace":
-                    msg = _place_in_arena(msg, arena)  # its block went back with the release
+                if transport_name == "shm-inplace":  # its block went back with the release
+                    native = calls.to_native(_place_in_arena(msg, arena))
         sock.send(bytes((transport.SHUTDOWN,)))
         us = np.array(times) / 1e3
         return Delivery(

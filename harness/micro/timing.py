@@ -24,6 +24,14 @@ the median (p50) and the 99th percentile (p99, linear interpolation).
 A cell is checked before it is timed: the decoded message must equal the one
 encoded (a wrong codec is not fast), and a codec's failure becomes the cell's
 status, never an exception out of the run.
+
+A codec with an adapter (``vllm``: our message to vLLM's own and back,
+``wirecodecs.CodecCalls``) is timed on its native message: encode is
+``encode_native(native)``, decode ``decode_native(frames)``, as a server built
+on those messages runs them. The adapter (``to_native`` then ``from_native``)
+is timed on its own (``adapt``), outside encode, decode and the ratio; the
+round-trip check compares the decoded message with the adapter's own round
+trip (what the adapter does to a message is checked by the conformance suite).
 """
 
 from __future__ import annotations
@@ -148,6 +156,7 @@ class MicroCell:
     decode: Timing | None = None
     wire_bytes: int | None = None
     frames: int | None = None
+    adapt: Timing | None = None  # the codec's adapter, both ways (None: it has none)
 
 
 def _clip(text: str, limit: int = 80) -> str:
@@ -188,8 +197,10 @@ def measure_cell(codec_name: str, payload: str, msg: Any, min_iterations: int, m
     """Time one codec on one message; never raises for a codec's failure."""
     try:
         codec = wirecodecs.get_codec(codec_name)
+        calls = wirecodecs.CodecCalls(codec)
         try:
-            frames = codec.encode(msg)
+            native = calls.to_native(msg)
+            frames = calls.encode(native)
         except wirecodecs.UnsupportedPayloadError as exc:
             return MicroCell(codec_name, payload, "unsupported", f"cannot carry {exc.type_name}")
         except wirecodecs.EncodeError as exc:
@@ -197,9 +208,13 @@ def measure_cell(codec_name: str, payload: str, msg: Any, min_iterations: int, m
         # Fresh bytes, as frames arrive in a receive buffer; copied once, untimed.
         wire = [bytes(f) for f in frames]
         msg_type = type(msg)
-        check_round_trip(msg, codec.decode(wire, msg_type))
-        encode = time_calls(lambda: codec.encode(msg), min_iterations, min_time_s)
-        decode = time_calls(lambda: codec.decode(wire, msg_type), min_iterations, min_time_s)
+        expected = calls.from_native(native, msg_type) if calls.adapts else msg
+        check_round_trip(expected, calls.from_native(calls.decode(wire, msg_type), msg_type))
+        encode = time_calls(lambda: calls.encode(native), min_iterations, min_time_s)
+        decode = time_calls(lambda: calls.decode(wire, msg_type), min_iterations, min_time_s)
+        adapt = None
+        if calls.adapts:
+            adapt = time_calls(lambda: calls.from_native(calls.to_native(msg), msg_type), min_iterations, min_time_s)
         return MicroCell(
             codec_name,
             payload,
@@ -209,6 +224,7 @@ def measure_cell(codec_name: str, payload: str, msg: Any, min_iterations: int, m
             decode,
             wire_bytes=sum(len(f) for f in wire),
             frames=len(wire),
+            adapt=adapt,
         )
     except Exception as exc:  # one broken cell must not stop the run
         return MicroCell(codec_name, payload, "error", _clip(f"{type(exc).__name__}: {exc}"))

@@ -219,6 +219,10 @@ class CodecStats(msgspec.Struct, array_like=True, gc=False):
     # Thread CPU time (time.thread_time_ns) in the same calls: wall minus CPU is waiting (GIL, cores).
     decode_cpu_ns: int = 0
     encode_cpu_ns: int = 0
+    # Wall time of the codec's adapter (our message to its native one and back: the `vllm`
+    # codec's), outside the times above; 0 for codecs whose native messages are ours.
+    encode_adapt_ns: int = 0
+    decode_adapt_ns: int = 0
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

@@ -42,6 +42,7 @@ CODEC_CPU_SECONDS = PREFIX + "codec_cpu_seconds"  # direction, op: thread CPU ti
 FIRST_TOKEN_IPC_SECONDS = PREFIX + "first_token_ipc_seconds"  # IPC on a request's first-token path
 LOOP_LAG_SECONDS = PREFIX + "frontend_loop_lag_seconds"  # how late the frontend's event loop runs callbacks
 CODEC_CPU_SECONDS_TOTAL = PREFIX + "codec_cpu_seconds_total"
+CODEC_ADAPT_SECONDS = PREFIX + "codec_adapter_seconds_total"
 
 HELP = {
     CODEC_MESSAGES: ("counter", "Messages encoded or decoded by the codec."),
@@ -63,6 +64,11 @@ HELP = {
         "admission; token_budget: the step was full).",
     ),
     CODEC_CPU_SECONDS_TOTAL: ("counter", "Thread CPU seconds in the codec's encode or decode."),
+    CODEC_ADAPT_SECONDS: (
+        "counter",
+        "Seconds in the codec's adapter (our message to its native one before encode, back after decode), "
+        "outside codec time; 0 for codecs whose messages are ours.",
+    ),
     IPC_SECONDS: ("histogram", "IPC spans of requests and output batches: encode, wire (send to receive), decode."),
     CODEC_CPU_SECONDS: ("histogram", "Thread CPU time of codec calls on the traced requests and batches."),
     FIRST_TOKEN_IPC_SECONDS: ("histogram", "All IPC spans on a request's path to its first token, summed."),
@@ -153,6 +159,13 @@ def codec_samples(frontend: CodecStats, engine: CodecStats) -> dict[str, list[tu
         ("output", "decode", frontend.decode_cpu_ns),
     ]
     out[CODEC_CPU_SECONDS_TOTAL] = [({"direction": d, "op": op}, ns / 1e9) for d, op, ns in cpu]
+    adapt = [
+        ("request", "encode", frontend.encode_adapt_ns),
+        ("request", "decode", engine.decode_adapt_ns),
+        ("output", "encode", engine.encode_adapt_ns),
+        ("output", "decode", frontend.decode_adapt_ns),
+    ]
+    out[CODEC_ADAPT_SECONDS] = [({"direction": d, "op": op}, ns / 1e9) for d, op, ns in adapt]
     return out
 
 

@@ -30,6 +30,11 @@ starts), ``encode``, ``wire`` (encode end → frontend receive returned),
 the frontend's own work (tokenize, images, detokenize, SSE), the engine's
 scheduling wait and the compute.
 
+A codec with an adapter (``vllm``: our message to vLLM's and back) has it timed
+apart as ``request.adapt`` / ``output.adapt``, taken out of the queue and relay
+spans it falls in, and left out of the IPC sum: a server built on those
+messages does not pay it.
+
 Engine timestamps travel in their own JSON messages (``SPANS``), never inside
 the codec under test: every codec carries exactly the bytes it carried before.
 """
@@ -88,6 +93,9 @@ class FrontPoints:
     first_output_decode_cpu: int = 0
     first_output_seq: int = -1
     first_sse_written: int = 0
+    # Durations (ns) of the codec's adapter (vllm: our message to vLLM's, vLLM's to ours), outside encode/decode.
+    adapt_ns: int = 0
+    first_output_adapt_ns: int = 0
 
 
 @dataclass
@@ -101,6 +109,7 @@ class EnginePoints:
     first_scheduled: int = 0
     first_sampled: int = 0
     first_output_seq: int = -1
+    adapt_ns: int = 0  # the codec's adapter after decode (inside decode_end → added)
 
 
 @dataclass
@@ -118,9 +127,12 @@ class BatchPoints:
     received: int = 0
     decoded: int = 0
     decode_cpu: int = 0
+    adapt: int = 0  # engine: the codec's adapter before encode (ns)
+    front_adapt: int = 0  # frontend: the codec's adapter after decode (ns)
 
     def spans_us(self) -> dict[str, float]:
         return {
+            "adapt": _us(self.adapt + self.front_adapt),
             "encode": _us(self.encode_end - self.encode_start),
             "encode_cpu": _us(self.encode_cpu),
             "wire": _us(self.received - self.encode_end),
@@ -147,17 +159,20 @@ class RequestTimeline:
             "request.wire": _span(f.encode_end, e.received),
             "request.decode": _span(e.received, e.decode_end),
             "request.decode_cpu": _us(e.decode_cpu),
-            "request.queue": _span(e.decode_end, e.added),
+            "request.queue": _span(e.decode_end, e.added) - _us(e.adapt_ns),
             "engine.schedule_wait": _span(e.added, e.first_scheduled),
             "engine.first_step": _span(e.first_scheduled, e.first_sampled),
-            "output.queue": _span(e.first_sampled, b.encode_start if b else 0),
+            "output.queue": _span(e.first_sampled, b.encode_start if b else 0) - _us(b.adapt if b else 0),
             "output.encode": _span(b.encode_start, b.encode_end) if b else math.nan,
             "output.encode_cpu": _us(b.encode_cpu) if b else math.nan,
             "output.wire": _span(b.encode_end if b else 0, f.first_output_received),
             "output.decode": _span(f.first_output_received, f.first_output_decoded),
             "output.decode_cpu": _us(f.first_output_decode_cpu),
             "frontend.prepare": _span(f.http_received, f.prepared),
-            "frontend.relay": _span(f.first_output_decoded, f.first_sse_written),
+            "frontend.relay": _span(f.first_output_decoded, f.first_sse_written) - _us(f.first_output_adapt_ns),
+            # The codec's adapter (vllm's message conversion): not IPC a server on those messages pays.
+            "request.adapt": _us(f.adapt_ns + e.adapt_ns),
+            "output.adapt": _us((b.adapt if b else 0) + f.first_output_adapt_ns),
             "server.ttft": _span(f.http_received, f.first_sse_written),
         }
         out["ipc"] = sum(out[f"{d}.{w}"] for d, w in REQUEST_SPANS)

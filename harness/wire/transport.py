@@ -162,16 +162,18 @@ class CodecCounters:
     def __init__(self) -> None:
         self.stats = CodecStats()
 
-    def add_encode(self, clock: CodecClock, frames: Sequence[Frame]) -> None:
+    def add_encode(self, clock: CodecClock, frames: Sequence[Frame], adapt_ns: int = 0) -> None:
         s = self.stats
+        s.encode_adapt_ns += adapt_ns
         s.encode_ns += clock.wall_ns
         s.encode_cpu_ns += clock.cpu_ns
         s.encode_count += 1
         s.encode_bytes += frames_nbytes(frames)
         s.encode_frames += len(frames)
 
-    def add_decode(self, clock: CodecClock, frames: Sequence[Frame]) -> None:
+    def add_decode(self, clock: CodecClock, frames: Sequence[Frame], adapt_ns: int = 0) -> None:
         s = self.stats
+        s.decode_adapt_ns += adapt_ns
         s.decode_ns += clock.wall_ns
         s.decode_cpu_ns += clock.cpu_ns
         s.decode_count += 1
