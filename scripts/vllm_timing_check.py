@@ -22,7 +22,6 @@ import timeit
 from pathlib import Path
 from typing import Any
 
-import torch
 from vllm.multimodal.inputs import (
     MultiModalFeatureSpec,
     MultiModalFieldConfig,
