@@ -25,7 +25,9 @@ Where the two schemas differ, the mapping (written against vLLM 0.33.0):
   REJECTED is vLLM's ERROR with a ``RequestError`` of code ``validation_error``
   (what vLLM sends for a request it refuses), ERROR one of code ``engine_error``;
   ``num_cached_tokens`` is ``PrefillStats.num_cached_tokens``; ``step_index`` is
-  ``SchedulerStats.step_counter``; ``step_start_time`` is not carried (vLLM has
+  ``SchedulerStats.step_counter``; logprobs are ``LogprobsLists`` of numpy
+  arrays (int32 ids and ranks, float32 logprobs: values our engine computes in
+  float32 come back exactly); ``step_start_time`` is not carried (vLLM has
   no such field); ``timestamp`` 0.0 becomes the time of construction, as
   vLLM's ``EngineCoreOutputs.__post_init__`` does.
 """
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from vllm.lora.request import LoRARequest
 from vllm.multimodal.inputs import (
@@ -48,6 +51,7 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.sampling_params import SamplingParams as VllmSamplingParams
 from vllm.v1 import engine as vllm_engine
 from vllm.v1.metrics.stats import PrefillStats, SchedulerStats
+from vllm.v1.outputs import LogprobsLists
 
 from harness.wire.messages import (
     EngineCoreAbort,
@@ -55,6 +59,7 @@ from harness.wire.messages import (
     EngineCoreOutputs,
     EngineCoreRequest,
     FinishReason,
+    Logprobs,
     PlaceholderRange,
     SamplingParams,
 )
@@ -198,6 +203,23 @@ def _hashes(features: list[MultiModalFeatureSpec] | None) -> list[str] | None:
 # --- outputs --------------------------------------------------------------------------
 
 
+def logprobs_to_vllm(lp: Logprobs) -> LogprobsLists:
+    # vLLM's sampler hands these over as numpy arrays (int32 ids and ranks, float32 logprobs).
+    return LogprobsLists(
+        np.asarray(lp.token_ids, dtype=np.int32),
+        np.asarray(lp.logprobs, dtype=np.float32),
+        np.asarray(lp.ranks, dtype=np.int32),
+    )
+
+
+def logprobs_from_vllm(v: LogprobsLists) -> Logprobs:
+    return Logprobs(
+        token_ids=np.asarray(v.logprob_token_ids).tolist(),
+        logprobs=np.asarray(v.logprobs, dtype=np.float64).tolist(),
+        ranks=np.asarray(v.sampled_token_ranks).tolist(),
+    )
+
+
 def output_to_vllm(o: EngineCoreOutput) -> vllm_engine.EngineCoreOutput:
     reason = o.finish_reason
     error = None
@@ -211,6 +233,7 @@ def output_to_vllm(o: EngineCoreOutput) -> vllm_engine.EngineCoreOutput:
         stop_reason=o.stop_reason,
         prefill_stats=PrefillStats(num_cached_tokens=o.num_cached_tokens) if o.num_cached_tokens else None,
         error=error,
+        new_logprobs=None if o.new_logprobs is None else logprobs_to_vllm(o.new_logprobs),
     )
 
 
@@ -230,6 +253,7 @@ def output_from_vllm(v: vllm_engine.EngineCoreOutput) -> EngineCoreOutput:
         stop_reason=v.stop_reason,
         num_cached_tokens=v.prefill_stats.num_cached_tokens if v.prefill_stats is not None else 0,
         error=v.error.message if v.error is not None else None,
+        new_logprobs=None if v.new_logprobs is None else logprobs_from_vllm(v.new_logprobs),
     )
 
 

@@ -369,7 +369,9 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "presence_penalty": 3}, 400, "presence_penalty"),
     ({"prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty"),
     ({"prompt": "x", "n": 2}, 400, "n"),
-    ({"prompt": "x", "logprobs": 2}, 400, "logprobs"),
+    ({"prompt": "x", "logprobs": 21}, 400, "logprobs"),
+    ({"prompt": "x", "logprobs": -1}, 400, "logprobs"),
+    ({"prompt": "x", "logprobs": True}, 400, "logprobs"),
     ({"prompt": "x", "stop": 3}, 400, "stop"),
     ({"prompt": "x", "stop": [""]}, 400, "stop"),
     ({"prompt": "x", "stop_token_ids": [-1]}, 400, "stop_token_ids"),
@@ -413,6 +415,9 @@ BAD_CHATS = [
     chat_body(*[image_part(png_url())] * 3),  # over max_images_per_request below
     chat_body(text_part("look: <|image|>")),  # marker typed into the text, no image sent
     chat_body(image_part(png_url()), max_tokens=60),  # 16 image tokens + template + 60 > 64
+    chat_body(text_part("x"), logprobs=True, top_logprobs=21),  # over OpenAI's 20
+    chat_body(text_part("x"), top_logprobs=2),  # top_logprobs without logprobs: true
+    chat_body(text_part("x"), logprobs="yes"),
 ]
 
 

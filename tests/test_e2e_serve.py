@@ -231,11 +231,28 @@ def test_every_codec_serves_text_and_images_or_refuses_clearly(codec):
             after = await stream_completion(
                 server.base_url, {"model": MODEL, "prompt": "Still here", "max_tokens": 3, "ignore_eos": True}
             )
-            return text, image, after
+            logprobs = await post(
+                server.base_url,
+                "/v1/chat/completions",
+                {
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": "Count"}],
+                    "max_tokens": 4,
+                    "ignore_eos": True,
+                    "logprobs": True,
+                    "top_logprobs": 3,
+                },
+            )
+            return text, image, after, logprobs
 
-        (chunks, done), (status, body), (_, done_after) = asyncio.run(scenario())
+        (chunks, done), (status, body), (_, done_after), (lp_status, lp_body) = asyncio.run(scenario())
         assert done and chunks
-        if codec in codecs_that_carry_multimodal():
+        # Top logprobs ride every output from the engine through the codec, both ways.
+        assert lp_status == 200, lp_body
+        content = lp_body["choices"][0]["logprobs"]["content"]
+        assert len(content) == 4 and all(len(c["top_logprobs"]) == 3 for c in content), content
+        assert all(c["logprob"] <= 0 and c["top_logprobs"][0]["logprob"] >= c["logprob"] for c in content)
+        if codec in codecs_that_carry_multimodal("image"):
             assert status == 200, body
             assert body["usage"]["completion_tokens"] == 8
         else:

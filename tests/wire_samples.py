@@ -24,6 +24,7 @@ from harness.wire.messages import (
     EngineCoreOutputs,
     EngineCoreRequest,
     FinishReason,
+    Logprobs,
     PlaceholderRange,
     SamplingParams,
 )
@@ -204,6 +205,8 @@ def output_batch(num_requests: int = 64) -> EngineCoreOutputs:
                 finish_reason=reason,
                 stop_reason=("</s>" if i % 8 == 1 else 2) if reason is FinishReason.STOP else None,
                 num_cached_tokens=16 * (i % 3),
+                # Every third asks for top-3 logprobs (float32 values, as a model's).
+                new_logprobs=sample_logprobs(1000 + i, 3) if i % 3 == 0 else None,
             )
         )
     outputs.append(
@@ -221,6 +224,11 @@ def output_batch(num_requests: int = 64) -> EngineCoreOutputs:
         step_start_time=1733131201.25,
         timestamp=1733131201.2625,
     )
+
+
+def sample_logprobs(token: int, k: int) -> Logprobs:
+    values = [-0.125, -0.125, -1.5, -2.75][: k + 1]  # exactly representable in float32
+    return Logprobs(token_ids=[[token, token, 7, 8][: k + 1]], logprobs=[values], ranks=[1])
 
 
 def abort_message(num_requests: int = 3) -> EngineCoreAbort:

@@ -39,13 +39,14 @@ from harness.engine.device import (
     synchronize,
     workspace_bytes,
 )
+from harness.engine.logprobs import sim_logprobs, top_logprobs
 from harness.engine.model import build_model, get_model_config
 from harness.engine.sampler import Sampler, SampleRow, uses_penalties
 from harness.engine.staging import Stager
 from harness.engine.step import ModelRunnerOutput, NewRequest, ScheduledChunk, SchedulerOutput
 from harness.engine.step_plan import Chunk, StepPlan
 from harness.engine.vision import build_vision_encoder, to_pixels
-from harness.wire.messages import SamplingParams
+from harness.wire.messages import Logprobs, SamplingParams
 
 log = logging.getLogger("wirebench.engine")
 
@@ -195,6 +196,7 @@ class TorchExecutor:
         t0 = time.perf_counter()
         errors: dict[str, str] = {}
         sampled: dict[str, int] = {}
+        logprobs: dict[str, Logprobs] = {}
         with torch.inference_mode():
             for rid in sched.finished_req_ids:
                 self.states.pop(rid, None)
@@ -206,12 +208,14 @@ class TorchExecutor:
             decodes = [c for c in sched.decodes if c.request_id in self.states]
             prefills = [c for c in sched.prefills if c.request_id in self.states]
             if decodes or prefills:
-                sampled = self._run(decodes, prefills)
+                sampled, logprobs = self._run(decodes, prefills)
             if not sampled:  # nothing fetched: wait here, so the step's time covers its kernels
                 synchronize(self.device)
-        return ModelRunnerOutput(sampled, errors, time.perf_counter() - t0)
+        return ModelRunnerOutput(sampled, errors, time.perf_counter() - t0, logprobs=logprobs)
 
-    def _run(self, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk]) -> dict[str, int]:
+    def _run(
+        self, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk]
+    ) -> tuple[dict[str, int], dict[str, Logprobs]]:
         """One forward over decode rows then prefill chunks; sample where a chunk reaches the end."""
         plan = StepPlan(
             [c.slot for c in decodes],
@@ -240,9 +244,16 @@ class TorchExecutor:
             at += len(c.token_ids)
         logits = self.model.forward_step(x, batch, None if every_row else row_idx)
         if not sample_chunks:
-            return {}
+            return {}, {}
         tokens = self.sampler.sample_tensor(logits, [self._sample_row(c) for c in sample_chunks])
-        return dict(zip((c.request_id for c in sample_chunks), self.stager.fetch(tokens), strict=True))
+        asked = [i for i, c in enumerate(sample_chunks) if self.states[c.request_id].params.logprobs is not None]
+        logprobs: dict[str, Logprobs] = {}
+        if asked:
+            at_rows = torch.tensor(asked, device=logits.device)
+            ks = [self.states[sample_chunks[i].request_id].params.logprobs or 0 for i in asked]
+            found = top_logprobs(logits[at_rows], tokens[at_rows], ks, self.config.vocab_size)
+            logprobs = {sample_chunks[i].request_id: lp for i, lp in zip(asked, found, strict=True)}
+        return dict(zip((c.request_id for c in sample_chunks), self.stager.fetch(tokens), strict=True)), logprobs
 
     def _sample_row(self, c: ScheduledChunk) -> SampleRow:
         st = self.states[c.request_id]
@@ -305,6 +316,7 @@ def wait_until(deadline: float) -> None:
 class _SimState:
     key: int
     avoid: set[int]
+    logprobs: int | None = None  # the request's SamplingParams.logprobs
 
 
 class SimExecutor:
@@ -336,7 +348,7 @@ class SimExecutor:
         for item in nr.request.mm_inputs or []:
             key = _splitmix64(key ^ zlib.crc32(to_pixels(item).numpy().tobytes()))
         eos_ids = {t for t in (nr.request.eos_token_id, self.config.eos_token_id) if t is not None}
-        return _SimState(key, eos_ids)
+        return _SimState(key, eos_ids, nr.request.sampling_params.logprobs)
 
     def _token(self, st: _SimState, position: int, suppress: list[int] | None) -> int:
         vocab = self.config.vocab_size
@@ -361,9 +373,13 @@ class SimExecutor:
             except Exception as exc:  # bad payload: fail this request, not the step
                 errors[nr.request_id] = _error_text(exc)
         sampled = {}
+        logprobs = {}
         for c in sched.chunks:
             st = self.states.get(c.request_id)
             if c.sample and st is not None:
-                sampled[c.request_id] = self._token(st, c.start_pos + len(c.token_ids), c.suppress_token_ids)
+                position = c.start_pos + len(c.token_ids)
+                tok = sampled[c.request_id] = self._token(st, position, c.suppress_token_ids)
+                if st.logprobs is not None:
+                    logprobs[c.request_id] = sim_logprobs(tok, st.logprobs, st.key + position, cfg.vocab_size)
         wait_until(deadline)
-        return ModelRunnerOutput(sampled, errors, time.perf_counter() - t0)
+        return ModelRunnerOutput(sampled, errors, time.perf_counter() - t0, logprobs=logprobs)

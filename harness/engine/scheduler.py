@@ -351,11 +351,14 @@ class Scheduler:
                 continue
             r.outputs.append(tok)
             reason, stop_reason = self._check_stop(r, tok)
+            lp = result.logprobs.get(rid)
             if reason is None:
-                outputs.append(EngineCoreOutput(rid, [tok]))
+                outputs.append(EngineCoreOutput(rid, [tok], new_logprobs=lp))
             else:
                 outputs.append(
-                    EngineCoreOutput(rid, [tok], finished=True, finish_reason=reason, stop_reason=stop_reason)
+                    EngineCoreOutput(
+                        rid, [tok], finished=True, finish_reason=reason, stop_reason=stop_reason, new_logprobs=lp
+                    )
                 )
                 self._remove_running_or_waiting(rid)
         return outputs

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from harness.wire.messages import EngineCoreRequest
+from harness.wire.messages import EngineCoreRequest, Logprobs
 
 
 @dataclass
@@ -62,3 +62,5 @@ class ModelRunnerOutput:
     # Requests the executor could not serve (e.g. an undecodable image): request_id -> why.
     errors: dict[str, str] = field(default_factory=dict)
     execute_time_s: float = 0.0
+    # For requests that asked for logprobs (SamplingParams.logprobs): request_id -> the sampled token's.
+    logprobs: dict[str, Logprobs] = field(default_factory=dict)

@@ -16,6 +16,7 @@ from typing import Any
 
 from harness.frontend.engine_client import EngineRequestError, RequestRejectedError
 from harness.frontend.inputs import Prepared
+from harness.frontend.logprobs import LogprobsRenderer
 from harness.wire.messages import EngineCoreOutput, FinishReason
 from harness.wire.tokenizer import TextTokenizer
 
@@ -152,6 +153,7 @@ def completion_chunk(
     finish_reason: str | None = None,
     stop_reason: int | str | None = None,
     usage_: dict | None = None,
+    logprobs: dict | None = None,
 ) -> dict[str, Any]:
     chunk: dict[str, Any] = {
         "id": rid,
@@ -159,7 +161,7 @@ def completion_chunk(
         "created": created,
         "model": model,
         "choices": [
-            {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
+            {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason}
         ],
     }
     if usage_ is not None:
@@ -176,6 +178,7 @@ def chat_chunk(
     finish_reason: str | None = None,
     stop_reason: int | str | None = None,
     usage_: dict | None = None,
+    logprobs: dict | None = None,
 ) -> dict[str, Any]:
     delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
     chunk: dict[str, Any] = {
@@ -184,7 +187,13 @@ def chat_chunk(
         "created": created,
         "model": model,
         "choices": [
-            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
+            {
+                "index": 0,
+                "delta": delta,
+                "logprobs": logprobs,
+                "finish_reason": finish_reason,
+                "stop_reason": stop_reason,
+            }
         ],
     }
     if usage_ is not None:
@@ -213,15 +222,17 @@ def full_response(
     finish_reason: str | None,
     stop_reason: int | str | None,
     usage_: dict,
+    logprobs: dict | None = None,
 ) -> dict[str, Any]:
     """A non-streaming completion or chat completion; they differ only in how text is held."""
     held = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+    choice = {"index": 0, **held, "logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason}
     return {
         "id": rid,
         "object": "chat.completion" if chat else "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, **held, "logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}],
+        "choices": [choice],
         "usage": usage_,
     }
 
@@ -239,6 +250,9 @@ class Relay:
         self.completion_tokens = 0
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
+        asked = prep.request.sampling_params.logprobs is not None
+        self.logprobs = LogprobsRenderer(tokenizer, prep.chat) if asked else None
+        self.chunk_logprobs: dict | None = None  # the last output's, in the response's shape
 
     def add(self, out: EngineCoreOutput) -> str:
         """The text this output adds; sets finish_reason when the request is done."""
@@ -248,6 +262,8 @@ class Relay:
         if out.finish_reason == FinishReason.ERROR:
             raise EngineRequestError(out.error or "the engine failed serving the request")
         self.completion_tokens += len(out.new_token_ids)
+        if self.logprobs is not None:
+            self.chunk_logprobs = self.logprobs.render(out.new_logprobs)
         text = self.detok.add(out.new_token_ids)
         if out.finished:
             text += self.detok.flush()
@@ -278,10 +294,11 @@ async def stream(
     while out is not None:
         text = relay.add(out)
         usage_ = relay.usage() if prep.options.continuous_usage_stats else None
+        reason, stop, lp = relay.finish_reason, relay.stop_reason, relay.chunk_logprobs
         if prep.chat:
-            yield chat_chunk(rid, prep.model, created, text, is_first, relay.finish_reason, relay.stop_reason, usage_)
+            yield chat_chunk(rid, prep.model, created, text, is_first, reason, stop, usage_, lp)
         else:
-            yield completion_chunk(rid, prep.model, created, text, relay.finish_reason, relay.stop_reason, usage_)
+            yield completion_chunk(rid, prep.model, created, text, reason, stop, usage_, lp)
         is_first = False
         if relay.done:
             break
@@ -313,4 +330,5 @@ async def collect(
         relay.finish_reason,
         relay.stop_reason,
         relay.usage(),
+        relay.logprobs.all if relay.logprobs is not None else None,
     )

@@ -6,7 +6,7 @@ fields it does not know, as OpenAI clients send extras such as ``user``.
 Value ranges are the sampling contract's (``harness.wire.messages.
 validate_sampling_params``), checked once here so every codec carries the same
 accepted values. Fields that would change the output in a way this server
-cannot honour (``logprobs``, ``echo``, ``n > 1``...) are refused rather than
+cannot honour (``echo``, ``prompt_logprobs``, ``n > 1``...) are refused rather than
 silently dropped.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness.wire.messages import SamplingParams, SamplingParamsError, validate_sampling_params
+from harness.wire.messages import MAX_LOGPROBS, SamplingParams, SamplingParamsError, validate_sampling_params
 
 # --- errors -------------------------------------------------------------------
 
@@ -226,10 +226,29 @@ def _refuse_unsupported(body: dict) -> None:
     best_of = body.get("best_of")
     if best_of is not None and (not _is_int(best_of) or best_of != 1):
         raise ProtocolError("only best_of=1 is supported", param="best_of")
-    for name in ("logprobs", "top_logprobs", "echo", "suffix", "prompt_logprobs"):
+    for name in ("echo", "suffix", "prompt_logprobs"):
         v = body.get(name)
         if v not in (None, False):
             raise ProtocolError(f"'{name}' is not supported by this server", param=name)
+
+
+def _parse_logprobs(body: dict, chat: bool) -> int | None:
+    """Top logprobs per token, or None: completions ``logprobs: K``; chat ``logprobs: true`` and ``top_logprobs: K``."""
+    if chat:
+        top = _opt_int(body, "top_logprobs", lo=0)
+        if top is not None and top > MAX_LOGPROBS:
+            raise ProtocolError(f"'top_logprobs' must be at most {MAX_LOGPROBS}", param="top_logprobs")
+        if not _opt_bool(body, "logprobs"):
+            if top:
+                raise ProtocolError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+            return None
+        return top or 0
+    k = body.get("logprobs")
+    if k is None:
+        return None
+    if not _is_int(k) or not 0 <= k <= MAX_LOGPROBS:
+        raise ProtocolError(f"'logprobs' must be an integer in [0, {MAX_LOGPROBS}]", param="logprobs")
+    return int(k)
 
 
 def _parse_sampling(body: dict, chat: bool, limits: RequestLimits) -> SamplingParams:
@@ -251,6 +270,7 @@ def _parse_sampling(body: dict, chat: bool, limits: RequestLimits) -> SamplingPa
         ignore_eos=bool(_opt_bool(body, "ignore_eos")),
         min_tokens=_opt_int(body, "min_tokens") or 0,
         logit_bias=_parse_logit_bias(body, limits),
+        logprobs=_parse_logprobs(body, chat),
     )
     for name in _FLOAT_FIELDS:  # absent: SamplingParams' default
         value = _opt_float(body, name)

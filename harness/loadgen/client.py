@@ -97,6 +97,7 @@ def build_payload(
     endpoint: str,
     *,
     continuous_usage: bool = True,
+    logprobs: int | None = None,
 ) -> dict[str, Any]:
     """The JSON body for one request; images only go through chat."""
     body: dict[str, Any] = {"model": model}
@@ -120,6 +121,8 @@ def build_payload(
         stream=True,
         stream_options=stream_options,
     )
+    if logprobs is not None:
+        body.update({"logprobs": True, "top_logprobs": logprobs} if is_chat(endpoint) else {"logprobs": logprobs})
     return body
 
 

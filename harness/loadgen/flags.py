@@ -80,6 +80,14 @@ def add_load_arguments(
         help=f"seconds a request may take in all; 0 = no limit (default {DEFAULT_REQUEST_TIMEOUT_S:g})",
     )
     group.add_argument(
+        "--logprobs",
+        type=int,
+        default=None,
+        metavar="K",
+        help="ask for the top-K logprobs of every output token (completions: logprobs=K; chat: logprobs=true, "
+        "top_logprobs=K), as vLLM's benchmark_serving --logprobs: heavier outputs on the wire (default: none)",
+    )
+    group.add_argument(
         "--no-continuous-usage",
         action="store_true",
         help="do not ask for usage in every chunk (stream_options.continuous_usage_stats); "

@@ -35,6 +35,7 @@ from harness.loadgen.workers import (
     uncancel_current_task,
 )
 from harness.wire import prom, runs_on
+from harness.wire.messages import MAX_LOGPROBS
 from harness.wire.spans import IpcBudget
 from harness.workloads.sample import SampleRequest
 
@@ -72,6 +73,7 @@ class LoadSettings:
     warmup_requests: int = 0
     request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S
     continuous_usage: bool = True
+    logprobs: int | None = None  # top logprobs per token asked of the server (vLLM benchmark's --logprobs)
     progress: bool | None = None  # None: when stderr is a TTY
     progress_label: str = "requests"  # bench run names the arm and round here
     # Client processes (or "auto"), and the Ray address ("" = ray.init's default; None = no Ray): see fanout.
@@ -93,6 +95,9 @@ class LoadSettings:
         if max_conc is not None and max_conc < 1:
             raise BenchmarkError(f"--max-concurrency must be >= 1, got {max_conc}")
         endpoint = get("endpoint", d.endpoint)  # validated by check_endpoint
+        logprobs = getattr(args, "logprobs", None)
+        if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+            raise BenchmarkError(f"--logprobs must be in [0, {MAX_LOGPROBS}] (OpenAI's limit), got {logprobs}")
         warmup = int(get("warmup_requests", 0))
         if warmup < 0:
             raise BenchmarkError(f"--warmup-requests must be >= 0, got {warmup}")
@@ -120,6 +125,7 @@ class LoadSettings:
                 warmup_requests=warmup,
                 request_timeout_s=float(timeout) if timeout and timeout > 0 else None,
                 continuous_usage=not getattr(args, "no_continuous_usage", False),
+                logprobs=logprobs,
                 progress=progress,
                 progress_label=str(get("progress_label", d.progress_label)),
                 workers=get("workers", d.workers),
@@ -230,7 +236,11 @@ class ServerLoad:
         self.url = base_url.rstrip("/") + settings.endpoint
         self.chat = is_chat(settings.endpoint)
         self.bodies = [
-            encode_payload(build_payload(s, model, settings.endpoint, continuous_usage=settings.continuous_usage))
+            encode_payload(
+                build_payload(
+                    s, model, settings.endpoint, continuous_usage=settings.continuous_usage, logprobs=settings.logprobs
+                )
+            )
             for s in workload
         ]
         self.offsets = plan_arrivals(len(workload), settings.request_rate, settings.burstiness, settings.seed)

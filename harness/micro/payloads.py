@@ -7,7 +7,9 @@ machines) time byte-identical messages:
   2 KiB prompt string and many non-default sampling parameters;
   ``text-550-packed`` is the same request with its ids packed as int32;
 - ``outputs-64``: one decode step's ``EngineCoreOutputs``, 64 requests with one
-  new token each;
+  new token each; ``outputs-256`` the same with 256 requests (a big decode
+  batch); ``outputs-64-logprobs5`` the 64 with the top-5 logprobs of each new
+  token (``--logprobs 5``: 6 ids, 6 logprobs and a rank per token);
 - ``image-336`` / ``image-1024``: the text request plus one RGB ``PIL.Image``
   of that side and its placeholder;
 - ``tensor-fp16-336`` / ``tensor-fp32-1024``: the same with a preprocessed
@@ -16,6 +18,7 @@ machines) time byte-identical messages:
 Payload bytes (``payload_nbytes``), precisely: 8 bytes per token id
 (``prompt_token_ids`` of a request, ``new_token_ids`` of every output, as
 int64), plus the UTF-8 bytes of the prompt string and of every request id,
+plus 8 bytes per logprob entry's id, value and rank,
 plus the raw pixel bytes of each image (width x height x 3 for RGB) and the raw
 bytes of each tensor (numel x element size). Sampling parameters, timestamps,
 hashes, placeholders and counters are small metadata and are not counted.
@@ -39,6 +42,7 @@ from harness.wire.messages import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
+    Logprobs,
     PlaceholderRange,
     SamplingParams,
     pack_token_ids,
@@ -143,12 +147,19 @@ def packed(req: EngineCoreRequest) -> EngineCoreRequest:
     return req
 
 
-def outputs_batch() -> EngineCoreOutputs:
-    """One decode step: 64 requests with one new token each."""
+def outputs_batch(size: int = OUTPUT_BATCH, logprobs: int | None = None) -> EngineCoreOutputs:
+    """One decode step: ``size`` requests with one new token each (and its top-``logprobs``)."""
     rng = random.Random(SEED)
-    outputs = [
-        EngineCoreOutput(request_id=_request_id(rng), new_token_ids=[rng.randrange(VOCAB)]) for _ in range(OUTPUT_BATCH)
-    ]
+    outputs = []
+    for _ in range(size):
+        rid, tok = _request_id(rng), rng.randrange(VOCAB)
+        out = EngineCoreOutput(request_id=rid, new_token_ids=[tok])
+        if logprobs is not None:
+            top = [rng.randrange(VOCAB) for _ in range(logprobs)]
+            # float32 values, as a model's log-softmax gives them
+            values = sorted((float(np.float32(-rng.random() * 8)) for _ in range(logprobs + 1)), reverse=True)
+            out.new_logprobs = Logprobs(token_ids=[[tok, *top]], logprobs=[values], ranks=[1 + rng.randrange(4)])
+        outputs.append(out)
     return EngineCoreOutputs(
         outputs=outputs,
         step_index=5400,
@@ -169,6 +180,8 @@ PAYLOADS: dict[str, Callable[[], Any]] = {
     # The same request with its ids already packed as int32 (what msgspec-packed is given).
     "text-550-packed": lambda: packed(text_request()),
     "outputs-64": outputs_batch,
+    "outputs-256": lambda: outputs_batch(256),
+    "outputs-64-logprobs5": lambda: outputs_batch(OUTPUT_BATCH, logprobs=5),
     "image-336": lambda: image_request(336),
     "image-1024": lambda: image_request(1024),
     "tensor-fp16-336": lambda: tensor_request(_torch().float16, 336),
@@ -196,5 +209,10 @@ def payload_nbytes(msg: Any) -> int:
         n += len(msg.prompt.encode()) if msg.prompt else 0
         return n + sum(_mm_nbytes(item) for item in msg.mm_inputs or ())
     if isinstance(msg, EngineCoreOutputs):
-        return sum(8 * len(o.new_token_ids) + len(o.request_id.encode()) for o in msg.outputs)
+        n = sum(8 * len(o.new_token_ids) + len(o.request_id.encode()) for o in msg.outputs)
+        for o in msg.outputs:
+            if o.new_logprobs is not None:
+                lp = o.new_logprobs
+                n += 8 * (sum(map(len, lp.token_ids)) + sum(map(len, lp.logprobs)) + len(lp.ranks))
+        return n
     raise TypeError(f"no payload size defined for {type(msg).__name__}")

@@ -65,6 +65,7 @@ MAX_TEMPERATURE = 1000.0
 MAX_REPETITION_PENALTY = 1000.0
 MAX_PENALTY = 2.0  # presence and frequency penalties, as OpenAI
 MAX_LOGIT_BIAS = 100.0  # as OpenAI
+MAX_LOGPROBS = 20  # top logprobs per token: OpenAI's limit and vLLM's default max_logprobs
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
@@ -127,6 +128,11 @@ def validate_sampling_params(sp: SamplingParams) -> None:
     )
     _check(0 <= sp.min_tokens <= INT64_MAX, "min_tokens", f"min_tokens must be >= 0, got {sp.min_tokens}")
     _check(
+        sp.logprobs is None or 0 <= sp.logprobs <= MAX_LOGPROBS,
+        "logprobs",
+        f"logprobs must be in [0, {MAX_LOGPROBS}], got {sp.logprobs}",
+    )
+    _check(
         all(0 <= t <= INT64_MAX for t in sp.stop_token_ids),
         "stop_token_ids",
         "stop_token_ids must be non-negative 64-bit integers",
@@ -186,6 +192,19 @@ class FinishReason(str, enum.Enum):
     ERROR = "error"  # the engine failed while serving the request (a server error)
 
 
+class Logprobs(msgspec.Struct, array_like=True, gc=False):
+    """Top-K logprobs of each new token, as vLLM's sampler returns them (``LogprobsLists``).
+
+    Per position: ``token_ids`` and ``logprobs`` hold the sampled token first,
+    then the K most likely (K+1 entries); ``ranks`` the sampled token's rank in
+    the distribution (1 = most likely).
+    """
+
+    token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    ranks: list[int]
+
+
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """New tokens for one request from one engine step."""
 
@@ -197,6 +216,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     num_cached_tokens: int = 0
     # Set on an error output (finish_reason=ERROR): why the engine refused it.
     error: str | None = None
+    # With SamplingParams.logprobs = K: the new tokens' top-K logprobs (last: absent, no bytes).
+    new_logprobs: Logprobs | None = None
 
 
 class CodecStats(msgspec.Struct, array_like=True, gc=False):
