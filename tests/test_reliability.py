@@ -458,3 +458,35 @@ def test_overload_loses_nothing(server):
             return await asyncio.gather(*(stream_tokens(session, server.base_url, 8) for _ in range(300)))
 
     assert asyncio.run(scenario()) == [(8, True, b"data: [DONE]\n")] * 300
+
+
+async def _completions_one_at_a_time(base: str, n: int, tokens: int) -> list[tuple[int, dict]]:
+    async with aiohttp.ClientSession() as session:
+        results = []
+        for i in range(n):
+            body = {"model": MODEL, "prompt": f"count {i}", "max_tokens": tokens, "ignore_eos": True}
+            async with session.post(f"{base}/v1/completions", json=body) as resp:
+                results.append((resp.status, await resp.json(content_type=None)))
+        return results
+
+
+def test_verify_catches_an_output_buffer_reused_before_it_was_sent(monkeypatch):
+    """vLLM #45730's bug class: the engine encodes outputs into one reused buffer and zero-copy sends
+    it; WIREBENCH_FAULT=reuse-output-buffer writes each next batch into it before the previous one
+    went out. Without --verify a torn batch may fail to decode, and one of the same length is served
+    silently wrong (a request finishing a token early, say); with it every such request fails with
+    an integrity error naming the output batch, and none is served wrong."""
+    monkeypatch.setenv("WIREBENCH_FAULT", "reuse-output-buffer")
+    seen = {}
+    for flags in ((), ("--verify",)):
+        server = start_serve("--executor", "sim", "--request-timeout", "20", *flags, codec="vllm")
+        try:
+            seen[flags] = asyncio.run(_completions_one_at_a_time(server.base_url, 3, 8))
+        finally:
+            server.stop()
+    plain = seen[()]
+    harmed = [(s, b) for s, b in plain if s != 200 or b["usage"]["completion_tokens"] != 8]
+    assert harmed, plain  # the fault did harm ...
+    assert not any("integrity" in b.get("error", {}).get("message", "") for _, b in plain)  # ... and nobody said so
+    verified = seen[("--verify",)]
+    assert all(s == 500 and "integrity check failed: an output batch" in b["error"]["message"] for s, b in verified)

@@ -31,7 +31,7 @@ from harness.engine.core import EngineCore, error_output
 from harness.engine.scheduler import Scheduler
 from harness.engine.timings import EngineTimings
 from harness.wire import curve, shm, transport
-from harness.wire.integrity import request_digest
+from harness.wire.integrity import outputs_check, request_digest
 from harness.wire.messages import EngineCoreAbort, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from harness.wire.shm import Handle, Mappings, ShmError
 from harness.wire.spans import host_clock_id
@@ -80,6 +80,14 @@ class EngineProcess:
         # the race --verify exists to catch. Never set in normal use.
         self._fault_swap = os.environ.get("WIREBENCH_FAULT") == "swap-shm-buffers"
         self._previous_handle: Handle | None = None
+        # Tests only: WIREBENCH_FAULT=reuse-output-buffer writes each output body into one reused buffer and
+        # writes the next batch into it before the previous one is handed to ZeroMQ (vLLM #45730's bug class).
+        self._reused: bytearray | None = (
+            bytearray(1 << 20) if os.environ.get("WIREBENCH_FAULT") == ("reuse-output-buffer") else None
+        )
+        self._held: list[Any] | None = None
+        # --verify: once a verified request arrived, every output batch carries its check frame.
+        self.verify_outputs = False
         # What the engine is holding now (busy loop writes, heartbeats read): requests running and waiting.
         self.load: dict[str, int] = {"running": 0, "waiting": 0}
 
@@ -110,6 +118,7 @@ class EngineProcess:
         ):
             kind &= ~transport.VERIFIED
             body, digest = body[:-1], _frame_bytes(body[-1]) if body else b""
+            self.verify_outputs = True
         if kind == transport.SHUTDOWN:
             self.stopping.set()
             self.inputs.put(_STOP)
@@ -202,6 +211,7 @@ class EngineProcess:
                 try:
                     item = self.outputs.get(timeout=transport.HEARTBEAT_INTERVAL_S)
                 except queue.Empty:
+                    self._flush_held(sock)
                     # The engine's codec counters travel in heartbeats (JSON, not
                     # the codec under test), so once idle the frontend has them all.
                     stats = msgspec.json.encode(self.counters.snapshot())
@@ -224,8 +234,13 @@ class EngineProcess:
     def _send_batch(self, sock: zmq.Socket, batch: EngineCoreOutputs) -> None:
         seq = self._out_seq
         self._out_seq += 1
+        check = outputs_check(batch) if self.verify_outputs else None  # what the engine meant to send
         frames, clock, adapt_ns = self._encode_outputs(batch)
-        self._send(sock, [transport.output_envelope(seq), *frames], copy=False)
+        message = [transport.output_envelope(seq, check is not None), *frames, *([check] if check else [])]
+        if self._reused is not None:
+            self._send_reusing_buffer(sock, message)
+        else:
+            self._send(sock, message, copy=False)
         if self.timings is not None:
             sent = time.monotonic_ns()
             record = {
@@ -240,6 +255,24 @@ class EngineProcess:
                 "bytes": transport.frames_nbytes(frames),
             }
             self.timings.batch_sent(record, [o.request_id for o in batch.outputs])
+
+    def _send_reusing_buffer(self, sock: zmq.Socket, message: list[Any]) -> None:
+        """The fault: the body goes into the one reused buffer, overwriting the batch not yet sent."""
+        assert self._reused is not None
+        body = bytes(memoryview(message[1]).cast("B"))
+        if len(body) > len(self._reused):
+            self._send(sock, message, copy=False)
+            return
+        self._reused[: len(body)] = body  # the held batch's frame views these bytes too
+        message[1] = memoryview(self._reused)[: len(body)]
+        if self._held is not None:
+            self._send(sock, self._held)
+        self._held = message  # sent when the next batch has overwritten it, or intact once the engine idles
+
+    def _flush_held(self, sock: zmq.Socket) -> None:
+        if self._held is not None:
+            self._send(sock, self._held)
+            self._held = None
 
     def _send_spans(self, sock: zmq.Socket, force: bool = False) -> None:
         ready = self.timings.take(force) if self.timings is not None else None

@@ -35,7 +35,7 @@ import zmq.asyncio
 from harness.frontend.shm_sender import ShmSender
 from harness.frontend.timeline import Timelines
 from harness.wire import curve, transport
-from harness.wire.integrity import request_digest
+from harness.wire.integrity import outputs_digest, read_outputs_check, request_digest
 from harness.wire.messages import (
     CodecStats,
     EngineCoreAbort,
@@ -364,6 +364,7 @@ class ZmqEngineClient:
                 self._recover()
             kind = None
             try:
+                check = None
                 kind, _ = transport.open_envelope(frames[0])
                 if kind == transport.HEARTBEAT and len(frames) > 1:
                     self._engine_stats = msgspec.json.decode(frames[1].buffer, type=CodecStats)
@@ -377,9 +378,12 @@ class ZmqEngineClient:
                     self.timelines.engine_spans(json.loads(frames[1].bytes))
                 elif kind == transport.RELEASE and len(frames) > 1 and self._shm is not None:
                     self._shm.released(json.loads(frames[1].bytes))
-                if kind != transport.OUTPUTS:
+                if kind == transport.OUTPUTS | transport.VERIFIED:  # --verify: the batch's check frame is last
+                    kind, body, check = transport.OUTPUTS, frames[1:-1], frames[-1]
+                elif kind == transport.OUTPUTS:
+                    body = frames[1:]
+                else:
                     continue
-                body = frames[1:]
                 calls = self._decode_calls
                 clock = CodecClock().start()
                 native = calls.decode(body, EngineCoreOutputs)
@@ -389,8 +393,12 @@ class ZmqEngineClient:
                 self._counters.add_decode(clock, body, adapt_ns)
             except (CodecError, ValueError, msgspec.DecodeError) as exc:
                 log.error("undecodable message from the engine: %s", exc)
-                if kind == transport.OUTPUTS:
+                if kind == transport.OUTPUTS and check is not None:  # --verify names the batch's requests
+                    self._fail_requests(read_outputs_check(check.bytes)[0], f"could not be decoded ({exc})")
+                elif kind == transport.OUTPUTS:
                     self._fail_in_flight(f"an output batch from the engine could not be decoded: {exc}")
+                continue
+            if check is not None and not self._outputs_intact(batch, check.bytes):
                 continue
             if self.timelines.enabled:
                 self._stamp_first_outputs(batch, transport.output_seq(frames[0]), received, clock, adapt_ns)
@@ -398,6 +406,26 @@ class ZmqEngineClient:
                 q = self._queues.get(output.request_id)
                 if q is not None:
                     q.put_nowait(output)
+
+    def _outputs_intact(self, batch: EngineCoreOutputs, check: bytes) -> bool:
+        """--verify: whether the decoded batch is what the engine sent; if not, its requests fail."""
+        ids, digest = read_outputs_check(check)
+        if outputs_digest(batch) == digest:
+            return True
+        log.error("an output batch failed its integrity check (--verify): requests %s", ids)
+        self._fail_requests(ids, "differs from what the engine sent")
+        return False
+
+    def _fail_requests(self, ids: list[str], what: str) -> None:
+        for rid in ids:
+            q = self._queues.get(rid)
+            if q is not None:
+                q.put_nowait(
+                    EngineRequestError(
+                        f"integrity check failed: an output batch for this request {what} (--verify): "
+                        "a buffer reused or torn on the way"
+                    )
+                )
 
     def _stamp_first_outputs(
         self, batch: EngineCoreOutputs, seq: int, received: int, clock: CodecClock, adapt_ns: int

@@ -217,8 +217,8 @@ def envelope(kind: int, request_id: str | None = None) -> bytes:
     return head + request_id.encode() if request_id else head
 
 
-def output_envelope(seq: int) -> bytes:
-    return bytes((OUTPUTS,)) + seq.to_bytes(8, "little")
+def output_envelope(seq: int, verified: bool = False) -> bytes:
+    return bytes((OUTPUTS | (VERIFIED if verified else 0),)) + seq.to_bytes(8, "little")
 
 
 def output_seq(frame: Frame) -> int:
@@ -234,6 +234,6 @@ def open_envelope(frame: Frame) -> tuple[int, str | None]:
     raw = frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
     if not raw:
         raise ValueError("empty envelope frame")
-    if raw[0] in (OUTPUTS, RELEASE):
+    if raw[0] & ~VERIFIED in (OUTPUTS, RELEASE):
         return raw[0], None
     return raw[0], (raw[1:].decode() if len(raw) > 1 else None)
