@@ -21,7 +21,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = ROOT / ".github" / "workflows" / "bench.yml"
 QUICK_RUN = "--executor sim --num-prompts 40 --block-size 10 --repeat 3 --request-rate 20"
-QUICK_COUNT = "--codec msgspec --payload text-550 --calls 20"
+QUICK_COUNT = "--codec msgspec --payload text-550 --calls 20 --layouts 1"  # one layout: 3 callgrind children a build
 
 
 def steps() -> list[dict[str, Any]]:

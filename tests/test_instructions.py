@@ -1,14 +1,15 @@
 """Instruction counts (bench micro --count instructions) and their gate.
 
 The gate is checked on documents with a known truth (a count raised by a stated share);
-one end-to-end test counts a real codec call twice under callgrind and gates the second
-run against the first.
+one end-to-end test counts a real codec call twice under callgrind: the second count
+repeats the first, and gated against a baseline 2% cheaper than the first it fails.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 
 from harness.analysis import instruction_counts as ic
 from harness.analysis.documents import SCHEMAS, ResultsError
+from harness.micro import instructions
 
 META = {"python": "3.11.7", "machine": "x86_64", "libraries": {"msgspec": "0.19", "pyzmq": "26", "numpy": "2"}}
 
@@ -59,25 +61,68 @@ def test_a_cell_missing_now_is_not_a_pass_and_other_versions_are_refused() -> No
         ic.check_document({"kind": "compare"}, "x.json")
 
 
+def test_fewer_layouts_are_the_first_of_the_three() -> None:
+    assert instructions.layouts() == instructions.LAYOUT_SHIFTS == (3, 17, 41)
+    assert instructions.layouts(1) == (3,) and instructions.layouts(2) == (3, 17)
+    for bad in (0, 4):
+        with pytest.raises(ValueError, match="layouts must be 1 to 3"):
+            instructions.layouts(bad)
+
+
+def test_cells_count_every_layout_at_once_skip_what_a_codec_refuses_and_the_empty_loop_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The scheduling of the children only: each child stands in as a fixed count.
+    children: list[tuple[str, str, str, int]] = []
+
+    def loop(codec: str, payload: str, op: str, calls: int, shift: int = 0) -> int:
+        children.append((codec, payload, op, shift))
+        if codec == "msgspec" and payload == "image":
+            raise instructions.Unsupported("msgspec cannot carry image")
+        return {"noop": 1_000, "encode": 3_000, "decode": 5_000}[op] + 10 * shift
+
+    monkeypatch.setattr(instructions, "count_loop", loop)
+    cells = list(instructions.count_cells(["pickle", "msgspec"], ["text", "image"], 10, (3, 17, 41)))
+    assert [(c.codec, c.payload, c.op) for c in cells] == [
+        ("pickle", "text", "encode"),
+        ("pickle", "text", "decode"),
+        ("msgspec", "text", "encode"),
+        ("msgspec", "text", "decode"),
+        ("pickle", "image", "encode"),
+        ("pickle", "image", "decode"),
+    ]
+    assert cells[0].per_layout == (203.0, 217.0, 241.0) and cells[0].per_call == 217.0
+    assert [c for c in children if c[2] == "noop"] == [("pickle", "text", "noop", 0)]
+    assert ("msgspec", "image", "decode", 3) not in children  # refused at encode: decode is not tried
+    # The empty loop itself refused: an error, not a run with no cells.
+    with pytest.raises(instructions.CountError, match="msgspec cannot carry image") as refused:
+        list(instructions.count_cells(["msgspec"], ["image"], 10, (3,)))
+    assert not isinstance(refused.value, instructions.Unsupported)
+
+
 @pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="no valgrind (Debian: apt-get install -y valgrind)")
 def test_counts_repeat_and_gate_against_a_committed_style_baseline(tmp_path: Path) -> None:
+    # Two layouts of the three (--layouts 2): each count is a median over layouts, in 5 callgrind children, not 7.
     def micro(*flags: object) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "harness.cli", "micro", "--count", "instructions", "--codec", "msgspec"]
-        cmd += ["--payload", "text-550", "--calls", "50", *map(str, flags)]
+        cmd += ["--payload", "text-550", "--calls", "50", "--layouts", "2", *map(str, flags)]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
     first = micro("--json", tmp_path / "first.json")
     assert first.returncode == 0, first.stdout + first.stderr
     counted = json.loads((tmp_path / "first.json").read_text())
     assert [(c["op"], c["instructions"] > 1000) for c in counted["cells"]] == [("encode", True), ("decode", True)]
-    again = micro("--json", tmp_path / "again.json", "--baseline", tmp_path / "first.json")
-    assert again.returncode == 0, again.stdout + again.stderr  # the same code counts the same, within 1%
+    assert counted["layout_shifts"] == [3, 17]
+    assert all(c["instructions"] == statistics.median(c["per_layout"]) for c in counted["cells"])
+    # A baseline 2% cheaper than today: today's code, counted again, reads as a 2% rise, which a 1% gate fails.
+    cheaper = {**counted, "cells": [{**c, "instructions": c["instructions"] / 1.02} for c in counted["cells"]]}
+    (tmp_path / "cheaper.json").write_text(json.dumps(cheaper))
+    gated = micro("--json", tmp_path / "again.json", "--baseline", tmp_path / "cheaper.json")
+    assert gated.returncode == 1 and "REGRESSION" in gated.stdout, gated.stdout + gated.stderr
+    assert "2 regression(s) of 2 cells" in gated.stdout, gated.stdout
     recount = json.loads((tmp_path / "again.json").read_text())
     for a, b in zip(counted["cells"], recount["cells"], strict=True):
         assert abs(b["instructions"] / a["instructions"] - 1) < 0.005
-    # A baseline 2% cheaper than today: today's code reads as a 2% rise, which a 1% gate fails.
-    cheaper = {**counted, "cells": [{**c, "instructions": c["instructions"] / 1.02} for c in counted["cells"]]}
-    (tmp_path / "cheaper.json").write_text(json.dumps(cheaper))
-    gated = micro("--baseline", tmp_path / "cheaper.json")
-    assert gated.returncode == 1 and "REGRESSION" in gated.stdout, gated.stdout + gated.stderr
+    # The same code counts the same: the recount gated against the first count passes at 1%.
+    assert ic.judge(recount, counted).exit_code == ic.EXIT_PASS

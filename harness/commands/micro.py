@@ -180,6 +180,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="time the calls (default) or count each call's instructions, which repeat whatever else the machine does",
     )
     g.add_argument("--calls", type=int, default=200, help="counted calls per cell (default %(default)s)")
+    g.add_argument(
+        "--layouts",
+        type=int,
+        default=3,
+        metavar="N",
+        help="count each cell under the first N of 3 interpreter layouts, the median kept (default %(default)s; "
+        "fewer is quicker, and a count may move by their spread, up to ~1%%)",
+    )
     g.add_argument("--baseline", type=Path, metavar="FILE", help="gate the counts against this instructions document")
     g.add_argument(
         "--threshold-pct",
@@ -266,21 +274,26 @@ def _count_instructions(codecs: list[str], payloads: list[str], args: argparse.N
     if args.calls < 1:
         print(f"bench micro: error: --calls must be at least 1, got {args.calls}", file=sys.stderr)
         return 2
+    try:
+        shifts = instructions.layouts(args.layouts)
+    except ValueError as exc:
+        print(f"bench micro: error: --{exc}", file=sys.stderr)
+        return 2
     meta = {**run_metadata(), "valgrind": instructions.valgrind_version()}
     print(
         f"instructions per call under callgrind ({args.calls} counted calls per cell, the empty loop's subtracted; "
-        f"median over {len(instructions.LAYOUT_SHIFTS)} interpreter layouts)"
+        f"median over {len(shifts)} interpreter layouts)"
     )
     counts = []
     try:
-        for c in instructions.count_cells(codecs, payloads, args.calls):
+        for c in instructions.count_cells(codecs, payloads, args.calls, shifts):
             spread = f"{min(c.per_layout):,.0f}..{max(c.per_layout):,.0f}"
             print(f"   {c.codec:<16} {c.payload:<18} {c.op:<7} {c.per_call:>14,.0f}   layouts {spread}", flush=True)
             counts.append(c)
     except instructions.CountError as exc:
         print(f"bench micro: error: {exc}", file=sys.stderr)
         return 2
-    doc = ic.instructions_document(counts, args.calls, meta, instructions.LAYOUT_SHIFTS)
+    doc = ic.instructions_document(counts, args.calls, meta, shifts)
     if args.json is not None:
         documents.write_json(args.json, doc)
         print(f"Counts saved to {args.json}")
@@ -292,5 +305,7 @@ def _count_instructions(codecs: list[str], payloads: list[str], args: argparse.N
     except documents.ResultsError as exc:
         print(f"bench micro: error: {exc}", file=sys.stderr)
         return ic.EXIT_UNUSABLE
+    if baseline.get("layout_shifts") is not None and list(baseline["layout_shifts"]) != list(shifts):
+        print(f"note: the baseline was counted under layouts {baseline['layout_shifts']}, now {list(shifts)}")
     print("\n".join(ic.format_gate(gate)))
     return gate.exit_code

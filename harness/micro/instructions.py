@@ -14,7 +14,10 @@ few more classes before importing the codecs (as any unrelated code change does)
 differently, because CPython's method cache is indexed by type version tags and name
 addresses and its collisions move. Measured on msgspec-b64's text-550 decode: 12 such
 shifts ranged over 0.9%, most within ±0.02% of one value. So each cell is counted under
-``LAYOUT_SHIFTS`` (the child first makes that many throwaway classes) and the median kept.
+``LAYOUT_SHIFTS`` (the child first makes that many throwaway classes) and the median kept;
+a cell's children run at once. ``layouts(n)`` takes the first n of them (``bench
+micro --layouts N``: fewer children, a count that may move by that spread, for a quick rehearsal
+such as the tests').
 """
 
 from __future__ import annotations
@@ -30,7 +33,10 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 OPS = ("encode", "decode")
 TOGGLE = "functools_reduce"  # the C function whose inside is counted (CPython's _functools.reduce)
@@ -57,7 +63,7 @@ class InstructionCount:
     op: str  # encode | decode
     calls: int
     per_call: float  # instructions of one call, the empty loop's subtracted: the median over layouts
-    per_layout: tuple[float, ...] = ()  # the count under each of LAYOUT_SHIFTS
+    per_layout: tuple[float, ...] = ()  # the count under each layout shift counted (LAYOUT_SHIFTS)
 
 
 def valgrind() -> str | None:
@@ -102,30 +108,81 @@ def count_loop(codec: str, payload: str, op: str, calls: int, shift: int = 0) ->
         return int(match.group(1))
 
 
-def count(codec: str, payload: str, op: str, calls: int = DEFAULT_CALLS, empty: int | None = None) -> InstructionCount:
-    """One codec call's instructions: (the loop over ``calls`` calls − the same loop doing nothing) / calls.
-    ``empty``: the empty loop's count when already known (it depends on neither codec nor payload)."""
+def layouts(n: int = len(LAYOUT_SHIFTS)) -> tuple[int, ...]:
+    """The first ``n`` of LAYOUT_SHIFTS (all of them by default): each is one more child per cell."""
+    if not 1 <= n <= len(LAYOUT_SHIFTS):
+        raise ValueError(f"layouts must be 1 to {len(LAYOUT_SHIFTS)}, got {n}")
+    return LAYOUT_SHIFTS[:n]
+
+
+def count(
+    codec: str,
+    payload: str,
+    op: str,
+    calls: int = DEFAULT_CALLS,
+    empty: int | None = None,
+    shifts: Sequence[int] = LAYOUT_SHIFTS,
+) -> InstructionCount:
+    """One codec call's instructions: (the loop over ``calls`` calls − the same loop doing nothing) / calls,
+    the median over ``shifts`` (one child each). ``empty``: the empty loop's count when already known
+    (it depends on neither codec nor payload)."""
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
-    if empty is None:
-        empty = count_loop(codec, payload, "noop", calls)
-    per_layout = tuple((count_loop(codec, payload, op, calls, shift) - empty) / calls for shift in LAYOUT_SHIFTS)
-    return InstructionCount(codec, payload, op, calls, statistics.median(per_layout), per_layout)
+    if not shifts:
+        raise ValueError("at least one layout shift is needed")
+    with _children(len(shifts) + 1) as pool:
+        return _count(pool, codec, payload, op, calls, _empty(pool, codec, payload, calls, empty), shifts)
 
 
 def count_cells(
-    codecs: Sequence[str], payloads: Sequence[str], calls: int = DEFAULT_CALLS
+    codecs: Sequence[str], payloads: Sequence[str], calls: int = DEFAULT_CALLS, shifts: Sequence[int] = LAYOUT_SHIFTS
 ) -> Iterator[InstructionCount]:
-    """Every codec × payload × op, the empty loop counted once; a cell the codec cannot carry is skipped
-    (its child fails with the codec's refusal: CountError names it)."""
-    empty = count_loop(codecs[0], payloads[0], "noop", calls)
-    for payload in payloads:
-        for codec in codecs:
-            for op in OPS:
-                try:
-                    yield count(codec, payload, op, calls, empty)
-                except Unsupported:
-                    break  # the codec refuses this payload: no encode, no decode
+    """Every codec × payload × op, the empty loop counted once (beside the first cell); a cell the codec
+    cannot carry is skipped (its child fails with the codec's refusal: CountError names it)."""
+    if not shifts:
+        raise ValueError("at least one layout shift is needed")
+    with _children(len(shifts) + 1) as pool:
+        empty = _empty(pool, codecs[0], payloads[0], calls, None)
+        for payload in payloads:
+            for codec in codecs:
+                for op in OPS:
+                    try:
+                        yield _count(pool, codec, payload, op, calls, empty, shifts)
+                    except Unsupported:
+                        break  # the codec refuses this payload: no encode, no decode
+
+
+# A cell's children (one a layout, and the empty loop beside the first cell) run at once: each counts
+# only its own instructions, whatever runs beside it. concurrent.futures is imported in these functions,
+# not at the top: the child imports this module, and what it imports moves its layout.
+
+
+def _children(n: int) -> ThreadPoolExecutor:
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max_workers=n, thread_name_prefix="callgrind")
+
+
+def _empty(pool: ThreadPoolExecutor, codec: str, payload: str, calls: int, known: int | None) -> Future[int]:
+    if known is not None:
+        from concurrent.futures import Future
+
+        done: Future[int] = Future()
+        done.set_result(known)
+        return done
+    return pool.submit(count_loop, codec, payload, "noop", calls)
+
+
+def _count(
+    pool: ThreadPoolExecutor, codec: str, payload: str, op: str, calls: int, empty: Future[int], shifts: Sequence[int]
+) -> InstructionCount:
+    loops = [pool.submit(count_loop, codec, payload, op, calls, shift) for shift in shifts]
+    try:
+        nothing = empty.result()
+    except Unsupported as exc:  # the empty loop's codec refuses its payload: no cell can be counted
+        raise CountError(str(exc)) from exc
+    per_layout = tuple((f.result() - nothing) / calls for f in loops)
+    return InstructionCount(codec, payload, op, calls, statistics.median(per_layout), per_layout)
 
 
 def valgrind_version() -> str:
