@@ -18,22 +18,24 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Mapping, Sequence
+from types import ModuleType
 from typing import Any, ClassVar
 
-# vLLM logs at import and warns about platform plugins; the codec's user wants neither.
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-
-import vllm  # noqa: E402
-from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder  # noqa: E402
-
-from . import vllm_messages as vm  # noqa: E402
-from .base import DecodeError, EncodeError, Frame, Frames, T, UnsupportedPayloadError, as_buffer, require_frames  # noqa: E402
+from .base import DecodeError, EncodeError, Frame, Frames, T, UnsupportedPayloadError, as_buffer, require_frames
 
 _warned_version = False
 
 
-def _check_version() -> None:
+def _load() -> ModuleType:
+    """vLLM and the adapter, imported by the first instance: the class's facts (what the registry
+    reads to list codecs) must not cost vLLM's import (seconds; minutes under callgrind)."""
     global _warned_version
+    # vLLM logs at import and warns about platform plugins; the codec's user wants neither.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    import vllm
+
+    from . import vllm_messages as vm
+
     if vllm.__version__ != vm.VLLM_VERSION and not _warned_version:
         _warned_version = True
         warnings.warn(
@@ -41,6 +43,7 @@ def _check_version() -> None:
             "its message fields may differ (the conformance suite says whether they round-trip)",
             stacklevel=3,
         )
+    return vm
 
 
 class VllmCodec:
@@ -53,26 +56,31 @@ class VllmCodec:
     alternatives: Mapping[str, Sequence[str]] = {}
 
     def __init__(self) -> None:
-        _check_version()
+        from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+        self._vm = vm = _load()
+        self._mappings = vm.MAPPINGS
+        self._not_carried = vm.NotCarried
         self._encoder = MsgpackEncoder()
-        self._decoders: dict[type, MsgpackDecoder] = {}
+        self._decoder_class = MsgpackDecoder
+        self._decoders: dict[type, Any] = {}
 
     # --- the adapter (not codec time) ---
 
     def to_native(self, msg: Any) -> Any:
-        mapping = vm.MAPPINGS.get(type(msg))
+        mapping = self._mappings.get(type(msg))
         if mapping is None:
             raise EncodeError(f"codec {self.name!r} cannot encode {type(msg).__qualname__}")
         try:
             return mapping[1](msg)
-        except vm.NotCarried as exc:
+        except self._not_carried as exc:
             raise UnsupportedPayloadError(self.name, exc.value, self.alternatives) from None
         except Exception as exc:  # vLLM's SamplingParams validation raises ValueError
             raise EncodeError(f"codec {self.name!r}: {type(exc).__name__}: {exc}") from exc
 
     def from_native(self, native: Any, msg_type: type[T]) -> T:
         try:
-            return vm.MAPPINGS[msg_type][2](native)
+            return self._mappings[msg_type][2](native)
         except Exception as exc:
             raise DecodeError(f"codec {self.name!r}: {type(exc).__name__}: {exc}") from exc
 
@@ -86,11 +94,11 @@ class VllmCodec:
 
     def decode_native(self, frames: Sequence[Frame], msg_type: type) -> Any:
         require_frames(frames, self.name)
-        if msg_type not in vm.MAPPINGS:
+        if msg_type not in self._mappings:
             raise DecodeError(f"codec {self.name!r} cannot decode {msg_type.__name__}")
         decoder = self._decoders.get(msg_type)
         if decoder is None:
-            decoder = self._decoders[msg_type] = MsgpackDecoder(vm.MAPPINGS[msg_type][0])
+            decoder = self._decoders[msg_type] = self._decoder_class(self._mappings[msg_type][0])
         try:
             return decoder.decode([as_buffer(f) for f in frames])
         except Exception as exc:  # msgspec, vLLM's hooks and torch can raise anything on bad frames

@@ -7,6 +7,7 @@ folder with ``entry_points.txt`` next to a module, on ``sys.path``, so
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
@@ -201,3 +202,17 @@ def test_the_vllm_codec_is_installed_by_the_test_setup() -> None:
 
 def test_registry_is_restored_after_plugin_tests() -> None:
     assert not any(n.startswith("plugin-") for n in wirecodecs.available_codecs())
+
+
+def test_listing_codecs_imports_neither_vllm_nor_torch() -> None:
+    """Making a msgspec codec fills in the alternatives (every codec's class facts): that must not
+    import vLLM (seconds; minutes under callgrind) nor torch (text payloads are counted without it)."""
+    script = (
+        "import sys, wirecodecs\n"
+        "wirecodecs.get_codec('msgspec')\n"
+        "assert 'vllm' not in sys.modules and 'torch' not in sys.modules, 'imported on get_codec'\n"
+        "wirecodecs.codecs_that_carry_multimodal('tensor')\n"
+        "assert 'vllm' not in sys.modules, 'imported on listing'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
