@@ -271,3 +271,35 @@ def test_ctrl_c_in_blocks_stops_every_server_and_accounts_for_every_request(tmp_
         result = json.loads((tmp_path / run["result_file"]).read_text())
         assert 20 <= result["completed"] < 400, run
         assert result["completed"] + result["failed"] == 400, run  # the blocks never sent count as failed
+
+
+def test_vllm_codec_runs_beside_ours_with_verdicts_logprobs_and_its_adapter_apart(tmp_path):
+    """vLLM's own serializer as an arm (issue 22's CI run): verdicts against msgspec-oob, logprobs on
+    the wire, and the adapter's time (our messages to vLLM's) reported apart from codec time."""
+    done = bench_run(
+        tmp_path,
+        "--codec",
+        "msgspec-oob,vllm",
+        "--executor",
+        "sim",
+        "--repeat",
+        "3",
+        "--num-prompts",
+        "10",
+        "--sonnet-output-len",
+        "8",
+        "--logprobs",
+        "3",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = comparison(tmp_path)
+    assert all(r["status"] == "ok" for r in summary["runs"])
+    verdicts = summary["comparison"]["verdicts"]["vllm"]
+    assert verdicts["mean_ttft_ms"]["rounds"] == 3 and verdicts["mean_ttft_ms"]["verdict"] in stats.VERDICTS
+    vllm_run = next(r for r in summary["runs"] if r["codec"] == "vllm")
+    result = json.loads((tmp_path / vllm_run["result_file"]).read_text())
+    spans = result["ipc"]["spans_us"]
+    assert spans["request.adapt"]["p50_us"] > 0 and spans["output.adapt"]["p50_us"] > 0
+    assert result["completed"] == 10 and result["output_lens"] == [8] * 10
+    ours = json.loads((tmp_path / summary["runs"][0]["result_file"]).read_text())
+    assert ours["ipc"]["spans_us"]["request.adapt"]["p99_us"] == 0  # msgspec-oob has no adapter
