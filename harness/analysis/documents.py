@@ -250,6 +250,8 @@ def _micro_cell(m: Measurement, settings: dict[str, Any], meta: dict[str, Any]) 
         for figure in ("p50_us", "p99_us", "min_us", "iterations"):
             rec[f"{name}_{figure}"] = getattr(t, figure) if t else None
     rec.update(wire_bytes=cell.wire_bytes, frames=cell.frames, payload_bytes=m.payload_bytes)
+    # A codec's adapter (vllm: our message to vLLM's and back), outside encode, decode and the ratio.
+    rec.update(adapt_p50_us=cell.adapt.p50_us if cell.adapt else None)
     rec.update(memcpy_p50_us=memcpy.p50_us if memcpy else None, memcpy_iterations=memcpy.iterations if memcpy else None)
     rec.update(ratio=m.ratio, settings=settings, metadata=meta)
     return rec

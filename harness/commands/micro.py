@@ -67,7 +67,7 @@ def machine_line(meta: dict[str, Any]) -> str:
 # the codec and payload columns are left-aligned.
 COLUMNS = [
     ("codec", 14),
-    ("payload", 17),
+    ("payload", 21),
     ("enc p50 µs", 11),
     ("enc p99 µs", 11),
     ("dec p50 µs", 11),
@@ -76,6 +76,7 @@ COLUMNS = [
     ("frames", 6),
     ("memcpy µs", 10),
     ("ratio", 8),
+    ("adapter µs", 11),
 ]
 _WIDTHS = [w for _, w in COLUMNS]
 
@@ -106,13 +107,14 @@ def format_row(m: Measurement) -> str:
             str(cell.frames),
             _us(memcpy.p50_us) if memcpy else "-",
             _ratio_text(ratio) if ratio is not None else "-",
+            _us(cell.adapt.p50_us) if cell.adapt is not None else "-",
         ]
     )
 
 
 DELIVERY_COLUMNS = [
     ("codec", 14),
-    ("payload", 17),
+    ("payload", 21),
     ("transport", 11),
     ("p50 µs", 11),
     ("p99 µs", 11),
@@ -231,7 +233,8 @@ def _print_cells(
     print(machine_line(meta))
     print(
         f"min {min_iterations} iterations and {min_time_s:g} s per measurement; "
-        "ratio = (enc p50 + dec p50) / memcpy p50"
+        "ratio = (enc p50 + dec p50) / memcpy p50; adapter = a codec's conversion of our message to its own "
+        "and back (vllm), outside enc, dec and ratio"
     )
     for line in header_lines():
         print(line)

@@ -5,8 +5,10 @@ real server sends per request and per step. They are msgspec Structs because
 that is fastest for the msgspec codecs and still pickles for the pickle codecs.
 
 ``array_like=True`` encodes a Struct as a msgpack array (no field names on the
-wire), ``omit_defaults=True`` drops fields left at their default, and
-``gc=False`` skips GC tracking for Structs that never form reference cycles.
+wire; every field is written, defaults included: ``omit_defaults=True`` drops
+fields left at their default only from Structs encoded as maps, and is kept so
+a switch to maps would not grow them), and ``gc=False`` skips GC tracking for
+Structs that never form reference cycles.
 
 Multimodal inputs are deliberately typed ``Any``: each item is either a
 ``PIL.Image.Image`` (what vLLM's requests carried when it moved to pickle) or
