@@ -25,7 +25,9 @@ Where the two schemas differ, the mapping (written against vLLM 0.33.0):
   REJECTED is vLLM's ERROR with a ``RequestError`` of code ``validation_error``
   (what vLLM sends for a request it refuses), ERROR one of code ``engine_error``;
   ``num_cached_tokens`` is ``PrefillStats.num_cached_tokens``; ``step_index`` is
-  ``SchedulerStats.step_counter``; logprobs are ``LogprobsLists`` of numpy
+  ``SchedulerStats.step_counter`` (every batch carries vLLM's ``SchedulerStats``: stats
+  logging is vLLM's default); with ``--output-stats`` our ``SchedulerStats`` fill its
+  running, waiting and KV-usage counts and its ``iteration_details``; logprobs are ``LogprobsLists`` of numpy
   arrays (int32 ids and ranks, float32 logprobs: values our engine computes in
   float32 come back exactly); ``step_start_time`` is not carried (vLLM has
   no such field); ``timestamp`` 0.0 becomes the time of construction, as
@@ -50,7 +52,7 @@ from vllm.outputs import RequestError
 from vllm.sampling_params import RequestOutputKind
 from vllm.sampling_params import SamplingParams as VllmSamplingParams
 from vllm.v1 import engine as vllm_engine
-from vllm.v1.metrics.stats import PrefillStats, SchedulerStats
+from vllm.v1.metrics.stats import PrefillStats, SchedulerIterationDetails, SchedulerStats
 from vllm.v1.outputs import LogprobsLists
 
 from harness.wire.messages import (
@@ -63,6 +65,7 @@ from harness.wire.messages import (
     PlaceholderRange,
     SamplingParams,
 )
+from harness.wire.messages import SchedulerStats as OurSchedulerStats
 
 # The vLLM release this mapping was written against (the codec warns once on another).
 VLLM_VERSION = "0.33.0"
@@ -258,19 +261,42 @@ def output_from_vllm(v: vllm_engine.EngineCoreOutput) -> EngineCoreOutput:
 
 
 def outputs_to_vllm(batch: EngineCoreOutputs) -> vllm_engine.EngineCoreOutputs:
+    ours = batch.scheduler_stats
+    stats = SchedulerStats(step_counter=batch.step_index)
+    if ours is not None:  # --output-stats: what vLLM's stats say of the same things
+        stats.num_running_reqs, stats.num_waiting_reqs = ours.num_running_reqs, ours.num_waiting_reqs
+        stats.kv_cache_usage = ours.kv_cache_usage
+        # Our step's tokens are not split into prefill and decode: all go in the generation count.
+        stats.iteration_details = SchedulerIterationDetails(
+            iteration_index=batch.step_index,
+            num_ctx_requests=0,
+            num_ctx_tokens=0,
+            num_generation_requests=0,
+            num_generation_tokens=ours.num_scheduled_tokens,
+            elapsed_ms=0.0,
+        )
     return vllm_engine.EngineCoreOutputs(
         outputs=[output_to_vllm(o) for o in batch.outputs],
-        scheduler_stats=SchedulerStats(step_counter=batch.step_index),
+        scheduler_stats=stats,
         timestamp=batch.timestamp,
     )
 
 
 def outputs_from_vllm(v: vllm_engine.EngineCoreOutputs) -> EngineCoreOutputs:
     stats = v.scheduler_stats
+    ours = None
+    if stats is not None and stats.iteration_details is not None:
+        ours = OurSchedulerStats(
+            num_running_reqs=stats.num_running_reqs,
+            num_waiting_reqs=stats.num_waiting_reqs,
+            kv_cache_usage=stats.kv_cache_usage,
+            num_scheduled_tokens=stats.iteration_details.num_ctx_tokens + stats.iteration_details.num_generation_tokens,
+        )
     return EngineCoreOutputs(
         outputs=[output_from_vllm(o) for o in v.outputs],
         step_index=stats.step_counter if stats is not None else 0,
         timestamp=v.timestamp,
+        scheduler_stats=ours,
     )
 
 

@@ -19,7 +19,13 @@ from harness.analysis.sweep_stats import all_crossings
 
 BASELINES = Path(__file__).resolve().parents[1] / "results" / "baselines"
 # Measurements of helper scripts (client capacity, packed micro, the transport client): no schema of ours.
-SCRIPT_OUTPUTS = {"client_capacity.json", "packed-micro.json", "transport-client.json"}
+SCRIPT_OUTPUTS = {
+    "client_capacity.json",
+    "packed-micro.json",
+    "transport-client.json",
+    "vllm-parts.json",
+    "vllm-timing-check.json",
+}
 
 
 def _documents() -> list[Path]:

@@ -290,6 +290,7 @@ def test_vllm_codec_runs_beside_ours_with_verdicts_logprobs_and_its_adapter_apar
         "8",
         "--logprobs",
         "3",
+        "--output-stats",
     )
     assert done.returncode == 0, done.stdout + done.stderr
     summary = comparison(tmp_path)
@@ -301,5 +302,6 @@ def test_vllm_codec_runs_beside_ours_with_verdicts_logprobs_and_its_adapter_apar
     spans = result["ipc"]["spans_us"]
     assert spans["request.adapt"]["p50_us"] > 0 and spans["output.adapt"]["p50_us"] > 0
     assert result["completed"] == 10 and result["output_lens"] == [8] * 10
+    assert result["metadata"]["flags"]["output_stats"] is True
     ours = json.loads((tmp_path / summary["runs"][0]["result_file"]).read_text())
     assert ours["ipc"]["spans_us"]["request.adapt"]["p99_us"] == 0  # msgspec-oob has no adapter

@@ -220,7 +220,8 @@ def test_bad_input_gets_openai_error(pickle_server, path, body, status):
 
 @pytest.mark.parametrize("codec", available_codecs())
 def test_every_codec_serves_text_and_images_or_refuses_clearly(codec):
-    server = start_serve(codec=codec)
+    # --output-stats: every output batch also carries the scheduler's state, as vLLM's do.
+    server = start_serve("--output-stats", codec=codec)
     try:
 
         async def scenario():

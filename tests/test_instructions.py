@@ -103,17 +103,18 @@ def test_cells_count_every_layout_at_once_skip_what_a_codec_refuses_and_the_empt
 @pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="no valgrind (Debian: apt-get install -y valgrind)")
 def test_counts_repeat_and_gate_against_a_committed_style_baseline(tmp_path: Path) -> None:
-    # Two layouts of the three (--layouts 2): each count is a median over layouts, in 5 callgrind children, not 7.
+    # All three layouts: a median of two is their mean, and one layout's count moved 2.7% between two
+    # invocations in a CI run (a 2% gate test failed); the median of three is what the gate uses.
     def micro(*flags: object) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "harness.cli", "micro", "--count", "instructions", "--codec", "msgspec"]
-        cmd += ["--payload", "text-550", "--calls", "50", "--layouts", "2", *map(str, flags)]
+        cmd += ["--payload", "text-550", "--calls", "50", "--layouts", "3", *map(str, flags)]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
     first = micro("--json", tmp_path / "first.json")
     assert first.returncode == 0, first.stdout + first.stderr
     counted = json.loads((tmp_path / "first.json").read_text())
     assert [(c["op"], c["instructions"] > 1000) for c in counted["cells"]] == [("encode", True), ("decode", True)]
-    assert counted["layout_shifts"] == [3, 17]
+    assert counted["layout_shifts"] == [3, 17, 41]
     assert all(c["instructions"] == statistics.median(c["per_layout"]) for c in counted["cells"])
     # A baseline 2% cheaper than today: today's code, counted again, reads as a 2% rise, which a 1% gate fails.
     cheaper = {**counted, "cells": [{**c, "instructions": c["instructions"] / 1.02} for c in counted["cells"]]}

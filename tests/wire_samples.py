@@ -27,6 +27,7 @@ from harness.wire.messages import (
     Logprobs,
     PlaceholderRange,
     SamplingParams,
+    SchedulerStats,
 )
 
 # --- what each built-in codec promises ---------------------------------------
@@ -223,6 +224,9 @@ def output_batch(num_requests: int = 64) -> EngineCoreOutputs:
         step_index=4711,
         step_start_time=1733131201.25,
         timestamp=1733131201.2625,
+        scheduler_stats=SchedulerStats(
+            num_running_reqs=64, num_waiting_reqs=3, kv_cache_usage=0.375, num_scheduled_tokens=70
+        ),
     )
 
 

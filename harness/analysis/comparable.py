@@ -48,6 +48,8 @@ SETTINGS = (
     "burstiness",
     "max_concurrency",
     "block_size",
+    "logprobs",
+    "output_stats",
 )
 DEFAULTS = {"block_size": 0}
 MACHINE = ("hostname", "machine", "cpu_model", "cpu_usable")  # from a run file's metadata, when both have it

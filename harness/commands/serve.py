@@ -210,6 +210,7 @@ def engine_config_from_args(args: argparse.Namespace, tokenizer: Any) -> EngineC
         kv_cache_tokens=args.kv_cache_tokens,
         image_tokens=args.image_tokens,
         compile=args.compile,
+        output_stats=args.output_stats,
         spans=not args.no_spans,
     )
 

@@ -46,6 +46,9 @@ class EngineConfig:
     spans: bool = True
     # torch.compile the dense parts of each layer (torch executor; compiles at start).
     compile: bool = False
+    # Attach the scheduler's state to every output batch (EngineCoreOutputs.scheduler_stats), as vLLM
+    # does with stats logging on: heavier outputs for every codec.
+    output_stats: bool = False
 
     @property
     def kv_capacity(self) -> int:

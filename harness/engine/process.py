@@ -32,7 +32,13 @@ from harness.engine.scheduler import Scheduler
 from harness.engine.timings import EngineTimings
 from harness.wire import curve, shm, transport
 from harness.wire.integrity import outputs_check, request_digest
-from harness.wire.messages import EngineCoreAbort, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from harness.wire.messages import (
+    EngineCoreAbort,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    SchedulerStats,
+)
 from harness.wire.shm import Handle, Mappings, ShmError
 from harness.wire.spans import host_clock_id
 from harness.wire.transport import CodecClock, CodecCounters, EngineAddresses
@@ -307,8 +313,26 @@ class EngineProcess:
         self.counters.add_encode(clock, frames, adapt_ns)
         return frames, clock, adapt_ns
 
-    def _send_outputs(self, outputs: list[EngineCoreOutput], step_start: float = 0.0, step_index: int = 0) -> None:
-        self.outputs.put(EngineCoreOutputs(outputs=outputs, step_index=step_index, step_start_time=step_start))
+    def _send_outputs(
+        self,
+        outputs: list[EngineCoreOutput],
+        step_start: float = 0.0,
+        step_index: int = 0,
+        stats: SchedulerStats | None = None,
+    ) -> None:
+        self.outputs.put(
+            EngineCoreOutputs(outputs=outputs, step_index=step_index, step_start_time=step_start, scheduler_stats=stats)
+        )
+
+    @staticmethod
+    def _stats(core: EngineCore) -> SchedulerStats:
+        sched = core.scheduler
+        return SchedulerStats(
+            num_running_reqs=sched.num_running,
+            num_waiting_reqs=sched.num_waiting,
+            kv_cache_usage=sched.kv_tokens_used / max(1, sched.kv_capacity),
+            num_scheduled_tokens=core.last_step.total_num_tokens if core.last_step is not None else 0,
+        )
 
     # --- busy loop ----------------------------------------------------------
     def _apply(self, core: EngineCore, item: Any) -> None:
@@ -387,7 +411,8 @@ class EngineProcess:
                     sampled,
                 )
             if outputs:
-                self._send_outputs(outputs, step_start, core.step_index)
+                stats = self._stats(core) if self.config.output_stats else None
+                self._send_outputs(outputs, step_start, core.step_index, stats)
 
     def run(self) -> None:
         in_sock = self.ctx.socket(zmq.PULL)

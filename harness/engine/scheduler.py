@@ -144,6 +144,10 @@ class Scheduler:
     def kv_tokens_used(self) -> int:
         return self._kv_used
 
+    @property
+    def kv_capacity(self) -> int:
+        return self._kv_capacity
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 

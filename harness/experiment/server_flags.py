@@ -59,6 +59,12 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--compile", action="store_true", help="torch.compile each layer's dense parts (compiles at start)")
     g.add_argument("--image-tokens", type=int, default=defaults.image_tokens, help="embeddings per image")
+    g.add_argument(
+        "--output-stats",
+        action="store_true",
+        help="attach the scheduler's state (running, waiting, KV usage, step tokens) to every output batch, as "
+        "vLLM does with stats logging on (its default): outputs as heavy as a real server's, for every codec",
+    )
 
 
 def server_flags(values: Mapping[str, Any], seed: int) -> list[str]:

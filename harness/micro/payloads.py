@@ -10,6 +10,7 @@ machines) time byte-identical messages:
   new token each; ``outputs-256`` the same with 256 requests (a big decode
   batch); ``outputs-64-logprobs5`` the 64 with the top-5 logprobs of each new
   token (``--logprobs 5``: 6 ids, 6 logprobs and a rank per token);
+  ``outputs-64-stats`` the 64 with the scheduler's state (``--output-stats``);
 - ``image-336`` / ``image-1024``: the text request plus one RGB ``PIL.Image``
   of that side and its placeholder;
 - ``tensor-fp16-336`` / ``tensor-fp32-1024``: the same with a preprocessed
@@ -45,6 +46,7 @@ from harness.wire.messages import (
     Logprobs,
     PlaceholderRange,
     SamplingParams,
+    SchedulerStats,
     pack_token_ids,
 )
 
@@ -147,8 +149,9 @@ def packed(req: EngineCoreRequest) -> EngineCoreRequest:
     return req
 
 
-def outputs_batch(size: int = OUTPUT_BATCH, logprobs: int | None = None) -> EngineCoreOutputs:
-    """One decode step: ``size`` requests with one new token each (and its top-``logprobs``)."""
+def outputs_batch(size: int = OUTPUT_BATCH, logprobs: int | None = None, stats: bool = False) -> EngineCoreOutputs:
+    """One decode step: ``size`` requests with one new token each (and its top-``logprobs``; the
+    scheduler's state with ``stats``, as ``--output-stats`` attaches it)."""
     rng = random.Random(SEED)
     outputs = []
     for _ in range(size):
@@ -165,6 +168,7 @@ def outputs_batch(size: int = OUTPUT_BATCH, logprobs: int | None = None) -> Engi
         step_index=5400,
         step_start_time=1_700_000_100.25,
         timestamp=1_700_000_100.2731,
+        scheduler_stats=SchedulerStats(size, 12, 0.4375, size) if stats else None,
     )
 
 
@@ -182,6 +186,7 @@ PAYLOADS: dict[str, Callable[[], Any]] = {
     "outputs-64": outputs_batch,
     "outputs-256": lambda: outputs_batch(256),
     "outputs-64-logprobs5": lambda: outputs_batch(OUTPUT_BATCH, logprobs=5),
+    "outputs-64-stats": lambda: outputs_batch(OUTPUT_BATCH, stats=True),
     "image-336": lambda: image_request(336),
     "image-1024": lambda: image_request(1024),
     "tensor-fp16-336": lambda: tensor_request(_torch().float16, 336),

@@ -248,6 +248,16 @@ class CodecStats(msgspec.Struct, array_like=True, gc=False):
     decode_adapt_ns: int = 0
 
 
+class SchedulerStats(msgspec.Struct, array_like=True, gc=False):
+    """The scheduler's state after a step (``--output-stats``): what vLLM's ``SchedulerStats``,
+    attached to every step's outputs with stats logging on (its default), says of the same things."""
+
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    kv_cache_usage: float = 0.0  # reserved KV tokens over the capacity, 0..1
+    num_scheduled_tokens: int = 0  # the step's tokens (prefill chunks and decodes)
+
+
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """One engine step's outputs for every request that produced something."""
 
@@ -257,6 +267,8 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     # the output thread; both from the engine's clock.
     step_start_time: float = 0.0
     timestamp: float = 0.0
+    # With --output-stats: the scheduler's state after the step, on every batch (last: absent, no bytes).
+    scheduler_stats: SchedulerStats | None = None
 
 
 class EngineCoreAbort(msgspec.Struct, array_like=True, gc=False):
