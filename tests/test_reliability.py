@@ -490,3 +490,21 @@ def test_verify_catches_an_output_buffer_reused_before_it_was_sent(monkeypatch):
     assert not any("integrity" in b.get("error", {}).get("message", "") for _, b in plain)  # ... and nobody said so
     verified = seen[("--verify",)]
     assert all(s == 500 and "integrity check failed: an output batch" in b["error"]["message"] for s, b in verified)
+
+
+def test_an_engine_port_in_use_is_one_clear_line_not_a_traceback():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "harness.cli", "serve", "--codec", "msgspec", "--socket", "tcp"]
+            + ["--engine-port", str(port), "--executor", "sim", "--port", "0"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "wirebench engine: cannot listen: Address already in use" in done.stderr
+    assert "--engine-port" in done.stderr and "engine process exited during startup" in done.stderr

@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 from typing import Any, NamedTuple
@@ -428,8 +429,18 @@ class EngineProcess:
         # Sends time out instead of blocking while no frontend is connected,
         # so a stop request is always noticed.
         out_sock.setsockopt(zmq.SNDTIMEO, 200)
-        in_sock.bind(self.addresses.input)
-        out_sock.bind(self.addresses.output)
+        for sock, address in ((in_sock, self.addresses.input), (out_sock, self.addresses.output)):
+            try:
+                sock.bind(address)
+            except zmq.ZMQError as exc:  # one line, not a traceback: the frontend says the engine exited
+                hint = " (choose another --engine-port)" if address.startswith("tcp://") else ""
+                print(f"wirebench engine: cannot listen: {exc.strerror}{hint}", file=sys.stderr)
+                in_sock.close()
+                out_sock.close()
+                if auth is not None:
+                    auth.stop()
+                self.ctx.term()
+                raise SystemExit(2) from None
         threads_done = True
         try:
             threads_done = self._serve(in_sock, out_sock)
