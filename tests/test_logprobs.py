@@ -53,3 +53,18 @@ def test_renderer_builds_openai_completion_and_chat_logprobs() -> None:
     entry = chat["content"][0]
     assert entry["token"] == text_a and entry["logprob"] == -0.5 and entry["bytes"] == list(text_a.encode())
     assert [t["token"] for t in entry["top_logprobs"]] == [text_a, text_b]
+
+
+def test_output_stats_say_what_the_scheduler_holds() -> None:
+    """--output-stats: the state attached to a step's outputs (running, waiting, KV usage, tokens)."""
+    from harness.engine.config import EngineConfig
+    from harness.engine.core import EngineCore
+    from harness.wire.messages import EngineCoreRequest, SamplingParams
+
+    core = EngineCore(EngineConfig(executor="sim", sim_step_fixed_ms=0.0, max_num_seqs=1, max_model_len=64))
+    for i in range(2):
+        core.add_request(EngineCoreRequest(f"r{i}", None, [1, 2, 3], SamplingParams(max_tokens=4), None, 0.0))
+    core.step()
+    stats = core.scheduler_stats()
+    assert (stats.num_running_reqs, stats.num_waiting_reqs) == (1, 1)  # one slot: the second waits
+    assert stats.num_scheduled_tokens == 3 and 0 < stats.kv_cache_usage <= 1

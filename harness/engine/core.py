@@ -10,7 +10,7 @@ from harness.engine.config import EngineConfig
 from harness.engine.executor import make_executor
 from harness.engine.scheduler import Scheduler
 from harness.engine.step import SchedulerOutput
-from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
+from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, SchedulerStats
 
 
 def error_output(request_id: str, message: str, rejected: bool = True) -> EngineCoreOutput:
@@ -48,6 +48,16 @@ class EngineCore:
 
     def has_work(self) -> bool:
         return self.scheduler.has_unfinished_requests()
+
+    def scheduler_stats(self) -> SchedulerStats:
+        """The scheduler's state after the last step (``--output-stats``)."""
+        sched = self.scheduler
+        return SchedulerStats(
+            num_running_reqs=sched.num_running,
+            num_waiting_reqs=sched.num_waiting,
+            kv_cache_usage=sched.kv_tokens_used / max(1, sched.kv_capacity),
+            num_scheduled_tokens=self.last_step.total_num_tokens if self.last_step is not None else 0,
+        )
 
     def step(self) -> list[EngineCoreOutput]:
         scheduled = self.scheduler.schedule()

@@ -325,16 +325,6 @@ class EngineProcess:
             EngineCoreOutputs(outputs=outputs, step_index=step_index, step_start_time=step_start, scheduler_stats=stats)
         )
 
-    @staticmethod
-    def _stats(core: EngineCore) -> SchedulerStats:
-        sched = core.scheduler
-        return SchedulerStats(
-            num_running_reqs=sched.num_running,
-            num_waiting_reqs=sched.num_waiting,
-            kv_cache_usage=sched.kv_tokens_used / max(1, sched.kv_capacity),
-            num_scheduled_tokens=core.last_step.total_num_tokens if core.last_step is not None else 0,
-        )
-
     # --- busy loop ----------------------------------------------------------
     def _apply(self, core: EngineCore, item: Any) -> None:
         try:
@@ -412,7 +402,7 @@ class EngineProcess:
                     sampled,
                 )
             if outputs:
-                stats = self._stats(core) if self.config.output_stats else None
+                stats = core.scheduler_stats() if self.config.output_stats else None
                 self._send_outputs(outputs, step_start, core.step_index, stats)
 
     def run(self) -> None:
