@@ -137,6 +137,7 @@ class TorchExecutor:
         self.stager = Stager(self.device)
         self.sampler = Sampler(config.vocab_size, config.seed, self.device, self.stager)
         self.states: dict[str, _TorchState] = {}
+        self.logprob_ids: set[str] = set()  # running requests that asked for logprobs: most steps have none
         self.sdpa = self.model.sdpa_backends()
         self.compile_s: float | None = None
         if config.compile:
@@ -200,9 +201,12 @@ class TorchExecutor:
         with torch.inference_mode():
             for rid in sched.finished_req_ids:
                 self.states.pop(rid, None)
+                self.logprob_ids.discard(rid)
             for nr in sched.new_requests:
                 try:
                     self.states[nr.request_id] = self._new_state(nr)
+                    if nr.request.sampling_params.logprobs is not None:
+                        self.logprob_ids.add(nr.request_id)
                 except Exception as exc:  # bad payload: fail this request, not the step
                     errors[nr.request_id] = _error_text(exc)
             decodes = [c for c in sched.decodes if c.request_id in self.states]
@@ -246,7 +250,8 @@ class TorchExecutor:
         if not sample_chunks:
             return {}, {}
         tokens = self.sampler.sample_tensor(logits, [self._sample_row(c) for c in sample_chunks])
-        asked = [i for i, c in enumerate(sample_chunks) if self.states[c.request_id].params.logprobs is not None]
+        wanted = self.logprob_ids
+        asked = [i for i, c in enumerate(sample_chunks) if c.request_id in wanted] if wanted else []
         logprobs: dict[str, Logprobs] = {}
         if asked:
             at_rows = torch.tensor(asked, device=logits.device)

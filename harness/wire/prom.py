@@ -133,40 +133,24 @@ def render(samples: dict[str, list[tuple[dict[str, str], float]]]) -> str:
 
 
 def codec_samples(frontend: CodecStats, engine: CodecStats) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """The four codec counters for both directions from the two sides' stats."""
-    cells = [
-        ("request", "encode", frontend.encode_count, frontend.encode_ns, frontend.encode_bytes, frontend.encode_frames),
-        ("request", "decode", engine.decode_count, engine.decode_ns, engine.decode_bytes, engine.decode_frames),
-        ("output", "encode", engine.encode_count, engine.encode_ns, engine.encode_bytes, engine.encode_frames),
-        ("output", "decode", frontend.decode_count, frontend.decode_ns, frontend.decode_bytes, frontend.decode_frames),
-    ]
-    out: dict[str, list[tuple[dict[str, str], float]]] = {
-        CODEC_MESSAGES: [],
-        CODEC_SECONDS: [],
-        CODEC_BYTES: [],
-        CODEC_FRAMES: [],
+    """The codec counters for both directions from the two sides' stats."""
+    # Who does each (direction, op): the frontend encodes requests and decodes outputs, the engine the rest.
+    sides = {("request", "encode"): frontend, ("request", "decode"): engine}
+    sides |= {("output", "encode"): engine, ("output", "decode"): frontend}
+    fields = {
+        CODEC_MESSAGES: ("count", 1),
+        CODEC_SECONDS: ("ns", 1e9),
+        CODEC_BYTES: ("bytes", 1),
+        CODEC_FRAMES: ("frames", 1),
+        CODEC_CPU_SECONDS_TOTAL: ("cpu_ns", 1e9),
+        CODEC_ADAPT_SECONDS: ("adapt_ns", 1e9),
     }
-    for direction, op, count, ns, nbytes, frames in cells:
-        labels = {"direction": direction, "op": op}
-        out[CODEC_MESSAGES].append((labels, count))
-        out[CODEC_SECONDS].append((labels, ns / 1e9))
-        out[CODEC_BYTES].append((labels, nbytes))
-        out[CODEC_FRAMES].append((labels, frames))
-    cpu = [
-        ("request", "encode", frontend.encode_cpu_ns),
-        ("request", "decode", engine.decode_cpu_ns),
-        ("output", "encode", engine.encode_cpu_ns),
-        ("output", "decode", frontend.decode_cpu_ns),
-    ]
-    out[CODEC_CPU_SECONDS_TOTAL] = [({"direction": d, "op": op}, ns / 1e9) for d, op, ns in cpu]
-    adapt = [
-        ("request", "encode", frontend.encode_adapt_ns),
-        ("request", "decode", engine.decode_adapt_ns),
-        ("output", "encode", engine.encode_adapt_ns),
-        ("output", "decode", frontend.decode_adapt_ns),
-    ]
-    out[CODEC_ADAPT_SECONDS] = [({"direction": d, "op": op}, ns / 1e9) for d, op, ns in adapt]
-    return out
+    return {
+        name: [
+            ({"direction": d, "op": op}, getattr(stats, f"{op}_{field}") / scale) for (d, op), stats in sides.items()
+        ]
+        for name, (field, scale) in fields.items()
+    }
 
 
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
