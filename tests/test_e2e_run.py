@@ -65,6 +65,12 @@ def test_interleaved_repeats_compare_two_codecs(tmp_path):
     assert engine["steps"] >= 20 and set(engine["steps_waiting"]) == {"kv_cache", "max_num_seqs", "token_budget"}
     assert "Serving Benchmark Result" in done.stdout and "Codec comparison" in done.stdout
     assert "too few rounds for a verdict (2 < 3)" in done.stdout  # two rounds: figures, never a verdict
+    # Which process spent what: the client, the server's frontend and its engine, each measured.
+    cpu = result["process_cpu"]
+    assert set(cpu["roles"]) == {"client", "frontend", "engine"} and cpu["busiest"] in cpu["roles"]
+    for role in cpu["roles"].values():
+        assert role["cpu_s"] > 0 and role["ms_per_request"] > 0 and role["us_per_output_token"] > 0
+    assert "Process CPU" in done.stdout and "µs CPU/output token" in done.stdout
 
 
 def test_an_aa_run_labels_the_second_arm_and_judges_it(tmp_path):
@@ -237,6 +243,11 @@ def test_block_size_lets_the_arms_take_turns_within_a_round(tmp_path):
             assert gap > scheduled if i in (2, 5) else gap == pytest.approx(scheduled, abs=1e-6)
     verdicts = summary["comparison"]["verdicts"]["msgspec"]
     assert verdicts["mean_ttft_ms"]["rounds"] == 3 and verdicts["mean_ttft_ms"]["paired"]
+    # In blocks each arm's server is its own; the client served both arms, so its share is per all requests.
+    cpu = json.loads((tmp_path / summary["runs"][0]["result_file"]).read_text())["process_cpu"]
+    assert cpu["roles"]["engine"]["cpu_s"] > 0 and cpu["roles"]["frontend"]["cpu_s"] > 0
+    client = cpu["roles"]["client"]
+    assert client["ms_per_request"] == pytest.approx(1000 * client["cpu_s"] / 16, rel=0.01, abs=0.002)
 
 
 def test_block_size_goes_on_when_one_arm_cannot_carry_the_payload(tmp_path):

@@ -219,6 +219,7 @@ def run_document(result: BenchmarkResult, sysinfo: dict[str, Any] | None = None)
             "codec_figures": _codec_dict(result.codec_figures, m.ttft.mean),
             "ipc": _ipc_dict(result.ipc, m.ttft.mean),
             "client": health_dict(result.client_health),  # the client-bottleneck guard (loadgen/guard.py)
+            "process_cpu": result.process_cpu,  # client, frontend, engine CPU (loadgen/process_cpu.py)
             # generated_text is left out here: generated_texts has it.
             "records": [{k: v for k, v in dataclasses.asdict(r).items() if k != "generated_text"} for r in records],
             "metadata": {**(sysinfo or {}), "flags": result.flags, "engine": result.engine, **result.extra},

@@ -24,6 +24,7 @@ from harness.analysis.documents import save_run
 from harness.experiment.arms import ArmSpec, round_order
 from harness.experiment.server import ServerProcess
 from harness.experiment.settings import Experiment
+from harness.loadgen import process_cpu
 from harness.loadgen.runner import BenchmarkError, BenchmarkResult, ServerLoad, run_benchmark
 from harness.workloads.sample import SampleRequest
 from wirecodecs import UNSUPPORTED_PAYLOAD
@@ -70,11 +71,14 @@ def run_one(exp: Experiment, arm: ArmSpec, rnd: int, workload: Workload, tokeniz
     server = start_server(exp, arm, rnd)
     try:
         base_url = server.wait_ready(exp.server.ready_timeout_s)
+        roles = process_cpu.server_roles(server.proc.pid)
+        before = process_cpu.snapshot(roles)
         try:
             result = asyncio.run(run_benchmark(base_url, exp.server.served_model, workload, exp.load))
         except BenchmarkError as exc:
             refused(outcome, exc)
             return outcome
+        result.process_cpu = _cpu(before, process_cpu.snapshot(roles), result)
         take_result(exp, outcome, result, tokenizer_id)
     except RuntimeError as exc:
         outcome.status, outcome.message = "error", str(exc)
@@ -104,15 +108,32 @@ def run_round_in_blocks(
             except RuntimeError as exc:
                 outcomes[i].status, outcomes[i].message = "error", str(exc)
         if urls:
+            roles = {i: process_cpu.server_roles(servers[i].proc.pid) for i in urls}
+            before = {i: process_cpu.snapshot(r) for i, r in roles.items()}
             results = asyncio.run(_load_in_blocks(exp, urls, workload, rnd))
+            after = {i: process_cpu.snapshot(r) for i, r in roles.items()}
+            served = [r for r in results.values() if isinstance(r, BenchmarkResult)]
+            share = (sum(len(r.records) for r in served), sum(r.metrics.total_output for r in served))
             for i, result in results.items():
                 if isinstance(result, BenchmarkError):
                     refused(outcomes[i], result)
                 else:
+                    result.process_cpu = _cpu(before[i], after[i], result, share)
                     take_result(exp, outcomes[i], result, tokenizer_id)
     finally:
         stop_all(list(servers.values()))
     return outcomes
+
+
+def _cpu(
+    before: process_cpu.Snapshot,
+    after: process_cpu.Snapshot,
+    result: BenchmarkResult,
+    client_share: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """The run's process CPU over its whole load, per request and output token measured (a warmup's
+    CPU, when there is one, counts in the time but not in the requests)."""
+    return process_cpu.usage(before, after, len(result.records), result.metrics.total_output, client_share)
 
 
 def stop_all(servers: list[ServerProcess]) -> None:

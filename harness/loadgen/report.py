@@ -14,6 +14,7 @@ import math
 from collections import Counter
 from typing import Any, TextIO
 
+from harness.loadgen import process_cpu
 from harness.loadgen.guard import format_lines as client_health_lines
 from harness.loadgen.ipc import report_lines as ipc_report_lines
 from harness.loadgen.metrics import METRICS, MetricStats, percentile_key
@@ -107,6 +108,7 @@ def format_report(result: BenchmarkResult) -> str:
     if s.max_concurrency:
         lines.append(_row("Max dispatch lag (ms):", m.dispatch_lag.max_ms, ".3f"))
     lines += client_health_lines(result.client_health)
+    lines += process_cpu.format_lines(result.process_cpu)
     if result.warmup_failed:
         lines.append(_row("Failed warmup requests:", result.warmup_failed))
     if m.failed:

@@ -158,6 +158,9 @@ class BenchmarkResult:
     # Where IPC time went (harness.loadgen.ipc); None for a server without request timelines.
     ipc: IpcBudget | None = None
     engine: dict[str, Any] | None = None  # the engine's account of itself from /metrics (harness.wire.runs_on)
+    # CPU of the client, frontend and engine over the run (harness.loadgen.process_cpu.usage); None when
+    # the server's processes were not known (bench load against a URL).
+    process_cpu: dict[str, Any] | None = None
     # Filled by the caller when known (the CLI sets them).
     tokenizer_id: str | None = None
     flags: dict[str, Any] = field(default_factory=dict)
