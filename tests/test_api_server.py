@@ -777,12 +777,18 @@ async def test_openai_client_streams_completion_and_chat():
 
 # --- bounds checked before the work they bound (issue 21) ----------------------------------------
 
+_IMAGE_PART = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
 BOUNDS = [
     ("/v1/completions", {"prompt": "x", "stop": ["s"] * 17}, "--max-stop-strings"),
     ("/v1/completions", {"prompt": "x", "stop": ["s" * 4_000, "t" * 200]}, "--max-stop-chars"),
     ("/v1/completions", {"prompt": "x", "stop_token_ids": list(range(65))}, "--max-stop-token-ids"),
     ("/v1/completions", {"prompt": "x", "logit_bias": {str(i): 1.0 for i in range(1_025)}}, "--max-logit-bias"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}] * 1_025}, "--max-messages"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [_IMAGE_PART] * 9}]},  # counted before any is decoded
+        "--max-images-per-request",
+    ),
 ]
 
 
@@ -794,6 +800,16 @@ async def test_each_bound_is_a_400_naming_its_flag(path: str, body: dict, flag: 
         resp = await client.post(path, json=body)
         out = await resp.json()
     assert resp.status == 400 and flag in out["error"]["message"], out
+    assert engine.requests == []
+
+
+@arun
+async def test_a_body_over_the_byte_limit_is_a_413_naming_its_flag() -> None:
+    engine = FakeEngine(SCRIPT)
+    async with serve(engine, max_request_bytes=1_000) as client:
+        resp = await client.post("/v1/completions", json={"prompt": "x" * 2_000})
+        out = await resp.json()
+    assert resp.status == 413 and "--max-request-bytes" in out["error"]["message"], out
     assert engine.requests == []
 
 
@@ -833,4 +849,20 @@ async def test_the_pixel_budget_queues_decoders_and_refuses_after_its_wait() -> 
         await asyncio.gather(decode("c", 80, 1.0), decode("d", 80, 0.0))
     assert refused.value.status == 503
     await asyncio.sleep(1.0)
+    assert budget.used == 0
+
+
+@arun
+async def test_pixels_are_held_until_released_and_released_once() -> None:
+    """A request holds its decoded pixels past decoding, until the engine has answered it."""
+    budget = PixelBudget(100, wait_s=1.0)
+    release = await budget.acquire(70)
+    waiting = asyncio.ensure_future(budget.acquire(70))
+    await asyncio.sleep(0.1)
+    assert not waiting.done() and budget.used == 70
+    release()
+    release()  # a second call gives nothing back twice
+    second = await asyncio.wait_for(waiting, 1.0)
+    assert budget.used == 70
+    second()
     assert budget.used == 0

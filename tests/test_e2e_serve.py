@@ -13,6 +13,7 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -328,6 +329,11 @@ def test_engine_and_frontend_split_over_tcp():
         text=True,
     )
     try:
+        # The engine says it listens only once it has bound: the port takes a connection at once.
+        line = engine.stdout.readline()
+        assert "listening on tcp://127.0.0.1:" + port in line, line
+        with socket.create_connection(("127.0.0.1", int(port)), timeout=5):
+            pass
         frontend = start_serve(
             "--frontend-only", "--engine-host", "127.0.0.1", "--engine-port", port, codec="msgspec-oob"
         )

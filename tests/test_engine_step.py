@@ -27,7 +27,7 @@ from harness.engine.model import get_model_config
 from harness.engine.opcount import OpCounter
 from harness.engine.scheduler import Scheduler
 from harness.engine.staging import Stager
-from harness.engine.vision import raw_pixels, to_pixels
+from harness.engine.vision import IMAGE_SIZE, raw_pixels, to_pixels
 from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, SamplingParams
 
 EOS = 1
@@ -201,8 +201,10 @@ def test_images_in_a_batched_prefill_match_alone(executor):
 def test_raw_pixels_keep_the_arriving_dtype_and_convert_like_before():
     rgb = np.random.default_rng(1).integers(0, 256, (12, 10, 3), dtype=np.uint8)
     raw = raw_pixels(Image.fromarray(rgb))
-    assert raw.data.dtype == torch.uint8 and tuple(raw.data.shape) == (12, 10, 3)
-    expected = torch.from_numpy(rgb.copy()).permute(2, 0, 1).float() / 127.5 - 1.0
+    # A PIL image becomes a tensor at the model's size, resized by PIL (not at the image's size).
+    assert raw.data.dtype == torch.uint8 and tuple(raw.data.shape) == (IMAGE_SIZE, IMAGE_SIZE, 3)
+    resized = np.array(Image.fromarray(rgb).resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BILINEAR))
+    expected = torch.from_numpy(resized).permute(2, 0, 1).float() / 127.5 - 1.0
     torch.testing.assert_close(raw.to_float(), expected)
     pv = torch.rand(1, 3, 8, 8).to(torch.bfloat16)
     raw = raw_pixels({"pixel_values": pv})
@@ -210,6 +212,22 @@ def test_raw_pixels_keep_the_arriving_dtype_and_convert_like_before():
     u8 = raw_pixels({"pixel_values": np.full((3, 4, 4), 255, np.uint8)})
     assert u8.data.dtype == torch.uint8 and torch.equal(u8.to_float(), torch.ones(3, 4, 4))
     assert to_pixels({"pixel_values": np.zeros((3, 4, 4), np.float16)}).dtype == torch.float32
+
+
+def test_a_large_pil_image_becomes_a_tensor_at_the_models_size_not_its_own():
+    """A 4096² image once cost the engine ~0.5 GB converted at full size; now PIL resizes it first.
+    tracemalloc sees numpy's allocations: the array made is the model's 224² x 3 bytes."""
+    import tracemalloc
+
+    big = Image.new("RGB", (4096, 4096), (200, 30, 90))
+    tracemalloc.start()
+    try:
+        raw = raw_pixels(big)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert tuple(raw.data.shape) == (IMAGE_SIZE, IMAGE_SIZE, 3)
+    assert peak < 4 * IMAGE_SIZE * IMAGE_SIZE * 3, peak  # a full-size array alone would be 50 MB
 
 
 # -- what the engine says about itself -------------------------------------------------

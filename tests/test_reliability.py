@@ -343,6 +343,72 @@ def test_a_body_that_never_finishes_times_out():
     assert reply.startswith(b"HTTP/1.1 408")
 
 
+async def get_status(url: str) -> int:
+    async with aiohttp.ClientSession() as session, session.get(url) as resp:
+        return resp.status
+
+
+def _port(server) -> int:
+    return int(server.base_url.rsplit(":", 1)[1])
+
+
+def test_slow_header_connections_are_closed_at_the_header_timeout():
+    """Slowloris: connections that never finish their headers (one trickling a byte every 0.2 s) are
+    closed at --header-timeout (aiohttp's default keeps them an hour), and /health answers meanwhile."""
+    server = start_serve("--header-timeout", "1", codec="msgspec")
+    try:
+        socks = [socket.create_connection(("127.0.0.1", _port(server)), timeout=10) for _ in range(8)]
+        start = time.monotonic()
+        for sock in socks:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        trickle, closed_after = socks[0], None
+        with pytest.raises(OSError):  # sending into a closed connection fails at the latest on the second try
+            for _ in range(100):
+                trickle.sendall(b"X")
+                time.sleep(0.2)
+        closed_after = time.monotonic() - start
+        health = asyncio.run(get_status(server.base_url + "/health"))
+        for sock in socks[1:]:
+            assert sock.recv(4096) == b""  # closed by the server, not timed out here
+            sock.close()
+        trickle.close()
+    finally:
+        server.stop()
+    assert health == 200
+    assert closed_after < 8, closed_after
+
+
+def test_clients_that_leave_before_the_first_byte_each_have_an_outcome():
+    """Every request that reached a handler is one /metrics outcome, those whose client left while the
+    body was still being read included (500 such connections once left 98 requests uncounted)."""
+    server = start_serve(codec="msgspec")
+    url = server.base_url + "/metrics"
+    name = "wirebench_requests_total"
+
+    async def aborted() -> float:
+        async with aiohttp.ClientSession() as session, session.get(url) as resp:
+            return metric(await resp.text(), name, outcome="aborted")
+
+    try:
+        before = asyncio.run(aborted())
+        for _ in range(5):
+            with socket.create_connection(("127.0.0.1", _port(server)), timeout=10) as sock:
+                sock.sendall(
+                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b'Content-Length: 1000\r\n\r\n{"prompt": '
+                )
+                time.sleep(0.1)  # the handler is reading the body when the client goes
+
+        async def counted():
+            return await aborted() - before >= 5
+
+        assert asyncio.run(until(counted, 10))
+        after = asyncio.run(aborted())
+    finally:
+        server.stop()
+    assert after - before == 5
+
+
 # --- no leftovers, every address family ------------------------------------------------------
 
 

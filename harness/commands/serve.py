@@ -152,7 +152,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lim.add_argument(
         "--body-timeout", type=float, default=lim_defaults.body_timeout_s, help="seconds to receive a request body"
     )
+    lim.add_argument(
+        "--header-timeout",
+        type=float,
+        default=lim_defaults.header_timeout_s,
+        help="seconds for a connection to send a request's headers (from opening, or its last response); "
+        "then it is closed (default %(default)s)",
+    )
     for flag, field, what in (
+        ("--max-request-bytes", "max_request_bytes", "bytes of a request body (a 413 above)"),
+        ("--max-images-per-request", "max_images_per_request", "images of a request"),
         ("--max-inflight-pixels", "max_inflight_pixels", "decoded pixels of all requests at once; more wait, then 503"),
         ("--max-json-elements", "max_json_elements", "JSON elements of a body (its commas, counted before parsing)"),
         ("--max-messages", "max_messages", "chat messages of a request"),
@@ -377,7 +386,10 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
             max_image_pixels=args.max_image_pixels,
             max_request_pixels=args.max_request_pixels,
             body_timeout_s=args.body_timeout,
+            header_timeout_s=args.header_timeout,
             max_json_elements=args.max_json_elements,
+            max_request_bytes=args.max_request_bytes,
+            max_images_per_request=args.max_images_per_request,
             max_inflight_pixels=args.max_inflight_pixels,
             max_messages=args.max_messages,
             max_stop_strings=args.max_stop_strings,
@@ -388,7 +400,13 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
         if args.served_model_name:
             settings = replace(settings, served_model_name=args.served_model_name)
         app = build_app(client, tokenizer, settings)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            handler_cancellation=True,
+            keepalive_timeout=settings.header_timeout_s,  # idle or slow-header connections are closed
+        )
         await runner.setup()
         site = web.TCPSite(runner, args.host, args.port)
         await site.start()
@@ -436,10 +454,9 @@ def main(args: argparse.Namespace) -> int:
             print(f"bench serve: {error}", file=sys.stderr)
             return 2
         auth = "no authentication" if addresses.curve is None else f"CURVE keys in {_key_dir(args)}"
-        print(
-            f"wirebench engine codec={args.codec} listening on {addresses.input} / {addresses.output} ({auth})",
-            flush=True,
-        )
-        run_engine(engine_config_from_args(args, load_tokenizer(args.tokenizer)), addresses, args.log_level, False)
+        line = f"wirebench engine codec={args.codec} listening on {addresses.input} / {addresses.output} ({auth})"
+        config = engine_config_from_args(args, load_tokenizer(args.tokenizer))
+        # Said once the sockets are bound, so a script waiting for the line can connect at once.
+        run_engine(config, addresses, args.log_level, False, on_listening=lambda: print(line, flush=True))
         return 0
     return asyncio.run(serve(args))

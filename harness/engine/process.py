@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import msgspec
@@ -163,16 +164,8 @@ class EngineProcess:
                 self._send_outputs([error_output(request_id, "request id in body and envelope differ")])
                 return
             if digest is not None and request_digest(msg) != digest:
-                self._send_outputs(
-                    [
-                        error_output(
-                            msg.request_id,
-                            "integrity check failed: the request's token ids or multimodal buffers are not what the "
-                            "frontend sent (--verify)",
-                            rejected=False,
-                        )
-                    ]
-                )
+                why = "the request's token ids or multimodal buffers are not what the frontend sent (--verify)"
+                self._send_outputs([error_output(msg.request_id, "integrity check failed: " + why, rejected=False)])
                 return
         self.inputs.put(msg)
 
@@ -405,7 +398,7 @@ class EngineProcess:
                 stats = core.scheduler_stats() if self.config.output_stats else None
                 self._send_outputs(outputs, step_start, core.step_index, stats)
 
-    def run(self) -> None:
+    def run(self, on_listening: Callable[[], None] | None = None) -> None:
         in_sock = self.ctx.socket(zmq.PULL)
         out_sock = self.ctx.socket(zmq.PUSH)
         keys = self.addresses.curve
@@ -431,6 +424,8 @@ class EngineProcess:
                     auth.stop()
                 self.ctx.term()
                 raise SystemExit(2) from None
+        if on_listening is not None:
+            on_listening()  # bound: only now may a standalone engine say it listens
         threads_done = True
         try:
             threads_done = self._serve(in_sock, out_sock)
@@ -478,7 +473,11 @@ class EngineProcess:
 
 
 def run_engine(
-    config: EngineConfig, addresses: EngineAddresses, log_level: str = "WARNING", spawned: bool = True
+    config: EngineConfig,
+    addresses: EngineAddresses,
+    log_level: str = "WARNING",
+    spawned: bool = True,
+    on_listening: Callable[[], None] | None = None,
 ) -> None:
     """Entry point of the engine process (spawn target and `bench serve --engine-only`)."""
     logging.basicConfig(level=log_level, format="%(asctime)s engine %(levelname)s %(message)s")
@@ -492,4 +491,4 @@ def run_engine(
     # decision to its frontend (which sends SHUTDOWN); a standalone one stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN if spawned else on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    process.run()
+    process.run(on_listening)

@@ -7,7 +7,7 @@ wirebench is that the engine really reads every pixel it was sent, so the
 embeddings depend on the payload.
 
 Accepted inputs (one multimodal item of ``EngineCoreRequest.mm_inputs``):
-- a ``PIL.Image.Image`` (any mode; converted to RGB, scaled to [-1, 1]);
+- a ``PIL.Image.Image`` (any mode; converted to RGB, resized to IMAGE_SIZE² by PIL, scaled to [-1, 1]);
 - a dict with ``pixel_values``: torch tensor or numpy array, [1, 3, H, W] or
   [3, H, W], any float dtype (bfloat16 included) taken as already normalised,
   or uint8 taken as 0..255.
@@ -101,11 +101,15 @@ def raw_pixels(item: Any) -> RawPixels:
         t = t.reshape(t.shape[-3:])
         return RawPixels(t, "uint8" if t.dtype == torch.uint8 else "float")
     rgb = item if item.mode == "RGB" else item.convert("RGB")
-    return RawPixels(torch.from_numpy(np.array(rgb, dtype=np.uint8)), "pil")  # [H, W, 3], a fresh copy
+    # Resized by PIL first, as an image processor does: every pixel is read, but the tensor is the
+    # model's size, not the image's (a 4096² image converted at full size cost the engine ~0.5 GB).
+    if rgb.size != (IMAGE_SIZE, IMAGE_SIZE):
+        rgb = rgb.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BILINEAR)
+    return RawPixels(torch.from_numpy(np.array(rgb, dtype=np.uint8)), "pil")  # [S, S, 3], a fresh copy
 
 
 def to_pixels(item: Any) -> Tensor:
-    """One input -> float32 CPU tensor [3, H, W] (not resized). Validates first."""
+    """One input -> float32 CPU tensor [3, H, W] (PIL images already at IMAGE_SIZE²). Validates first."""
     return raw_pixels(item).to_float()
 
 

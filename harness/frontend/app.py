@@ -117,6 +117,7 @@ async def _run(request: web.Request, prep: Prepared, points: FrontPoints) -> web
     try:
         try:
             first = await anext(gen, None)
+            _images_done(prep)
             if first is None:
                 raise outputs.IncompleteOutputError("the engine ended the request without any output")
             metrics.prompt_tokens += relay.prompt_tokens
@@ -137,10 +138,19 @@ async def _run(request: web.Request, prep: Prepared, points: FrontPoints) -> web
         outcome = "aborted"  # the client went away (handler_cancellation)
         raise
     finally:
+        _images_done(prep)
         metrics.running -= 1
         metrics.requests[outcome] += 1
         metrics.generation_tokens += relay.completion_tokens
         await _close(gen, prep.request.request_id)
+
+
+def _images_done(prep: Prepared) -> None:
+    """The engine has answered (or the request ended): its decoded images are no longer needed here.
+    Their pixels go back to the budget and the request stops referring to them."""
+    prep.release_pixels()
+    if prep.request.mm_inputs:  # a copy without them: the sent request may still be someone's record
+        prep.request = msgspec.structs.replace(prep.request, mm_inputs=None)
 
 
 async def _stream(
@@ -206,7 +216,9 @@ async def _read_json(request: web.Request) -> Any:
         raw = await asyncio.wait_for(request.read(), settings.body_timeout_s)
     except web.HTTPRequestEntityTooLarge:
         limit = settings.max_request_bytes
-        raise ProtocolError(f"the request body is larger than the limit of {limit} bytes", status=413) from None
+        raise ProtocolError(
+            f"the request body is larger than the limit of {limit} bytes (bench serve --max-request-bytes)", status=413
+        ) from None
     except TimeoutError:
         raise ProtocolError(
             f"the request body did not arrive within {settings.body_timeout_s:g} s", status=408
@@ -241,6 +253,15 @@ def _generation_handler(prepare: Prepare) -> Callable[[web.Request], Awaitable[w
         except ProtocolError as exc:
             app[METRICS].requests["rejected"] += 1
             return error_response(exc.message, exc.status, exc.param)
+        except asyncio.CancelledError:  # the client left while its request was prepared
+            app[METRICS].requests["aborted"] += 1
+            raise
+        except ConnectionResetError:  # ... or while its body was still arriving: ended as a cancelled
+            app[METRICS].requests["aborted"] += 1  # handler is, not logged as a server error
+            raise asyncio.CancelledError from None
+        except Exception:  # a bug: the middleware answers 500, and the request still has an outcome
+            app[METRICS].requests["failed"] += 1
+            raise
         points.prepared = time.monotonic_ns()
         return await _run(request, prep, points)
 

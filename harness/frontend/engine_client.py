@@ -309,6 +309,9 @@ class ZmqEngineClient:
                 if self._shm is not None:
                     self._shm.unsent(held)  # the engine never saw these blocks
                 raise
+            # ZeroMQ holds what it still sends; this generator lives as long as the request, and must not
+            # keep a request's images, decoded or encoded (tens of MB), to the end.
+            del message, frames, native, request
             if points is not None and self.timelines.enabled:
                 points.encode_start, points.encode_end, points.encode_cpu = clock.start_ns, clock.end_ns, clock.cpu_ns
                 points.adapt_ns = adapt_ns

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,10 @@ from harness.wire.tokenizer import DEFAULT_IMAGE_MARKER, TextTokenizer
 FALLBACK_IMAGE_TOKEN_ID = 0
 
 
+def _nothing() -> None:
+    pass
+
+
 @dataclass
 class Prepared:
     """A validated request, ready for the engine, and how to answer it."""
@@ -43,6 +48,8 @@ class Prepared:
     stream: bool
     options: StreamOptions
     model: str
+    # Gives the request's decoded pixels back to the PixelBudget: called once the engine has answered.
+    release_pixels: Callable[[], None] = _nothing
 
     @property
     def stops(self) -> list[str]:
@@ -219,7 +226,9 @@ async def prepare_chat(
     n_images = len(req.image_urls)
     if n_images > settings.max_images_per_request:
         raise ProtocolError(
-            f"at most {settings.max_images_per_request} images per request, got {n_images}", param="messages"
+            f"at most {settings.max_images_per_request} images per request, got {n_images} "
+            "(bench serve --max-images-per-request)",
+            param="messages",
         )
     text = tokenizer.apply_chat_template(req.messages)
     _check_prompt_size(text, settings, "messages")
@@ -228,34 +237,40 @@ async def prepare_chat(
     # Check the context before the costly image decoding.
     max_tokens = _resolve_max_tokens(settings, len(ids), req.sampling.max_tokens, chat=True)
     mm_inputs = mm_hashes = None
+    release = _nothing
     if n_images:
-        images = await _process_images(req.image_urls, settings, alloc, budget)
+        images, release = await _process_images(req.image_urls, settings, alloc, budget)
         mm_inputs = [img.mm_input for img in images]
         mm_hashes = [img.mm_hash for img in images]
-    request = _engine_request(
-        "chatcmpl",
-        text,
-        ids,
-        req.sampling,
-        max_tokens,
-        tokenizer,
-        settings,
-        mm_inputs=mm_inputs,
-        mm_hashes=mm_hashes,
-        mm_placeholders=ranges or None,
-    )
-    return Prepared(request, True, req.stream, req.stream_options, model)
+    try:
+        request = _engine_request(
+            "chatcmpl",
+            text,
+            ids,
+            req.sampling,
+            max_tokens,
+            tokenizer,
+            settings,
+            mm_inputs=mm_inputs,
+            mm_hashes=mm_hashes,
+            mm_placeholders=ranges or None,
+        )
+    except BaseException:
+        release()
+        raise
+    return Prepared(request, True, req.stream, req.stream_options, model, release)
 
 
 async def _process_images(
     urls: list[str], settings: FrontendSettings, alloc: TensorAlloc | None = None, budget: PixelBudget | None = None
-) -> list[ProcessedImage]:
-    """Decode (and convert) the images off the event loop, in order.
+) -> tuple[list[ProcessedImage], Callable[[], None]]:
+    """Decode (and convert) the images off the event loop, in order; with the function that gives
+    their pixels back to ``budget`` (the caller calls it once the engine no longer needs them).
 
     Every image's header is read first and the request's pixels counted before
     any pixel is decoded: the work a request can cause is bounded per image
     (``max_image_pixels``), per request (``max_request_pixels``) and, through
-    ``budget``, for all requests decoding at once (``max_inflight_pixels``).
+    ``budget``, for all requests' decoded images at once (``max_inflight_pixels``).
     """
 
     def open_all() -> list[Any]:
@@ -300,6 +315,10 @@ async def _process_images(
             param="messages",
         )
     if budget is None:
-        return await asyncio.to_thread(decode_all, opened)
-    async with budget.hold(pixels):
-        return await asyncio.to_thread(decode_all, opened)
+        return await asyncio.to_thread(decode_all, opened), _nothing
+    release = await budget.acquire(pixels)
+    try:
+        return await asyncio.to_thread(decode_all, opened), release
+    except BaseException:
+        release()
+        raise

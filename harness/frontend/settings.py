@@ -45,6 +45,9 @@ class FrontendSettings:
     max_logit_bias: int = DEFAULT_LIMITS.max_logit_bias
     # Seconds to receive a whole request body (a client that never finishes one gets 408).
     body_timeout_s: float = 30.0
+    # Seconds for a connection to send a request's complete headers, from its opening or its previous
+    # response (aiohttp's keep-alive timeout, an hour by default): a slow-header client is cut off.
+    header_timeout_s: float = 30.0
     # max_tokens when the request has none: this cap, or less to fit the context.
     default_max_tokens: int = 16
     # None: take them from the tokenizer (image: a fallback id if it has none).
@@ -62,6 +65,7 @@ class FrontendSettings:
             "max_inflight_pixels",
             "max_prompt_bytes",
             "body_timeout_s",
+            "header_timeout_s",
             "max_model_len",
             "image_tokens",
             "mm_tensor_size",
