@@ -100,6 +100,36 @@ def test_cells_count_every_layout_at_once_skip_what_a_codec_refuses_and_the_empt
     assert not isinstance(refused.value, instructions.Unsupported)
 
 
+def test_a_codec_that_cannot_be_counted_is_refused_by_name_and_skipped_by_default() -> None:
+    cmd = [sys.executable, "-m", "harness.cli", "micro", "--count", "instructions", "--codec", "vllm"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "cannot count instructions of vllm: its import alone" in done.stderr
+
+
+def test_ops_choose_what_each_cell_counts_and_an_unknown_op_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        instructions, "count_loop", lambda codec, payload, op, calls, shift=0: 100 if op == "noop" else 900
+    )
+    cells = list(instructions.count_cells(["msgspec"], ["text"], 10, (3,), ops=("path",)))
+    assert [(c.op, c.per_call) for c in cells] == [("path", 80.0)]
+    with pytest.raises(ValueError, match="unknown op send: choose from encode, decode, path"):
+        list(instructions.count_cells(["msgspec"], ["text"], 10, (3,), ops=("send",)))
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="no valgrind (Debian: apt-get install -y valgrind)")
+def test_a_whole_trip_through_zeromq_counts_more_than_its_encode_and_decode(tmp_path: Path) -> None:
+    """The path op: encode, an inproc PUSH/PULL send and receive, decode, in one counted loop."""
+    cmd = [sys.executable, "-m", "harness.cli", "micro", "--count", "instructions", "--codec", "msgspec"]
+    cmd += ["--payload", "text-550", "--calls", "20", "--layouts", "1", "--ops", "encode,decode,path"]
+    done = subprocess.run([*cmd, "--json", str(tmp_path / "path.json")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    by_op = {c["op"]: c["instructions"] for c in json.loads((tmp_path / "path.json").read_text())["cells"]}
+    assert set(by_op) == {"encode", "decode", "path"}
+    # The socket's work (frames, pipes, signalling) comes on top of the codec's.
+    assert by_op["path"] > by_op["encode"] + by_op["decode"] + 1_000, by_op
+
+
 @pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="no valgrind (Debian: apt-get install -y valgrind)")
 def test_counts_repeat_and_gate_against_a_committed_style_baseline(tmp_path: Path) -> None:

@@ -183,6 +183,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--calls", type=int, default=200, help="counted calls per cell (default %(default)s)")
     g.add_argument(
+        "--ops",
+        default="encode,decode",
+        metavar="OP,OP",
+        help="what is counted per cell: encode, decode, and path (encode, a ZeroMQ inproc send and receive as "
+        "the transport does them, decode: one message's whole trip without the kernel) (default %(default)s)",
+    )
+    g.add_argument(
         "--layouts",
         type=int,
         default=3,
@@ -268,6 +275,15 @@ def _count_instructions(codecs: list[str], payloads: list[str], args: argparse.N
     from harness.analysis import instruction_counts as ic
     from harness.micro import instructions
 
+    named = [c for c in codecs if c in instructions.UNCOUNTABLE]
+    if named and args.codec is not None:
+        why = "; ".join(f"{c}: {instructions.UNCOUNTABLE[c]}" for c in named)
+        print(f"bench micro: error: cannot count instructions of {why}", file=sys.stderr)
+        return 2
+    if named:
+        print(f"note: not counted: {', '.join(named)} ({instructions.UNCOUNTABLE[named[0]]})")
+        codecs = [c for c in codecs if c not in named]
+
     if instructions.valgrind() is None:
         print(
             "bench micro: error: --count instructions needs valgrind (Debian: apt-get install -y valgrind)",
@@ -289,11 +305,12 @@ def _count_instructions(codecs: list[str], payloads: list[str], args: argparse.N
     )
     counts = []
     try:
-        for c in instructions.count_cells(codecs, payloads, args.calls, shifts):
+        ops = [op.strip() for op in args.ops.split(",") if op.strip()]
+        for c in instructions.count_cells(codecs, payloads, args.calls, shifts, ops):
             spread = f"{min(c.per_layout):,.0f}..{max(c.per_layout):,.0f}"
             print(f"   {c.codec:<16} {c.payload:<18} {c.op:<7} {c.per_call:>14,.0f}   layouts {spread}", flush=True)
             counts.append(c)
-    except instructions.CountError as exc:
+    except (instructions.CountError, ValueError) as exc:
         print(f"bench micro: error: {exc}", file=sys.stderr)
         return 2
     doc = ic.instructions_document(counts, args.calls, meta, shifts)

@@ -39,6 +39,12 @@ if TYPE_CHECKING:
     from concurrent.futures import Future, ThreadPoolExecutor
 
 OPS = ("encode", "decode")
+# "path": one message's whole trip in one thread: encode, its envelope and frames through a ZeroMQ
+# inproc PUSH/PULL pair as the frontend sends them (copy=False), receive (copy=False), decode: the
+# codec and the socket library's own work, without the kernel's (inproc has no I/O thread).
+ALL_OPS = (*OPS, "path")
+# Codecs whose import alone outlasts a child's 10 minutes under callgrind (vLLM imports most of itself).
+UNCOUNTABLE = {"vllm": "its import alone takes over 10 minutes under callgrind"}
 TOGGLE = "functools_reduce"  # the C function whose inside is counted (CPython's _functools.reduce)
 DEFAULT_CALLS = 200
 LAYOUT_SHIFTS = (3, 17, 41)  # throwaway classes made before the import, one count each: the median is kept
@@ -127,8 +133,8 @@ def count(
     """One codec call's instructions: (the loop over ``calls`` calls − the same loop doing nothing) / calls,
     the median over ``shifts`` (one child each). ``empty``: the empty loop's count when already known
     (it depends on neither codec nor payload)."""
-    if op not in OPS:
-        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    if op not in ALL_OPS:
+        raise ValueError(f"op must be one of {ALL_OPS}, got {op!r}")
     if not shifts:
         raise ValueError("at least one layout shift is needed")
     _compile_sources()
@@ -137,10 +143,16 @@ def count(
 
 
 def count_cells(
-    codecs: Sequence[str], payloads: Sequence[str], calls: int = DEFAULT_CALLS, shifts: Sequence[int] = LAYOUT_SHIFTS
+    codecs: Sequence[str],
+    payloads: Sequence[str],
+    calls: int = DEFAULT_CALLS,
+    shifts: Sequence[int] = LAYOUT_SHIFTS,
+    ops: Sequence[str] = OPS,
 ) -> Iterator[InstructionCount]:
     """Every codec × payload × op, the empty loop counted once (beside the first cell); a cell the codec
     cannot carry is skipped (its child fails with the codec's refusal: CountError names it)."""
+    if unknown := [op for op in ops if op not in ALL_OPS]:
+        raise ValueError(f"unknown op {', '.join(unknown)}: choose from {', '.join(ALL_OPS)}")
     if not shifts:
         raise ValueError("at least one layout shift is needed")
     _compile_sources()
@@ -148,7 +160,7 @@ def count_cells(
         empty = _empty(pool, codecs[0], payloads[0], calls, None)
         for payload in payloads:
             for codec in codecs:
-                for op in OPS:
+                for op in ops:
                     try:
                         yield _count(pool, codec, payload, op, calls, empty, shifts)
                     except Unsupported:
@@ -233,13 +245,36 @@ def _child(codec_name: str, payload: str, op: str, calls: int, shift: int) -> No
         "decode": lambda _acc, _i: codec.decode(frames, msg_type),
         "noop": lambda _acc, _i: None,
     }
-    step = calls_of[op]
+    # Only a path child imports pyzmq: what a child imports moves its layout, and so its counts.
+    step = _path_call(codec, msg, msg_type) if op == "path" else calls_of[op]
     for i in range(5):  # warm up: caches, lazily built encoders, first allocations
         step(None, i)
-        calls_of["encode" if op == "noop" else op](None, i)
+        (calls_of["encode"] if op == "noop" else step)(None, i)
     gc.collect()
     gc.disable()  # a collection's cost lands on whichever call crosses the threshold: not the codec's
     functools.reduce(step, range(calls), None)
+
+
+def _path_call(codec: Any, msg: Any, msg_type: Any) -> Any:
+    """The "path" op's call: encode, send over an inproc pair as the frontend does, receive, decode."""
+    import zmq
+
+    from harness.wire import transport
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    pull.bind("inproc://wirebench-path")
+    push.connect("inproc://wirebench-path")
+    is_request = msg_type.__name__ == "EngineCoreRequest"
+    head = transport.envelope(transport.ADD, "r0") if is_request else transport.output_envelope(0)
+
+    def call(_acc: Any, _i: int) -> Any:
+        push.send_multipart([head, *codec.encode(msg)], copy=False)
+        frames = pull.recv_multipart(copy=False)
+        transport.open_envelope(frames[0])
+        return codec.decode(frames[1:], msg_type)
+
+    return call
 
 
 if __name__ == "__main__":
