@@ -28,7 +28,9 @@ def test_usage_is_cpu_over_wall_and_per_request_and_token_and_names_a_saturated_
     }
     assert cpu["busiest"] == "frontend" and cpu["saturated"]
     assert any("Out of CPU: the frontend" in line for line in process_cpu.format_lines(cpu))
-    calm = process_cpu.usage(before, snap(14.0, client=1.4, frontend=3.0, engine=4.0), 100, 2_000)
+    # An engine busy all the time is how continuous batching runs under load: reported, never "out of CPU".
+    calm = process_cpu.usage(before, snap(14.0, client=1.4, frontend=3.0, engine=6.9), 100, 2_000)
+    assert calm["roles"]["engine"]["cores"] == 0.975
     assert calm["busiest"] == "frontend" and not calm["saturated"]
     assert not any("Out of CPU" in line for line in process_cpu.format_lines(calm))
 

@@ -1,6 +1,7 @@
 """CPU time of the processes one run involves: the client (this process and its load workers),
-the server's frontend and its engine. A run whose client, frontend or engine used
-about a whole core was limited by that process, whatever its latency figures say.
+the server's frontend and its engine. A client or frontend that used about a whole core may
+have limited the run, whatever its latency figures say (the engine, busy whenever any request
+runs, is reported but not judged so).
 
 The server's processes are read from ``/proc/PID/stat`` (utime + stime of all their threads, in
 clock ticks of 10 ms: a run of a few seconds reads to ~1%; Linux only, elsewhere they read 0);
@@ -15,9 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# A process using this share of one core or more ran out of CPU: it, not the code under test,
-# set the pace (a Python process runs its own code on one core, whatever its threads).
+# A client or frontend using this share of one core or more ran out of CPU: its own work, not the
+# engine, may have set the pace (a Python process runs its own code on one core, whatever its
+# threads). The engine is not judged so: it steps whenever any request runs, so under load it is
+# busy all the time by design, as a GPU is (on the CPU executor its forward passes are the work).
 SATURATED_CORES = 0.9
+JUDGED = ("client", "frontend")
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 
 
@@ -89,7 +93,8 @@ def usage(
     before: Snapshot, after: Snapshot, requests: int, output_tokens: int, client_share: tuple[int, int] | None = None
 ) -> dict[str, Any]:
     """Per role between two snapshots: CPU seconds, cores (CPU s / wall s), ms per request and per
-    output token; and the busiest role, "saturated" when it used SATURATED_CORES of a core or more.
+    output token; and the busier of client and frontend, "saturated" when it used SATURATED_CORES
+    of a core or more.
     ``client_share``: (requests, output tokens) the client served in the same time, when it served
     other servers too (arms in blocks); by default those of this server."""
     wall = after.at - before.at
@@ -103,7 +108,8 @@ def usage(
             "ms_per_request": round(1000 * cpu / n, 3) if n else None,
             "us_per_output_token": round(1e6 * cpu / tokens, 1) if tokens else None,
         }
-    busiest = max(roles, key=lambda r: roles[r]["cores"] or 0.0) if roles else None
+    judged = [r for r in roles if r in JUDGED]
+    busiest = max(judged, key=lambda r: roles[r]["cores"] or 0.0) if judged else None
     saturated = busiest is not None and (roles[busiest]["cores"] or 0.0) >= SATURATED_CORES
     return {"wall_s": round(wall, 3), "roles": roles, "busiest": busiest, "saturated": saturated}
 
@@ -119,5 +125,8 @@ def format_lines(cpu: dict[str, Any] | None) -> list[str]:
         per_tok = "n/a" if r["us_per_output_token"] is None else f"{r['us_per_output_token']:.0f}"
         lines.append(f"{role + ':':<10} {cores} cores, {per_req} ms CPU/request, {per_tok} µs CPU/output token")
     if cpu["saturated"]:
-        lines.append(f"Out of CPU: the {cpu['busiest']} (≥ {SATURATED_CORES:g} of a core): it set this run's pace")
+        lines.append(
+            f"Out of CPU: the {cpu['busiest']} (≥ {SATURATED_CORES:g} of a core): its own work may have set "
+            "this run's pace"
+        )
     return lines
