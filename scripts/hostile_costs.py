@@ -177,18 +177,6 @@ def cases() -> list[Case]:
 # --- what the server's processes hold ---------------------------------------------------------
 
 
-def _rss_bytes(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            continue
-    return total
-
-
 @dataclass
 class Samples:
     """Timestamped observations (time.monotonic()) shared by the probes."""
@@ -200,7 +188,7 @@ class Samples:
 
 def _sample_rss(roles: dict[str, list[int]], out: Samples, stop: threading.Event) -> None:
     while not stop.is_set():
-        out.rss.append((time.monotonic(), {role: _rss_bytes(pids) for role, pids in roles.items()}))
+        out.rss.append((time.monotonic(), {role: process_cpu.resident_bytes(pids) for role, pids in roles.items()}))
         time.sleep(0.01)
 
 

@@ -12,7 +12,7 @@ from harness.loadgen.process_cpu import Snapshot
 
 
 def snap(at: float, **seconds: float) -> Snapshot:
-    return Snapshot(at, seconds, {})
+    return Snapshot(at, seconds)
 
 
 def test_usage_is_cpu_over_wall_and_per_request_and_token_and_names_a_saturated_process() -> None:

@@ -300,14 +300,9 @@ def test_decompression_bombs_and_huge_prompts_are_refused_while_streams_stream(s
 
 
 def _resident_mb(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            continue
-        total += int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
-    return total / 1024
+    from harness.loadgen.process_cpu import resident_bytes
+
+    return resident_bytes(pids) / 2**20
 
 
 def test_sixteen_large_images_at_once_take_memory_for_the_budget_not_for_sixteen():

@@ -68,6 +68,18 @@ def server_roles(server_pid: int) -> dict[str, list[int]]:
     return {"frontend": [server_pid], "engine": [p for p in below if b"spawn_main" in _cmdline(p)]}
 
 
+def resident_bytes(pids: list[int]) -> int:
+    """Resident memory of these processes together, now (VmRSS; a process gone counts 0)."""
+    total = 0
+    for pid in pids:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        total += next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    return total
+
+
 def client_seconds() -> float:
     """CPU seconds of this process and of its children that have ended and been waited for: load
     workers (``--workers``) end within the run; a server is waited for only when it stops, after."""
@@ -79,14 +91,13 @@ def client_seconds() -> float:
 class Snapshot:
     at: float  # time.monotonic()
     seconds: dict[str, float]  # role -> CPU seconds of its processes so far
-    pids: dict[str, tuple[int, ...]]
 
 
 def snapshot(servers: dict[str, list[int]]) -> Snapshot:
     """The client's CPU seconds and each server role's (``server_roles``), now."""
     seconds = {"client": client_seconds()}
     seconds |= {role: sum(cpu_seconds(p) for p in pids) for role, pids in servers.items()}
-    return Snapshot(time.monotonic(), seconds, {role: tuple(pids) for role, pids in servers.items()})
+    return Snapshot(time.monotonic(), seconds)
 
 
 def usage(
