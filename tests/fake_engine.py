@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from harness.frontend.engine_client import EngineDeadError, RequestRejectedError
+from harness.frontend.errors import EngineDeadError, RequestRejectedError
 from harness.frontend.timeline import Timelines
 from harness.wire.messages import CodecStats, EngineCoreOutput, EngineCoreRequest, FinishReason
 from harness.wire.spans import FrontPoints

@@ -173,3 +173,50 @@ def test_timeout_is_an_error(server: FakeOpenAIServer) -> None:
     rec = _send(server.base_url, "slow", timeout_s=TTFT / 2)
     assert not rec.success
     assert rec.error.startswith("timeout after")
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_the_typed_chunk_decode_reads_every_chunk_as_the_generic_json_path_does(chat: bool) -> None:
+    from harness.loadgen import client as client_mod
+
+    key = "delta" if chat else "text"
+
+    def piece(text: object) -> dict:
+        return {"delta": {"content": text}} if chat else {"text": text}
+
+    events = [
+        {"id": "cmpl-1", "choices": [{**piece(""), "index": 0}]},  # role-only / empty
+        {"id": "cmpl-1", "choices": [piece("Hel")], "usage": {"prompt_tokens": 7, "completion_tokens": 1}},
+        {"id": "cmpl-2", "choices": [piece("lo")], "usage": {"prompt_tokens": 7, "completion_tokens": 3}},
+        {"choices": [piece(None)], "usage": {"completion_tokens": 3.0}},  # a float: the generic path
+        {"choices": [{key: None}], "usage": None, "extra": [1, {"x": 2}]},
+        {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11}},
+    ]
+
+    def fold(force_generic: bool) -> client_mod.RequestRecord:
+        rec = client_mod.RequestRecord(index=0, prompt_len=7, expected_output_len=4, planned_send=0.0)
+        state = client_mod._StreamState(rec, chat)
+        for i, ev in enumerate(events):
+            data = json.dumps(ev)
+            if force_generic:
+                state._generic(data, float(i))
+            else:
+                state.event(data, float(i))
+        state.event("[DONE]", 9.0)
+        state.finish()
+        return rec
+
+    typed, generic = fold(False), fold(True)
+    assert typed == generic
+    assert typed.generated_text == "Hello" and typed.output_tokens == 4 and typed.server_id == "cmpl-1"
+    assert typed.chunk_tokens == [1, 2] and typed.prompt_tokens == 7
+
+
+def test_an_error_chunk_still_fails_the_stream_with_its_type() -> None:
+    from harness.loadgen import client as client_mod
+
+    rec = client_mod.RequestRecord(index=0, prompt_len=1, expected_output_len=1, planned_send=0.0)
+    state = client_mod._StreamState(rec, False)
+    with pytest.raises(client_mod.StreamError, match="server error in stream"):
+        state.event(json.dumps({"error": {"message": "boom", "type": "internal_error"}}), 0.0)
+    assert rec.error_type == "internal_error"

@@ -42,8 +42,8 @@ import msgspec
 from aiohttp import web
 
 from harness.frontend import outputs
-from harness.frontend.engine_client import (
-    EngineClient,
+from harness.frontend.engine_client import EngineClient
+from harness.frontend.errors import (
     EngineDeadError,
     EngineRequestError,
     OverloadedError,

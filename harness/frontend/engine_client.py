@@ -32,6 +32,8 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from harness.frontend.errors import EngineDeadError, EngineRequestError, OverloadedError, RequestRejectedError
+from harness.frontend.output_queue import OutputQueue
 from harness.frontend.shm_sender import ShmSender
 from harness.frontend.timeline import Timelines
 from harness.wire import curve, transport
@@ -54,35 +56,6 @@ log = logging.getLogger("wirebench.frontend")
 
 # The engine as the frontend sees it (GET /health reports it).
 OK, STALLED, DEAD = "ok", "stalled", "dead"
-
-
-class EngineDeadError(RuntimeError):
-    """The engine process died or stopped answering; in-flight requests fail with this."""
-
-
-class RequestRejectedError(ValueError):
-    """The request could not be sent or was refused (codec cannot carry it, engine validation).
-
-    ``code`` is a machine-readable kind when one is known (a codec error's
-    ``code``, e.g. ``unsupported_payload``).
-    """
-
-    def __init__(self, message: str, code: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class EngineRequestError(RuntimeError):
-    """The engine failed while serving the request (a server-side error, not the client's)."""
-
-
-class OverloadedError(RuntimeError):
-    """No room for the request now (a full shared-memory arena): the client may retry."""
-
-
-class RequestTimeoutError(EngineRequestError):
-    """No output came back for the request within the request timeout (its outputs went elsewhere,
-    or the engine lost it while its heartbeats still arrive)."""
 
 
 REQUEST_TIMEOUT_S = 300.0  # seconds without an output for one request before it fails
@@ -161,7 +134,7 @@ class ZmqEngineClient:
                 curve.secure_client(sock, addresses.curve)
         self._input.connect(addresses.input)
         self._output.connect(addresses.output)
-        self._queues: dict[str, asyncio.Queue[EngineCoreOutput | Exception]] = {}
+        self._queues: dict[str, OutputQueue[EngineCoreOutput | Exception]] = {}
         self._counters = CodecCounters()
         self._engine_stats = CodecStats()
         self._last_message = time.monotonic()
@@ -299,7 +272,7 @@ class ZmqEngineClient:
             message[0] = bytes((message[0][0] | transport.VERIFIED,)) + message[0][1:]
             big = bool(request.mm_inputs)  # hashing megabytes of pixels leaves the event loop
             message.append(await asyncio.to_thread(request_digest, request) if big else request_digest(request))
-        q: asyncio.Queue[EngineCoreOutput | Exception] = asyncio.Queue()
+        q: OutputQueue = OutputQueue(self._request_timeout_s)
         self._queues[rid] = q
         finished = False
         try:
@@ -318,13 +291,7 @@ class ZmqEngineClient:
                 points.sent = time.monotonic_ns()
                 self.timelines.track(rid, points)
             while not finished:
-                try:
-                    item = await asyncio.wait_for(q.get(), self._request_timeout_s)
-                except TimeoutError:
-                    raise RequestTimeoutError(
-                        f"no output for this request within {self._request_timeout_s:g} s (bench serve "
-                        "--request-timeout); it is aborted in the engine"
-                    ) from None
+                item = await q.get()
                 if isinstance(item, Exception):
                     # A dead engine has nothing left to abort; otherwise (lost
                     # output, local abort) the finally below aborts it there.
@@ -339,6 +306,7 @@ class ZmqEngineClient:
                 finished = item.finished
                 yield item
         finally:
+            q.close()
             self._queues.pop(rid, None)
             self.timelines.front_finished(rid)
             if not finished and self._state == OK:

@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from harness.frontend.engine_client import EngineRequestError, RequestRejectedError
+from harness.frontend.errors import EngineRequestError, RequestRejectedError
 from harness.frontend.inputs import Prepared
 from harness.frontend.logprobs import LogprobsRenderer
 from harness.wire.messages import EngineCoreOutput, FinishReason

@@ -1,0 +1,72 @@
+"""The frontend's per-request output queue: FIFO, and its idle deadline without a timer per output."""
+
+from __future__ import annotations
+
+import asyncio
+
+from harness.frontend.errors import RequestTimeoutError
+from harness.frontend.output_queue import OutputQueue
+
+
+def test_items_come_out_in_order_and_a_waiting_reader_is_woken() -> None:
+    async def main() -> list[object]:
+        q = OutputQueue(timeout_s=None)
+        q.put_nowait(1)  # type: ignore[arg-type]
+        got = [await q.get()]
+        reader = asyncio.ensure_future(q.get())  # one consumer, waiting on an empty queue
+        await asyncio.sleep(0)
+        q.put_nowait(2)  # type: ignore[arg-type]
+        q.put_nowait(3)  # type: ignore[arg-type]
+        got += [await asyncio.wait_for(reader, 5), await q.get()]
+        q.close()
+        return got
+
+    assert asyncio.run(main()) == [1, 2, 3]
+
+
+def test_a_reader_left_waiting_longer_than_the_timeout_gets_a_request_timeout_error() -> None:
+    async def main() -> object:
+        q = OutputQueue(timeout_s=0.05)
+        item = await asyncio.wait_for(q.get(), 5)
+        q.close()
+        return item
+
+    item = asyncio.run(main())
+    assert isinstance(item, RequestTimeoutError)
+    assert "0.05 s" in str(item) and "--request-timeout" in str(item)
+
+
+def test_outputs_that_keep_coming_within_the_timeout_never_time_out() -> None:
+    # Outputs every 20 ms for 10 x the 50 ms timeout: the one timer re-arms each time it fires early.
+    async def main() -> list[object]:
+        q = OutputQueue(timeout_s=0.05)
+
+        async def produce() -> None:
+            for i in range(25):
+                await asyncio.sleep(0.02)
+                q.put_nowait(i)  # type: ignore[arg-type]
+
+        producer = asyncio.ensure_future(produce())
+        got = [await q.get() for _ in range(25)]
+        await producer
+        q.close()
+        return got
+
+    assert asyncio.run(main()) == list(range(25))
+
+
+def test_close_cancels_the_timer() -> None:
+    async def main() -> None:
+        q = OutputQueue(timeout_s=0.05)
+        q.put_nowait(0)  # type: ignore[arg-type]
+        waiter = asyncio.ensure_future(q.get())
+        await waiter
+        getter = asyncio.ensure_future(q.get())  # arms the timer, then the request ends
+        await asyncio.sleep(0)
+        getter.cancel()
+        q.close()
+        assert q._timer is None
+        await asyncio.sleep(0.1)  # a fired timer would put an error nobody reads; none is there
+        assert not q._items
+
+    asyncio.run(main())
