@@ -12,7 +12,7 @@ def test_items_come_out_in_order_and_a_waiting_reader_is_woken() -> None:
     async def main() -> list[object]:
         q = OutputQueue(timeout_s=None)
         q.put_nowait(1)  # type: ignore[arg-type]
-        got = [await q.get()]
+        got: list[object] = [await q.get()]
         reader = asyncio.ensure_future(q.get())  # one consumer, waiting on an empty queue
         await asyncio.sleep(0)
         q.put_nowait(2)  # type: ignore[arg-type]
@@ -47,7 +47,7 @@ def test_outputs_that_keep_coming_within_the_timeout_never_time_out() -> None:
                 q.put_nowait(i)  # type: ignore[arg-type]
 
         producer = asyncio.ensure_future(produce())
-        got = [await q.get() for _ in range(25)]
+        got: list[object] = [await q.get() for _ in range(25)]
         await producer
         q.close()
         return got

@@ -134,7 +134,7 @@ class ZmqEngineClient:
                 curve.secure_client(sock, addresses.curve)
         self._input.connect(addresses.input)
         self._output.connect(addresses.output)
-        self._queues: dict[str, OutputQueue[EngineCoreOutput | Exception]] = {}
+        self._queues: dict[str, OutputQueue] = {}
         self._counters = CodecCounters()
         self._engine_stats = CodecStats()
         self._last_message = time.monotonic()
