@@ -39,11 +39,27 @@ def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
         if name == wanted:
             command = importlib.import_module(module)
             command.add_arguments(cmd)
-            # A preset flag (sweep's --quick) changes defaults before parsing, so flags given still win.
+            # A preset flag (sweep's --quick, run's --preset NAME) changes defaults before parsing, so
+            # flags given still win.
             for flag, defaults in getattr(command, "PRESETS", {}).items():
                 if flag in argv:
                     cmd.set_defaults(**defaults)
+            for flag, named in getattr(command, "NAMED_PRESETS", {}).items():
+                value = flag_value(argv, flag)
+                if value in named:
+                    cmd.set_defaults(**named[value])
     return parser, wanted
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value given to ``flag`` (``--flag V`` or ``--flag=V``), the last one wins; None if absent."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1 :]
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:

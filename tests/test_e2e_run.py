@@ -316,3 +316,15 @@ def test_vllm_codec_runs_beside_ours_with_verdicts_logprobs_and_its_adapter_apar
     assert result["metadata"]["flags"]["output_stats"] is True
     ours = json.loads((tmp_path / summary["runs"][0]["result_file"]).read_text())
     assert ours["ipc"]["spans_us"]["request.adapt"]["p99_us"] == 0  # msgspec-oob has no adapter
+
+
+def test_the_seed_preset_runs_a_modelled_gpu_and_sets_itself_beside_the_seed(tmp_path):
+    done = bench_run(tmp_path, "--preset", "seed-10245", "--num-prompts", "40")
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "sim executor, no model: each step's GPU time is modelled" in out
+    assert "Modelled step time:" in out and "llama8b-h100" in out
+    assert "Beside the seed (vLLM PR #10245" in out and "TTFT mean (ms)" in out
+    doc = comparison(tmp_path)
+    run = doc["runs"][0]
+    assert run["codec"] == "msgspec" and run["figures"]["completed"] == 40

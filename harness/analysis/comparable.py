@@ -37,6 +37,7 @@ SETTINGS = (
     "device",
     "dtype",
     "executor",
+    "sim_step_model",
     "sim_step_fixed_ms",
     "sim_step_per_token_ms",
     "max_num_seqs",

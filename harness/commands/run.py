@@ -19,13 +19,24 @@ import argparse
 import sys
 
 from harness.analysis.comparison_text import format_comparison
+from harness.analysis.seed_table import format_seed_table
 from harness.experiment.flags import add_experiment_arguments, experiment_from_args
 from harness.experiment.flow import prepare, run_experiment
+from harness.experiment.presets import PRESETS, SEED_10245, preset_help
 from harness.loadgen.runner import BenchmarkError
+
+# bench's parser applies the chosen preset's defaults before parsing (harness.cli).
+NAMED_PRESETS = {"--preset": PRESETS}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_experiment_arguments(p)
+    p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default=None,
+        help=f"a named experiment's defaults (flags given still win): {preset_help()}",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -40,6 +51,8 @@ def main(args: argparse.Namespace) -> int:
     if result is None:
         return 1
     print(format_comparison(result.arms, result.comparison))
+    if args.preset == SEED_10245:
+        print(format_seed_table(result.arms))
     if result.experiment.plan.save_result and result.outcomes:
         path, _ = result.save("compare")
         print(f"Comparison saved to {path}")

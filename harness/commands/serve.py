@@ -211,6 +211,7 @@ def engine_config_from_args(args: argparse.Namespace, tokenizer: Any) -> EngineC
         eos_token_id=tokenizer.eos_token_id,
         num_threads=args.engine_threads,
         executor=args.executor,
+        sim_step_model=args.sim_step_model,
         sim_step_fixed_ms=args.sim_step_fixed_ms,
         sim_step_per_token_ms=args.sim_step_per_token_ms,
         max_num_seqs=args.max_num_seqs,

@@ -24,8 +24,10 @@ class EngineConfig:
     num_threads: int = 1
     # Executor: "torch" runs the model; "sim" models each step's time.
     executor: Literal["torch", "sim"] = "torch"
-    sim_step_fixed_ms: float = 2.0
-    sim_step_per_token_ms: float = 0.01
+    # sim: the step-time model (harness.engine.step_time) and its knobs; None takes the model's own.
+    sim_step_model: str = "linear"
+    sim_step_fixed_ms: float | None = None
+    sim_step_per_token_ms: float | None = None
     # Scheduler limits
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048

@@ -45,6 +45,7 @@ from harness.engine.sampler import Sampler, SampleRow, uses_penalties
 from harness.engine.staging import Stager
 from harness.engine.step import ModelRunnerOutput, NewRequest, ScheduledChunk, SchedulerOutput
 from harness.engine.step_plan import Chunk, StepPlan
+from harness.engine.step_time import step_time_model
 from harness.engine.vision import build_vision_encoder, to_pixels
 from harness.wire.messages import Logprobs, SamplingParams
 
@@ -325,7 +326,8 @@ class _SimState:
 
 
 class SimExecutor:
-    """No model: a step takes ``sim_step_fixed_ms + sim_step_per_token_ms * tokens``.
+    """No model: a step takes the time ``harness.engine.step_time`` models for it (``sim_step_model``;
+    the default, ``linear``, is ``sim_step_fixed_ms + sim_step_per_token_ms * tokens``).
 
     Tokens are a deterministic hash of (seed, request id, image checksums,
     position) in [0, vocab_size), never the request's EOS id (nor, before
@@ -339,12 +341,15 @@ class SimExecutor:
             raise ValueError("SimExecutor needs vocab_size >= 2 to avoid the EOS id")
         self.config = config
         self.states: dict[str, _SimState] = {}
+        self.step_time = step_time_model(config.sim_step_model, config.sim_step_fixed_ms, config.sim_step_per_token_ms)
 
     def info(self) -> dict[str, Any]:
         return {
             "executor": "sim",
-            "sim_step_fixed_ms": self.config.sim_step_fixed_ms,
-            "sim_step_per_token_ms": self.config.sim_step_per_token_ms,
+            "sim_step_model": self.step_time.name,
+            "sim_step_fixed_ms": self.step_time.fixed_ms,
+            "sim_step_per_token_ms": self.step_time.per_token_ms,
+            "sim_step_description": self.step_time.describe(),
             **limits_info(self.config),
         }
 
@@ -368,7 +373,8 @@ class SimExecutor:
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         t0 = time.perf_counter()
         cfg = self.config
-        deadline = t0 + (cfg.sim_step_fixed_ms + cfg.sim_step_per_token_ms * sched.total_num_tokens) / 1e3
+        context = sum(c.start_pos + len(c.token_ids) for c in sched.chunks)  # cached tokens attention reads
+        deadline = t0 + self.step_time.step_ms(sched.total_num_tokens, context) / 1e3
         errors: dict[str, str] = {}
         for rid in sched.finished_req_ids:
             self.states.pop(rid, None)

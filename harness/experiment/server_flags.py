@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.engine.config import EngineConfig
+from harness.engine.step_time import STEP_MODELS
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,8 +46,19 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         default=defaults.executor,
         help="torch runs the model; sim models each step's time with no compute",
     )
-    g.add_argument("--sim-step-fixed-ms", type=float, default=defaults.sim_step_fixed_ms)
-    g.add_argument("--sim-step-per-token-ms", type=float, default=defaults.sim_step_per_token_ms)
+    g.add_argument(
+        "--sim-step-model",
+        choices=STEP_MODELS,
+        default=defaults.sim_step_model,
+        help="sim: how a step's GPU time is modelled: linear (fixed + per token), or llama8b-h100 "
+        "(Llama-3.1-8B on one H100 from public measurements, harness/engine/step_time.py)",
+    )
+    g.add_argument(
+        "--sim-step-fixed-ms", type=float, default=None, help="sim: fixed ms per step (default: the model's own)"
+    )
+    g.add_argument(
+        "--sim-step-per-token-ms", type=float, default=None, help="sim: ms per token (default: the model's own)"
+    )
     g.add_argument("--engine-threads", type=int, default=defaults.num_threads, help="torch CPU threads in the engine")
     g.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
     g.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)

@@ -19,6 +19,7 @@ from harness.wire import prom
 # label -> key of the engine's info dict
 _FIELDS = {
     "executor": "executor",
+    "sim_step": "sim_step_description",
     "device": "device",
     "device_name": "device_name",
     "dtype": "dtype",
@@ -121,9 +122,12 @@ def report_rows(engine: dict[str, Any] | None, request_tokens: float | None = No
     size = ""
     if isinstance(params, int):
         size = f", {params / 1e9:.2f}B params" if params >= 1e9 else f", {params / 1e6:.1f}M params"
-    rows = [
-        ("Engine:", f"{engine.get('preset', '?')} on {engine.get('device', '?')} ({engine.get('dtype', '?')}{size})"),
-    ]
+    if engine.get("executor") == "sim":
+        rows = [("Engine:", "sim executor, no model: each step's GPU time is modelled, not run")]
+        rows.append(("Modelled step time:", str(engine.get("sim_step", "?"))))
+    else:
+        where = f"{engine.get('preset', '?')} on {engine.get('device', '?')} ({engine.get('dtype', '?')}{size})"
+        rows = [("Engine:", where)]
     if engine.get("device_name") and engine.get("device_name") != "cpu":
         rows.append(("Engine device:", str(engine["device_name"])))
     if engine.get("sdpa"):

@@ -1,0 +1,83 @@
+"""Our replay beside the seed's published table (``bench run --preset seed-10245``)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from harness.analysis.compare import Arm
+
+# The seed's published figures (ms; req/s and tok/s for throughput), from the PR's thread: main
+# (msgspec) and the PR's branch (pickle). None: not published for that arm.
+SEED_TABLE: dict[str, dict[str, float | None]] = {
+    "msgspec": {
+        "mean_ttft_ms": 221.11,
+        "median_ttft_ms": 195.76,
+        "p99_ttft_ms": 501.90,
+        "mean_tpot_ms": 36.36,
+        "median_itl_ms": 22.06,
+        "p99_itl_ms": 317.37,
+        "request_throughput": 34.02,
+        "output_throughput": 5103.02,
+    },
+    "pickle": {
+        "mean_ttft_ms": 235.23,
+        "median_ttft_ms": None,
+        "p99_ttft_ms": None,
+        "mean_tpot_ms": 36.91,
+        "median_itl_ms": 22.82,
+        "p99_itl_ms": 321.38,
+        "request_throughput": None,
+        "output_throughput": None,
+    },
+}
+
+# (result key, label): the figures the seed's thread published for its main branch.
+SEED_FIGURES = (
+    ("mean_ttft_ms", "TTFT mean (ms)"),
+    ("median_ttft_ms", "TTFT median (ms)"),
+    ("p99_ttft_ms", "TTFT p99 (ms)"),
+    ("mean_tpot_ms", "TPOT mean (ms)"),
+    ("median_itl_ms", "ITL median (ms)"),
+    ("p99_itl_ms", "ITL p99 (ms)"),
+    ("request_throughput", "Throughput (req/s)"),
+    ("output_throughput", "Output (tok/s)"),
+)
+TOLERANCE_PCT = 15.0
+
+
+def codec_of(label: str) -> str:
+    """An arm's codec: its label up to a transport or an A/A suffix (``msgspec@shm``, ``msgspec#2``)."""
+    return label.split("@")[0].split("#")[0].split("+")[0]
+
+
+def seed_rows(arm: Arm) -> list[tuple[str, float | None, float, float | None]]:
+    """(label, seed's figure or None, ours as the median over rounds, difference in %) for one arm."""
+    seed = SEED_TABLE.get(codec_of(arm.label), {})
+    rows = []
+    for key, label in SEED_FIGURES:
+        values = [v for v in arm.values(key) if not math.isnan(v)]
+        ours = statistics.median(values) if values else math.nan
+        ref = seed.get(key)
+        diff = (ours / ref - 1) * 100 if ref and not math.isnan(ours) else None
+        rows.append((label, ref, ours, diff))
+    return rows
+
+
+def format_seed_table(arms: list[Arm]) -> str:
+    """One block per arm whose codec the seed measured: its figures, ours, and whether within ±15%."""
+    lines = [
+        "==================== Beside the seed (vLLM PR #10245, Llama-3.1-8B on one H100) ====================",
+        "ours: this machine's real frontend, codecs, sockets and client; the GPU's time is modelled "
+        "(llama8b-h100); median over rounds",
+    ]
+    for arm in arms:
+        if codec_of(arm.label) not in SEED_TABLE or not arm.measured:
+            continue
+        lines.append(f"{arm.label:<24}{'seed':>12}{'ours':>12}{'diff':>10}  within ±{TOLERANCE_PCT:g}%")
+        for label, ref, ours, diff in seed_rows(arm):
+            ref_text = f"{ref:,.2f}" if ref is not None else "-"
+            diff_text = f"{diff:+.1f}%" if diff is not None else "-"
+            ok = "-" if diff is None else ("yes" if abs(diff) <= TOLERANCE_PCT else "no")
+            lines.append(f"  {label:<22}{ref_text:>12}{ours:>12,.2f}{diff_text:>10}  {ok}")
+    return "\n".join(lines)

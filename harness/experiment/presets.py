@@ -1,0 +1,40 @@
+"""Named experiments ``bench run --preset NAME`` sets up: defaults that flags given still override.
+
+``seed-10245`` replays the measurement wirebench was born from: vLLM PR #10245 ("[V1] Use pickle
+for serializing EngineCoreRequest & Add multimodal inputs to EngineCoreRequest", 2024-11-12),
+``benchmark_serving.py --dataset-name sonnet --num-prompts 1000 --request-rate 40`` against
+``vllm serve meta-llama/Llama-3.1-8B-Instruct`` on one H100. vLLM 0.6.4's V1 engine then ran with
+max_num_seqs 256 and, chunked prefill being on for a 128K context, one 512-token budget per step
+shared by decodes and prefill chunks; no prefix caching. The GPU is the ``llama8b-h100`` step-time
+model (harness/engine/step_time.py); everything else is this project's real loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SEED_10245 = "seed-10245"
+
+PRESETS: dict[str, dict[str, Any]] = {
+    SEED_10245: {
+        "codec": "msgspec",  # the seed's main branch; add pickle for its question
+        "dataset_name": "sonnet",
+        "num_prompts": 1000,
+        "request_rate": 40.0,
+        # 516 with our tokenizer gives the seed's 509 prompt tokens a request (509,089 for 1000 with Llama-3's).
+        "sonnet_input_len": 516,
+        "sonnet_output_len": 150,
+        "sonnet_prefix_len": 200,
+        "executor": "sim",
+        "sim_step_model": "llama8b-h100",
+        "max_num_seqs": 256,
+        "max_num_batched_tokens": 512,
+    },
+}
+
+
+def preset_help() -> str:
+    return "; ".join(
+        f"{name}: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in values.items())
+        for name, values in PRESETS.items()
+    )

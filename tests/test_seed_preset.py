@@ -1,0 +1,84 @@
+"""The seed preset (bench run --preset seed-10245) and the step-time model behind it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from harness.analysis.compare import Arm
+from harness.analysis.runs import RunEntry
+from harness.analysis.seed_table import SEED_TABLE, format_seed_table, seed_rows
+from harness.cli import build_parser, flag_value
+from harness.engine.step_time import LLAMA8B_H100, step_time_model
+
+
+def test_the_linear_model_is_the_old_fixed_plus_per_token_step() -> None:
+    m = step_time_model("linear", 20.0, 0.03)
+    assert m.step_ms(100, 123_456) == pytest.approx(20.0 + 0.03 * 100)  # no context term
+    assert step_time_model("linear").step_ms(10, 0) == pytest.approx(2.0 + 0.01 * 10)
+
+
+def test_the_llama8b_model_follows_its_measured_points_and_reads_the_cache() -> None:
+    m = step_time_model(LLAMA8B_H100, fixed_ms=0.0)
+    assert m.step_ms(1, 0) == pytest.approx(6.04)  # the weights' read: a one-row step
+    assert m.step_ms(512, 0) == pytest.approx(12.91)
+    assert m.step_ms(384, 0) == pytest.approx((9.86 + 12.91) / 2)  # linear between points
+    assert m.step_ms(8192, 0) > m.step_ms(4096, 0) > m.step_ms(2048, 0)  # extrapolated past the last
+    # 128 KiB of K and V a cached token at 2.7 TB/s: 48.5 ns, so 100k cached tokens add 4.85 ms.
+    assert m.step_ms(1, 100_000) - m.step_ms(1, 0) == pytest.approx(4.854, abs=0.01)
+    steps = [m.step_ms(n, 0) for n in range(1, 5000, 37)]
+    assert steps == sorted(steps)
+    assert step_time_model(LLAMA8B_H100).fixed_ms > 0  # its own fixed part when none is given
+
+
+def test_an_unknown_step_model_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown sim step model 'h100'"):
+        step_time_model("h100")
+
+
+def test_the_preset_sets_the_seeds_workload_and_flags_given_still_win() -> None:
+    parser, _ = build_parser(["run", "--preset", "seed-10245"])
+    args = parser.parse_args(["run", "--preset", "seed-10245"])
+    assert (args.num_prompts, args.request_rate, args.sonnet_output_len, args.sonnet_prefix_len) == (
+        1000,
+        40.0,
+        150,
+        200,
+    )
+    assert (args.executor, args.sim_step_model, args.max_num_seqs, args.max_num_batched_tokens) == (
+        "sim",
+        LLAMA8B_H100,
+        256,
+        512,
+    )
+    argv = ["run", "--preset=seed-10245", "--num-prompts", "20", "--codec", "msgspec,pickle"]
+    parser, _ = build_parser(argv)
+    args = parser.parse_args(argv)
+    assert (args.num_prompts, args.codec, args.executor) == (20, "msgspec,pickle", "sim")
+    parser, _ = build_parser(["run"])
+    assert parser.parse_args(["run"]).executor == "torch"  # no preset, no preset's defaults
+
+
+def test_flag_value_reads_both_spellings_and_the_last_wins() -> None:
+    assert flag_value(["run", "--preset", "a", "--preset=b"], "--preset") == "b"
+    assert flag_value(["run", "--presets", "a"], "--preset") is None
+    assert flag_value(["run", "--preset"], "--preset") is None
+
+
+def _arm(label: str, figures: dict[str, float]) -> Arm:
+    return Arm(label, [RunEntry(label, 0, "ok", "", None, None, figures)])
+
+
+def test_the_seed_table_puts_ours_beside_the_seeds_figures() -> None:
+    ours = {k: (v or 1.0) * 1.1 for k, v in SEED_TABLE["msgspec"].items()}
+    ours["p99_itl_ms"] = 30.0
+    rows = {label: (ref, value, diff) for label, ref, value, diff in seed_rows(_arm("msgspec", ours))}
+    assert rows["TTFT mean (ms)"][2] == pytest.approx(10.0)
+    assert rows["ITL p99 (ms)"][2] == pytest.approx((30.0 / 317.37 - 1) * 100)
+    text = format_seed_table([_arm("msgspec", ours), _arm("pickle", ours), _arm("msgspec-packed", ours)])
+    assert "vLLM PR #10245" in text and "modelled" in text
+    assert "msgspec-packed" not in text  # a codec the seed did not measure has no row
+    pickle_rows = seed_rows(_arm("pickle", ours))
+    assert [r[3] for r in pickle_rows if r[1] is None] == [None] * 4  # unpublished: no difference claimed
+    assert all(not math.isnan(r[2]) for r in pickle_rows)
