@@ -139,7 +139,7 @@ def test_stale_segments_of_dead_processes_are_removed():
         live.close()
 
 
-@pytest.mark.parametrize("transport_name", ["zmq", "shm", "shm-inplace"])
+@pytest.mark.parametrize("transport_name", ["zmq", "shm", "shm-inplace", "shm-bell"])
 def test_delivery_is_measured_between_two_processes(transport_name):
     before = set(shm.SHM_DIR.glob(f"{shm.PREFIX}{os.getpid()}-*"))
     d = delivery.measure("msgspec-oob", transport_name, "tensor-fp16-336", PAYLOADS["tensor-fp16-336"](), iterations=5)

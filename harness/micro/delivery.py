@@ -16,7 +16,12 @@ flight at a time, so no queueing enters the figure. Transports:
 - ``zmq``: every frame through the ipc socket (ZeroMQ copies big frames);
 - ``shm``: frames of at least the threshold through the arena (``harness.wire.shm``);
 - ``shm-inplace``: the same, with the payload's tensor already built in the
-  arena (as ``--mm-payload tensor`` does on the shm transport): nothing is copied.
+  arena (as ``--mm-payload tensor`` does on the shm transport): nothing is copied;
+- ``shm-bell``: ``shm``'s arena and message, the message sent as one packet on
+  a Unix SOCK_SEQPACKET socket instead of ZeroMQ: what the notify would cost
+  without ZeroMQ's I/O threads (four thread hand-overs per message: sender →
+  its I/O thread → the receiver's I/O thread → receiver). The serving loop does
+  not use it: a measurement of what a lighter notify would save, not a transport.
 
 Each send is also cut into four parts (``PARTS``) by timestamps on the same
 clock, so the parts of one send add up to its delivery exactly; each part is
@@ -39,6 +44,8 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import shutil
+import socket
+import struct
 import tempfile
 import time
 from dataclasses import dataclass
@@ -54,7 +61,7 @@ from harness.wire.integrity import request_digest
 from harness.wire.messages import EngineCoreRequest
 from harness.wire.shm import DEFAULT_THRESHOLD, Arena, Handle, Mappings, copy_into
 
-TRANSPORTS = ("zmq", "shm", "shm-inplace")
+TRANSPORTS = ("zmq", "shm", "shm-inplace", "shm-bell")
 WARMUP_SENDS = 3  # untimed; the first of them is reported as first_us
 CHECK_ID = "check"  # the request id of warm-up sends: the receiver digests what it decoded
 
@@ -63,8 +70,8 @@ PARTS: dict[str, str] = {
     "encode": "codec.encode in the sender",
     "copy": "the sender's copy of big frames into the arena, its block and handle table (zmq, shm-inplace: the "
     "message's assembly only)",
-    "notify": "send_multipart → recv_multipart returns in the receiver: ZeroMQ's hand-over (for zmq with its copies "
-    "of the big frames) and the receiver's wake-up",
+    "notify": "send_multipart → recv_multipart returns in the receiver: ZeroMQ's hand-over (zmq: with its copies of "
+    "the big frames; shm-bell: the socket's) and the receiver's wake-up",
     "decode": "the receiver's handle table, views on the arena and codec.decode, until it holds the message",
 }
 
@@ -90,6 +97,41 @@ class Delivery:
         return {name: getattr(self, f"{name}_p50_us") for name in PARTS}
 
 
+class _Bell:
+    """Messages of frames as single packets on a Unix SOCK_SEQPACKET socket: one kernel hand-over."""
+
+    MAX_BYTES = 1 << 20  # the small frames only: big ones travel in the arena
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def send_multipart(self, frames: list[Any], copy: bool = False) -> None:
+        sizes = [memoryview(f).nbytes for f in frames]
+        self.sock.sendmsg([struct.pack(f"<I{len(sizes)}Q", len(sizes), *sizes), *frames])
+
+    def recv_multipart(self, copy: bool = False) -> list[memoryview]:
+        data, _, flags, _ = self.sock.recvmsg(self.MAX_BYTES)
+        if flags & socket.MSG_TRUNC:
+            raise RuntimeError(f"a message over {self.MAX_BYTES} bytes")
+        (count,) = struct.unpack_from("<I", data)
+        sizes = struct.unpack_from(f"<{count}Q", data, 4)
+        view, frames, at = memoryview(data), [], 4 + 8 * count
+        for n in sizes:
+            frames.append(view[at : at + n])
+            at += n
+        return frames
+
+    def send(self, frame: bytes) -> None:
+        self.send_multipart([frame])
+
+    def close(self, linger: int = 0) -> None:
+        self.sock.close()
+
+
+def _bytes(frame: Any) -> bytes:
+    return frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
+
+
 def _receiver(address: str, codec_name: str, msg_type_name: str, conn: Connection) -> None:
     from harness.wire import messages
     from harness.wire.integrity import request_digest
@@ -99,9 +141,18 @@ def _receiver(address: str, codec_name: str, msg_type_name: str, conn: Connectio
     released: list[list[Any]] = []
     maps = Mappings(lambda seg, block, gen: released.append([seg, block, gen]))
     ctx: zmq.Context = zmq.Context()
-    sock = ctx.socket(zmq.PULL)
-    sock.bind(address)
-    conn.send("ready")
+    sock: Any
+    if address.startswith("ipc://"):
+        sock = ctx.socket(zmq.PULL)
+        sock.bind(address)
+        conn.send("ready")
+    else:  # shm-bell: a socket path
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener.bind(address)
+        listener.listen(1)
+        conn.send("ready")
+        sock = _Bell(listener.accept()[0])
+        listener.close()
     try:
         while True:
             frames = sock.recv_multipart(copy=False)
@@ -111,7 +162,7 @@ def _receiver(address: str, codec_name: str, msg_type_name: str, conn: Connectio
                 return
             body: list[Any] = list(frames[1:])
             if kind == transport.ADD_SHM:
-                table = json.loads(body[0].bytes)
+                table = json.loads(_bytes(body[0]))
                 body = body[1:]
                 for index, *handle in table:
                     body[index] = maps.view(Handle.from_list(handle))
@@ -162,18 +213,23 @@ def measure(
     except wirecodecs.EncodeError as exc:
         return Delivery(codec_name, transport_name, payload, "unsupported", str(exc)[:60])
     folder = tempfile.mkdtemp(prefix="wirebench-delivery-")
-    address = f"ipc://{folder}/d"
+    address = f"{folder}/bell" if transport_name == "shm-bell" else f"ipc://{folder}/d"
     arena = Arena(max(64 << 20, 4 * _payload_bytes(codec, msg)), prefault=True) if transport_name != "zmq" else None
     ctx_mp = mp.get_context("spawn")
     parent, child = ctx_mp.Pipe()
     proc = ctx_mp.Process(target=_receiver, args=(address, codec_name, type(msg).__name__, child), daemon=True)
     proc.start()
     ctx: zmq.Context = zmq.Context()
-    sock = ctx.socket(zmq.PUSH)
+    sock: Any = ctx.socket(zmq.PUSH)
     try:
         if parent.recv() != "ready":
             raise RuntimeError("receiver did not start")
-        sock.connect(address)
+        if transport_name == "shm-bell":
+            sock.close()
+            sock = _Bell(socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET))
+            sock.sock.connect(address)
+        else:
+            sock.connect(address)
         if arena is not None and transport_name == "shm-inplace":
             native = calls.to_native(_place_in_arena(msg, arena))
         stamps: list[tuple[int, int, int, int, int]] = []  # start, encoded, placed, received, done
