@@ -137,7 +137,7 @@ def tensor_from_raw(dtype: Any, shape: Any, buf: Any) -> torch.Tensor:
     if torch_dtype is None:
         raise ValueError(f"unknown tensor dtype {dtype!r}")
     dims = _shape(shape)
-    itemsize = torch.empty((), dtype=torch_dtype).element_size()
+    itemsize = torch_dtype.itemsize  # no throwaway tensor per decode
     view = _check_size(buf, math.prod(dims) * itemsize, "tensor")
     if view.nbytes == 0:
         return torch.empty(dims, dtype=torch_dtype)

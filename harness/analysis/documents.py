@@ -22,7 +22,9 @@ Schema history (``schema_version`` in every document):
   files still load: their figures are read from their run files.
 - micro 2: a JSON list, one object per codec × payload cell, each with the
   run's metadata (``micro_document``); with ``--transport``, then one object
-  per delivery cell (``kind: "delivery"``).
+  per delivery cell (``kind: "delivery"``). Delivery cells later gained, after their
+  other keys, ``first_us`` (the first, untimed send) and ``encode_p50_us``,
+  ``copy_p50_us``, ``notify_p50_us``, ``decode_p50_us`` (``harness.micro.delivery.PARTS``).
 - calibrate: a compare 2 document (written by ``bench calibrate``) with a
   ``calibration`` summary beside it.
 - instructions 2: ``kind: "instructions"``, ``calls``, ``layout_shifts`` (each cell the median over
@@ -64,6 +66,8 @@ if TYPE_CHECKING:  # the micro figures only; importing harness.micro would impor
 # The one table of schema versions: kind → the version written now (the history is above).
 SCHEMAS = {"run": 1, "compare": 2, "micro": 2, "sweep": 1, "instructions": 2, "gate-jobs": 1}
 RUN_SCHEMA, COMPARE_SCHEMA, MICRO_SCHEMA, SWEEP_SCHEMA = (SCHEMAS[k] for k in ("run", "compare", "micro", "sweep"))
+# harness.micro.delivery.PARTS's names (importing it here would import zmq and the codecs).
+DELIVERY_PARTS = ("encode", "copy", "notify", "decode")
 
 
 PathLike = str | os.PathLike[str]
@@ -239,7 +243,10 @@ def micro_document(
     doc = [_micro_cell(m, settings, meta) for m in cells]
     for d in deliveries:
         fields = dataclasses.asdict(d.delivery)
-        doc.append({"kind": "delivery", **fields, "memcpy_p50_us": d.memcpy.p50_us, "schema_version": MICRO_SCHEMA})
+        # The first send and the parts come after the keys older documents have, in the same order.
+        later = {k: fields.pop(k) for k in ("first_us", *(f"{p}_p50_us" for p in DELIVERY_PARTS))}
+        row = {"kind": "delivery", **fields, "memcpy_p50_us": d.memcpy.p50_us, "schema_version": MICRO_SCHEMA}
+        doc.append({**row, **later})
     return jsonable(doc)
 
 

@@ -120,6 +120,8 @@ DELIVERY_COLUMNS = [
     ("p99 µs", 11),
     ("memcpy µs", 10),
     ("ratio", 8),
+    *((f"{part} µs", 11) for part in delivery.PARTS),
+    ("first µs", 11),
 ]
 _DELIVERY_WIDTHS = [w for _, w in DELIVERY_COLUMNS]
 
@@ -131,6 +133,8 @@ def format_delivery_row(dm: DeliveryMeasurement) -> str:
         row.append(f"{d.status}: {d.reason}")
     else:
         row += [_us(d.p50_us), _us(d.p99_us), _us(memcpy.p50_us), _ratio_text(dm.ratio)]
+        row += [_us(us) for us in d.parts_p50_us.values()]
+        row.append(_us(d.first_us))
     return format_line(row, _DELIVERY_WIDTHS, left=3)
 
 
@@ -256,9 +260,13 @@ def _print_deliveries(
     codecs: list[str], payloads: list[str], transports: list[str], iterations: int
 ) -> list[DeliveryMeasurement]:
     print(
-        f"\ndelivery: encode → send → receive in another process → decode, {iterations} one-at-a-time sends; "
-        "ratio = p50 / memcpy p50"
+        f"\ndelivery: encode → send → receive in another process → decode, {iterations} one-at-a-time sends "
+        f"after {delivery.WARMUP_SENDS} untimed ones; ratio = p50 / memcpy p50; first = the first send "
+        "(one-time costs: the receiver's imports, fresh pages); each part is its own p50, one send's parts add up "
+        "to its delivery:"
     )
+    for part, meaning in delivery.PARTS.items():
+        print(f"  {part}: {meaning}")
     head = format_line([t for t, _ in DELIVERY_COLUMNS], _DELIVERY_WIDTHS, left=3)
     print(head)
     print("-" * len(head))

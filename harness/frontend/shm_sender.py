@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from harness.wire import transport
-from harness.wire.shm import DEFAULT_THRESHOLD, Arena, Handle, ShmError
+from harness.wire.shm import DEFAULT_THRESHOLD, Arena, Handle, ShmError, copy_into
 
 COPY_IN_THREAD_BYTES = 1 << 20  # bigger copies leave the event loop
 ALLOC_TIMEOUT_S = 10.0
@@ -73,9 +73,9 @@ class ShmSender:
 
     async def _copy(self, view: memoryview, dst: memoryview) -> None:
         if view.nbytes >= COPY_IN_THREAD_BYTES:
-            await asyncio.to_thread(dst.__setitem__, slice(None), view)
+            await asyncio.to_thread(copy_into, dst, view)  # numpy's copy lets the event loop run meanwhile
         else:
-            dst[:] = view
+            copy_into(dst, view)
         self.copied_bytes += view.nbytes
 
     async def _alloc_many(self, sizes: list[int]) -> list[tuple[int, int, memoryview]]:

@@ -16,7 +16,27 @@ flight at a time, so no queueing enters the figure. Transports:
 - ``zmq``: every frame through the ipc socket (ZeroMQ copies big frames);
 - ``shm``: frames of at least the threshold through the arena (``harness.wire.shm``);
 - ``shm-inplace``: the same, with the payload's tensor already built in the
-  arena (as ``--mm-payload tensor`` does on the shm transport): nothing is copied.
+  arena (as ``--mm-payload tensor`` does on the shm transport): nothing is copied;
+- ``shm-bell``: ``shm``'s arena and message, the message sent as one packet on
+  a Unix SOCK_SEQPACKET socket instead of ZeroMQ: what the notify would cost
+  without ZeroMQ's I/O threads (four thread hand-overs per message: sender →
+  its I/O thread → the receiver's I/O thread → receiver). The serving loop does
+  not use it: a measurement of what a lighter notify would save, not a transport.
+
+Each send is also cut into four parts (``PARTS``) by timestamps on the same
+clock, so the parts of one send add up to its delivery exactly; each part is
+reported by its own p50 (p50s need not add up to the total's p50).
+
+The first ``WARMUP_SENDS`` sends are not in p50/p99: the first one pays one-time
+costs the serving loop pays once per process — the receiver's lazy imports on
+its first decode (torch: ≈1 s on the development VM, which made the p99 of a
+50-send cell) and page faults of arena blocks used for the first time
+(≈10 ms for 12.6 MB). The first send's delivery is reported apart (``first_us``).
+On the warm-up sends the receiver also digests what it decoded (``request_digest``:
+token ids and every multimodal buffer), outside the clock, and a cell whose
+bytes did not arrive intact is an error, not a figure.
+The arena is pre-faulted (``Arena(prefault=True)``): blocks are reused first-fit
+one message at a time, so a serving arena's hot blocks are resident too.
 """
 
 from __future__ import annotations
@@ -24,6 +44,8 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import shutil
+import socket
+import struct
 import tempfile
 import time
 from dataclasses import dataclass
@@ -35,9 +57,23 @@ import zmq
 
 import wirecodecs
 from harness.wire import transport
-from harness.wire.shm import DEFAULT_THRESHOLD, Arena, Handle, Mappings
+from harness.wire.integrity import request_digest
+from harness.wire.messages import EngineCoreRequest
+from harness.wire.shm import DEFAULT_THRESHOLD, Arena, Handle, Mappings, copy_into
 
-TRANSPORTS = ("zmq", "shm", "shm-inplace")
+TRANSPORTS = ("zmq", "shm", "shm-inplace", "shm-bell")
+WARMUP_SENDS = 3  # untimed; the first of them is reported as first_us
+CHECK_ID = "check"  # the request id of warm-up sends: the receiver digests what it decoded
+
+# The parts of one send, in order; their one-line definitions are printed with the table.
+PARTS: dict[str, str] = {
+    "encode": "codec.encode in the sender",
+    "copy": "the sender's copy of big frames into the arena, its block and handle table (zmq, shm-inplace: the "
+    "message's assembly only)",
+    "notify": "send_multipart → recv_multipart returns in the receiver: ZeroMQ's hand-over (zmq: with its copies of "
+    "the big frames; shm-bell: the socket's) and the receiver's wake-up",
+    "decode": "the receiver's handle table, views on the arena and codec.decode, until it holds the message",
+}
 
 
 @dataclass(frozen=True)
@@ -50,35 +86,93 @@ class Delivery:
     p50_us: float = float("nan")
     p99_us: float = float("nan")
     iterations: int = 0
+    first_us: float = float("nan")  # the first send, before the warm-up ones: one-time costs
+    encode_p50_us: float = float("nan")  # the parts (PARTS), p50 each
+    copy_p50_us: float = float("nan")
+    notify_p50_us: float = float("nan")
+    decode_p50_us: float = float("nan")
+
+    @property
+    def parts_p50_us(self) -> dict[str, float]:
+        return {name: getattr(self, f"{name}_p50_us") for name in PARTS}
+
+
+class _Bell:
+    """Messages of frames as single packets on a Unix SOCK_SEQPACKET socket: one kernel hand-over."""
+
+    MAX_BYTES = 1 << 20  # the small frames only: big ones travel in the arena
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def send_multipart(self, frames: list[Any], copy: bool = False) -> None:
+        sizes = [memoryview(f).nbytes for f in frames]
+        self.sock.sendmsg([struct.pack(f"<I{len(sizes)}Q", len(sizes), *sizes), *frames])
+
+    def recv_multipart(self, copy: bool = False) -> list[memoryview]:
+        data, _, flags, _ = self.sock.recvmsg(self.MAX_BYTES)
+        if flags & socket.MSG_TRUNC:
+            raise RuntimeError(f"a message over {self.MAX_BYTES} bytes")
+        (count,) = struct.unpack_from("<I", data)
+        sizes = struct.unpack_from(f"<{count}Q", data, 4)
+        view, frames, at = memoryview(data), [], 4 + 8 * count
+        for n in sizes:
+            frames.append(view[at : at + n])
+            at += n
+        return frames
+
+    def send(self, frame: bytes) -> None:
+        self.send_multipart([frame])
+
+    def close(self, linger: int = 0) -> None:
+        self.sock.close()
+
+
+def _bytes(frame: Any) -> bytes:
+    return frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
 
 
 def _receiver(address: str, codec_name: str, msg_type_name: str, conn: Connection) -> None:
     from harness.wire import messages
+    from harness.wire.integrity import request_digest
 
     msg_type = getattr(messages, msg_type_name)
     calls = wirecodecs.CodecCalls(wirecodecs.get_codec(codec_name))
     released: list[list[Any]] = []
     maps = Mappings(lambda seg, block, gen: released.append([seg, block, gen]))
     ctx: zmq.Context = zmq.Context()
-    sock = ctx.socket(zmq.PULL)
-    sock.bind(address)
-    conn.send("ready")
+    sock: Any
+    if address.startswith("ipc://"):
+        sock = ctx.socket(zmq.PULL)
+        sock.bind(address)
+        conn.send("ready")
+    else:  # shm-bell: a socket path
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener.bind(address)
+        listener.listen(1)
+        conn.send("ready")
+        sock = _Bell(listener.accept()[0])
+        listener.close()
     try:
         while True:
             frames = sock.recv_multipart(copy=False)
-            kind = frames[0].bytes[0]
+            received = time.monotonic_ns()
+            kind, rid = transport.open_envelope(frames[0])
             if kind == transport.SHUTDOWN:
                 return
             body: list[Any] = list(frames[1:])
             if kind == transport.ADD_SHM:
-                table = json.loads(body[0].bytes)
+                table = json.loads(_bytes(body[0]))
                 body = body[1:]
                 for index, *handle in table:
                     body[index] = maps.view(Handle.from_list(handle))
             msg = calls.decode(body, msg_type)  # the codec's native message: its adapter is not delivery
             done = time.monotonic_ns()
+            digest = None
+            if rid == CHECK_ID and msg_type is messages.EngineCoreRequest:  # what arrived, off the clock
+                digest = request_digest(calls.from_native(msg, msg_type))
             del msg, body, frames  # the views die here: their blocks are released
-            conn.send((done, released[:]))
+            conn.send((received, done, released[:], digest))
             released.clear()
     finally:
         sock.close(linger=0)
@@ -119,44 +213,61 @@ def measure(
     except wirecodecs.EncodeError as exc:
         return Delivery(codec_name, transport_name, payload, "unsupported", str(exc)[:60])
     folder = tempfile.mkdtemp(prefix="wirebench-delivery-")
-    address = f"ipc://{folder}/d"
-    arena = Arena(max(64 << 20, 4 * _payload_bytes(codec, msg))) if transport_name != "zmq" else None
+    address = f"{folder}/bell" if transport_name == "shm-bell" else f"ipc://{folder}/d"
+    arena = Arena(max(64 << 20, 4 * _payload_bytes(codec, msg)), prefault=True) if transport_name != "zmq" else None
     ctx_mp = mp.get_context("spawn")
     parent, child = ctx_mp.Pipe()
     proc = ctx_mp.Process(target=_receiver, args=(address, codec_name, type(msg).__name__, child), daemon=True)
     proc.start()
     ctx: zmq.Context = zmq.Context()
-    sock = ctx.socket(zmq.PUSH)
+    sock: Any = ctx.socket(zmq.PUSH)
     try:
         if parent.recv() != "ready":
             raise RuntimeError("receiver did not start")
-        sock.connect(address)
+        if transport_name == "shm-bell":
+            sock.close()
+            sock = _Bell(socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET))
+            sock.sock.connect(address)
+        else:
+            sock.connect(address)
         if arena is not None and transport_name == "shm-inplace":
             native = calls.to_native(_place_in_arena(msg, arena))
-        times = []
-        for _ in range(iterations):
+        stamps: list[tuple[int, int, int, int, int]] = []  # start, encoded, placed, received, done
+        expected = request_digest(msg) if isinstance(msg, EngineCoreRequest) else None
+        for i in range(WARMUP_SENDS + iterations):
+            rid = CHECK_ID if i < WARMUP_SENDS else "d"
             start = time.monotonic_ns()
             frames = calls.encode(native)
-            message = _message(frames, arena, threshold)
+            encoded = time.monotonic_ns()
+            message = _message(frames, arena, threshold, rid)
+            placed = time.monotonic_ns()
             sock.send_multipart(message, copy=False)
-            done, released = parent.recv()
-            times.append(done - start)
+            received, done, released, digest = parent.recv()
+            stamps.append((start, encoded, placed, received, done))
+            if rid == CHECK_ID and digest != expected:
+                raise RuntimeError("the receiver decoded other bytes than were sent")
             if arena is not None:
                 for _, block, gen in released:
                     arena.free(block, gen)
                 if transport_name == "shm-inplace":  # its block went back with the release
                     native = calls.to_native(_place_in_arena(msg, arena))
         sock.send(bytes((transport.SHUTDOWN,)))
-        us = np.array(times) / 1e3
+        first = stamps[0]
+        ns = np.array(stamps[WARMUP_SENDS:], dtype=np.int64)
+        parts = np.diff(ns, axis=1) / 1e3  # encode, copy, notify, decode per send, µs
+        total = (ns[:, -1] - ns[:, 0]) / 1e3
+        p50s = [float(np.percentile(parts[:, i], 50)) for i in range(len(PARTS))]
         return Delivery(
             codec_name,
             transport_name,
             payload,
             "ok",
             "",
-            float(np.percentile(us, 50)),
-            float(np.percentile(us, 99)),
-            len(times),
+            float(np.percentile(total, 50)),
+            float(np.percentile(total, 99)),
+            len(total),
+            (first[-1] - first[0]) / 1e3,
+            *p50s,
         )
     except Exception as exc:  # a measuring tool reports, it does not crash the table
         return Delivery(codec_name, transport_name, payload, "error", f"{type(exc).__name__}: {exc}"[:80])
@@ -175,9 +286,9 @@ def _payload_bytes(codec: Any, msg: Any) -> int:
     return transport.frames_nbytes(codec.encode(msg))
 
 
-def _message(frames: list[Any], arena: Arena | None, threshold: int) -> list[Any]:
+def _message(frames: list[Any], arena: Arena | None, threshold: int, rid: str) -> list[Any]:
     if arena is None:
-        return [transport.envelope(transport.ADD, "d"), *frames]
+        return [transport.envelope(transport.ADD, rid), *frames]
     table, out = [], [frames[0]]
     for i, frame in enumerate(frames[1:], start=1):
         view = memoryview(frame).cast("B")
@@ -187,10 +298,10 @@ def _message(frames: list[Any], arena: Arena | None, threshold: int) -> list[Any
         handle = arena.handle_of(view)
         if handle is None:
             block, gen, dst = arena.alloc(view.nbytes)
-            dst[:] = view
+            copy_into(dst, view)
             handle = Handle(arena.name, block, view.nbytes, gen)
         table.append([i, *handle.to_list()])
         out.append(b"")
     if not table:
-        return [transport.envelope(transport.ADD, "d"), *frames]
-    return [transport.envelope(transport.ADD_SHM, "d"), json.dumps(table).encode(), *out]
+        return [transport.envelope(transport.ADD, rid), *frames]
+    return [transport.envelope(transport.ADD_SHM, rid), json.dumps(table).encode(), *out]
