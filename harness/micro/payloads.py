@@ -75,7 +75,7 @@ def _request_id(rng: random.Random) -> str:
     return f"cmpl-{rng.getrandbits(128):032x}-0"
 
 
-def _prompt_text(rng: random.Random, nbytes: int = 2048) -> str:
+def prompt_text(rng: random.Random, nbytes: int = 2048) -> str:
     lines: list[str] = []
     size = 0
     while size < nbytes:
@@ -114,7 +114,7 @@ def text_request(extra_tokens: int = 0) -> EngineCoreRequest:
     ids[1:1] = [IMAGE_TOKEN_ID] * extra_tokens
     return EngineCoreRequest(
         request_id=_request_id(rng),
-        prompt=_prompt_text(rng),
+        prompt=prompt_text(rng),
         prompt_token_ids=ids,
         sampling_params=_sampling_params(),
         eos_token_id=2,
