@@ -157,6 +157,8 @@ def _expand_images(
     An array stays an array (the placeholders are written as one block each), a list a list."""
     if not positions:
         return ids, []
+    packed = isinstance(ids, np.ndarray)
+    block: TokenIds = np.full(length, image_id, dtype="<i4") if packed else [image_id] * length
     parts: list[TokenIds] = []
     ranges: list[PlaceholderRange] = []
     prev = at = 0
@@ -164,11 +166,11 @@ def _expand_images(
         parts.append(ids[prev:pos])
         at += pos - prev
         ranges.append(PlaceholderRange(offset=at, length=length))
-        parts.append([image_id] * length)
+        parts.append(block)
         at += length
         prev = pos + 1
     parts.append(ids[prev:])
-    return _join(parts, isinstance(ids, np.ndarray)), ranges
+    return _join(parts, packed), ranges
 
 
 def _engine_request(
