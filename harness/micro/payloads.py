@@ -16,6 +16,10 @@ machines) time byte-identical messages:
 - ``tensor-fp16-336`` / ``tensor-fp32-1024``: the same with a preprocessed
   ``pixel_values`` tensor [1, 3, side, side] instead of the image.
 
+``text-550-path`` (``harness.micro.token_path``) is not a message but a prompt's ids along
+the request path, from the tokenizer's output to the engine's model input; its bytes are
+its request's.
+
 Payload bytes (``payload_nbytes``), precisely: 8 bytes per token id
 (``prompt_token_ids`` of a request, ``new_token_ids`` of every output, as
 int64), plus the UTF-8 bytes of the prompt string and of every request id,
