@@ -16,6 +16,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from aiohttp import ClientSession, web
@@ -563,6 +564,36 @@ async def test_tokenizer_without_image_token_uses_fallback_id():
     pr = req.mm_placeholders[0]
     assert req.prompt_token_ids == TOK.encode(before) + [FALLBACK_IMAGE_TOKEN_ID] * 3 + TOK.encode(after)
     assert pr.offset == len(TOK.encode(before))
+
+
+@pytest.mark.parametrize("marker_token", [True, False])
+@arun
+async def test_a_packed_codec_gets_the_tokenizers_int32_array_with_the_same_ids(marker_token: bool):
+    # An engine client whose codec packs ids (msgspec-packed) is handed the tokenizer's array, not a list:
+    # the same ids and placeholder ranges as a list-carrying codec gets, for text and image prompts.
+    tok = copy.copy(TOK)
+    if not marker_token:  # a tokenizer without an image token: the text is split at the markers
+        tok.image_token_id = None
+    bodies = [
+        ("/v1/completions", {"prompt": "Shall I compare thee to a summer's day?", "max_tokens": 2}),
+        ("/v1/chat/completions", chat_body(text_part("Compare"), image_part(png_url()), text_part("it"), max_tokens=2)),
+        ("/v1/chat/completions", chat_body(image_part(png_url()), image_part(png_url(1)), max_tokens=2)),
+    ]
+    got: dict[bool, list[EngineCoreRequest]] = {}
+    for packed in (False, True):
+        engine = FakeEngine(SCRIPT)
+        engine.packed_token_ids = packed  # what ZmqEngineClient says of its codec
+        async with serve(engine, tokenizer=tok, image_tokens=3) as client:
+            for path, body in bodies:
+                resp = await client.post(path, json=body)
+                assert resp.status == 200, await resp.text()
+        got[packed] = engine.requests
+    for as_list, as_array in zip(got[False], got[True], strict=True):
+        assert isinstance(as_list.prompt_token_ids, list)
+        ids = as_array.prompt_token_ids
+        assert isinstance(ids, np.ndarray) and ids.dtype == np.dtype("<i4") and ids.ndim == 1
+        assert ids.tolist() == as_list.prompt_token_ids
+        assert as_array.mm_placeholders == as_list.mm_placeholders
 
 
 # --- disconnects and a dead engine ---------------------------------------------------------------

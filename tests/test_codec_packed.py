@@ -83,3 +83,25 @@ def test_every_codec_that_carries_arrays_round_trips_packed_ids(name: str) -> No
     ids = list(range(4000, 4550))
     got = codec.decode([bytes(f) for f in codec.encode(packed_request(ids))], EngineCoreRequest)
     assert np.asarray(got.prompt_token_ids).tolist() == ids
+
+
+def test_a_decoded_packed_prompt_becomes_the_model_input_unchanged() -> None:
+    # The executor's step array and the staged tensor from a view of the received frame: the same
+    # tokens as from a list, as int64.
+    import torch
+
+    from harness.engine.staging import Stager, step_token_ids
+
+    codec = wirecodecs.get_codec("msgspec-packed")
+    ids = list(range(4000, 4550))
+    got = codec.decode([bytes(f) for f in codec.encode(packed_request(ids))], EngineCoreRequest).prompt_token_ids
+    chunk = got[100:400]  # the scheduler's slice: a view, no copy
+    assert np.shares_memory(chunk, got)
+    rows = step_token_ids([7, 8], [chunk, got[:5]])
+    assert isinstance(rows, np.ndarray) and rows.dtype == np.int64 and rows.tolist() == [7, 8, *ids[100:400], *ids[:5]]
+    assert rows.tolist() == np.asarray(step_token_ids([7, 8], [ids[100:400], ids[:5]])).tolist()  # the list route
+    (model_input,) = Stager(torch.device("cpu")).ints(rows)
+    assert model_input.dtype == torch.int64 and model_input.tolist() == rows.tolist()
+    # A lone prefill chunk goes to the stager as it is, which casts it into its int64 buffer.
+    (model_input,) = Stager(torch.device("cpu")).ints(step_token_ids([], [chunk]))
+    assert model_input.dtype == torch.int64 and model_input.tolist() == ids[100:400]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
+import numpy as np
 import pytest
 import torch
 
@@ -13,8 +15,9 @@ from harness import cli
 from harness.analysis import documents
 from harness.analysis.documents import MICRO_SCHEMA
 from harness.commands import micro
-from harness.micro import delivery, payloads, timing
+from harness.micro import delivery, payloads, timing, token_path
 from harness.wire.messages import EngineCoreOutputs, EngineCoreRequest
+from harness.wire.tokenizer import load_tokenizer
 
 BASELINE = Path(__file__).resolve().parents[1] / "results" / "baselines" / "micro.json"
 
@@ -197,6 +200,7 @@ def test_a_failing_cell_becomes_an_error_row() -> None:
         (["--codec", "nope"], "unknown codec 'nope'"),
         (["--payload", "text-550,huge"], "unknown payload 'huge'"),
         (["--min-iterations", "0"], "--min-iterations"),
+        (["--count", "instructions", "--payload", "text-550-path"], "can only be timed, not counted"),
     ],
 )
 def test_bad_flags_are_clear_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -212,3 +216,63 @@ def test_messages_types_round_trip_through_every_codec_once() -> None:
         for codec in wirecodecs.available_codecs():
             cell = timing.measure_cell(codec, payload, msg, 1, 0.0)
             assert cell.status == "ok", (codec, payload, cell.reason)
+
+
+# --- the token path (text-550-path) ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sonnet_path() -> token_path.TokenPath:
+    return token_path.text_path()
+
+
+def test_the_path_starts_from_the_tokenizers_output_of_its_own_prompt(sonnet_path: token_path.TokenPath) -> None:
+    ids = sonnet_path.encoding.ids
+    assert len(ids) == payloads.PROMPT_TOKENS
+    assert load_tokenizer().encode(sonnet_path.request.prompt) == ids  # the prompt's ids, not drawn ones
+    assert sonnet_path.request.prompt_token_ids == ids
+    # Everything but the prompt is text-550's request.
+    rest: dict[str, object] = {"prompt": None, "prompt_token_ids": []}
+    assert msgspec.structs.replace(sonnet_path.request, **rest) == msgspec.structs.replace(
+        payloads.text_request(), **rest
+    )
+
+
+@pytest.mark.parametrize("codec", wirecodecs.available_codecs())
+def test_every_codec_path_delivers_the_prompt_to_the_model_input(codec: str, sonnet_path: token_path.TokenPath) -> None:
+    calls = token_path.PathCalls(codec, sonnet_path)
+    frames = [bytes(f) for f in calls.send()]
+    sent = calls.native.prompt_token_ids
+    if wirecodecs.packs_token_ids(codec):  # the tokenizer's int32 array, no list built by the frontend
+        assert isinstance(sent, np.ndarray) and sent.dtype == np.dtype("<i4")
+    else:  # a list codec's real path: the tokenizer's list
+        assert isinstance(sent, list)
+    model_input = calls.receive(frames)
+    assert model_input.dtype == torch.int64 and model_input.shape == (payloads.PROMPT_TOKENS,)
+    assert model_input.tolist() == sonnet_path.encoding.ids
+    cell = timing.measure_path_cell(codec, "text-550-path", sonnet_path, 2, 0.0)
+    assert cell.status == "ok", cell.reason
+    assert cell.adapt is None and cell.frames == len(frames) and cell.wire_bytes == sum(map(len, frames))
+
+
+def test_a_path_that_loses_ids_is_an_error_cell(
+    sonnet_path: token_path.TokenPath, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The check runs before the clock: a path that drops a token is not fast, it is wrong.
+    monkeypatch.setattr(token_path, "frontend_ids", lambda encoding, packed: encoding.ids[1:])
+    cell = timing.measure_path_cell("pickle", "text-550-path", sonnet_path, 2, 0.0)
+    assert cell.status == "error" and "model input" in cell.reason
+
+
+def test_the_path_payload_is_in_the_default_set_and_defined_in_the_output(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert "text-550-path" in micro.ALL_PAYLOADS and "text-550-path" not in payloads.PAYLOADS
+    with pytest.raises(SystemExit):
+        cli.main(["micro", "--help"])
+    assert "text-550-path" in " ".join(capsys.readouterr().out.split())  # argparse wraps the help
+    assert cli.main(["micro", "--codec", "pickle,msgspec-packed", "--payload", "text-550-path", *FAST]) == 0
+    out = capsys.readouterr().out
+    assert micro.PATH_LEGEND in out
+    rows = [line for line in out.splitlines() if "text-550-path" in line and not line.startswith("text-550-path =")]
+    assert len(rows) == 2 and not any("error" in r or "unsupported" in r for r in rows)

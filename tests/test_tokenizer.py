@@ -7,6 +7,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tokenizers
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -98,6 +99,27 @@ def test_special_tokens_skipped_on_decode(tok: TextTokenizer) -> None:
 def test_encode_batch_matches_encode(tok: TextTokenizer) -> None:
     texts = ["one", "two words", UNICODE_TEXT]
     assert tok.encode_batch(texts) == [tok.encode(t) for t in texts]
+
+
+def test_the_array_route_gives_the_list_routes_ids_as_little_endian_int32(tok: TextTokenizer) -> None:
+    # What the packed codecs are handed must be exactly the ids every other codec gets.
+    texts = [long_text(), "<|user|>\nhi<|image|>\n<|assistant|>\n", "x"]
+    for text in texts:
+        ids = tok.encode_array(text)
+        assert ids.dtype == np.dtype("<i4") and ids.ndim == 1
+        assert ids.tolist() == tok.encode(text)
+    assert [a.tolist() for a in tok.encode_batch_arrays(texts)] == tok.encode_batch(texts)
+    assert tok.encode_array("").dtype == np.dtype("<i4") and len(tok.encode_array("")) == 0
+
+
+def test_the_array_route_keeps_the_largest_ids(tmp_path: Path) -> None:
+    # A tokenizer whose ids reach past 2**16 (a real Llama-3 vocabulary is 128k): nothing wraps.
+    vocab = {f"t{i}": i for i in range(70_000)}
+    hf = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    big = TextTokenizer(hf, "wide")
+    text = "t69999 t1 t65536 t65535 t0"
+    assert big.encode_array(text).tolist() == big.encode(text) == [69999, 1, 65536, 65535, 0]
 
 
 # -- chat template --------------------------------------------------------------

@@ -6,6 +6,10 @@ ratio = (enc p50 + dec p50) / memcpy p50. What is timed and how is
 ``harness.micro.timing``'s docstring; the payloads and what counts as their
 bytes are ``harness.micro.payloads``'s.
 
+``text-550-path`` is not one message but a prompt's ids along the request path
+(``harness.micro.token_path``): its enc column starts from the tokenizer's output and its
+dec column ends at the engine's model-input tensor; the output's legend says so in one line.
+
 ``--transport zmq,shm`` adds the delivery table (``harness.micro.delivery``):
 encode, send to another process, receive, decode, against the same memcpy.
 
@@ -42,6 +46,7 @@ from harness.micro.timing import (
     one_torch_thread,
     run_metadata,
 )
+from harness.micro.token_path import PATH_PAYLOADS
 
 # --- the tables --------------------------------------------------------------
 
@@ -138,6 +143,15 @@ def format_delivery_row(dm: DeliveryMeasurement) -> str:
     return format_line(row, _DELIVERY_WIDTHS, left=3)
 
 
+# Every payload name, messages then paths; the default selection. Paths are timed only: delivery
+# and instruction counts take messages.
+ALL_PAYLOADS = [*PAYLOADS, *PATH_PAYLOADS]
+PATH_LEGEND = (
+    "text-550-path = a 550-token prompt's ids: enc = the frontend's ids from the tokenizer's output "
+    "(list; int32 array for packed codecs) + encode, dec = decode + the engine's model-input tensor"
+)
+
+
 # --- command -----------------------------------------------------------------
 
 
@@ -156,7 +170,9 @@ def parse_names(value: str | None, known: Sequence[str], kind: str) -> list[str]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codec", metavar="A,B", help="codecs to time (default: all registered)")
-    parser.add_argument("--payload", metavar="X,Y", help=f"payloads to time (default: all of {', '.join(PAYLOADS)})")
+    parser.add_argument(
+        "--payload", metavar="X,Y", help=f"payloads to time (default: all of {', '.join(ALL_PAYLOADS)})"
+    )
     parser.add_argument(
         "--min-iterations",
         type=int,
@@ -213,7 +229,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     try:
         codecs = parse_names(args.codec, wirecodecs.available_codecs(), "codec")
-        payloads = parse_names(args.payload, list(PAYLOADS), "payload")
+        payloads = parse_names(args.payload, ALL_PAYLOADS, "payload")
         transports = parse_names(args.transport, list(delivery.TRANSPORTS), "transport") if args.transport else []
         if args.min_iterations < 1:
             raise ValueError(f"--min-iterations must be at least 1, got {args.min_iterations}")
@@ -223,13 +239,22 @@ def main(args: argparse.Namespace) -> int:
         print(f"bench micro: error: {exc}", file=sys.stderr)
         return 2
 
+    paths = [p for p in payloads if p in PATH_PAYLOADS]
+    messages = [p for p in payloads if p not in PATH_PAYLOADS]
     if args.count == "instructions":
-        return _count_instructions(codecs, payloads, args)
+        if paths and not messages:
+            print(f"bench micro: error: {', '.join(paths)} can only be timed, not counted", file=sys.stderr)
+            return 2
+        if paths:
+            print(f"note: not counted: {', '.join(paths)} (path payloads are timed only)")
+        return _count_instructions(codecs, messages, args)
     settings = {"min_iterations": args.min_iterations, "min_time_s": args.min_time}
     with one_torch_thread():
         meta = run_metadata()  # inside: it records the pinned thread count
         cells = _print_cells(codecs, payloads, args.min_iterations, args.min_time, meta)
-    deliveries = _print_deliveries(codecs, payloads, transports, args.delivery_iterations) if transports else []
+    if transports and paths:
+        print(f"note: no delivery for {', '.join(paths)} (path payloads are timed in one process)")
+    deliveries = _print_deliveries(codecs, messages, transports, args.delivery_iterations) if transports else []
     if args.json is not None:
         # Here, not at the top: documents imports the load generator (aiohttp), which timing never needs.
         from harness.analysis import documents
@@ -247,6 +272,8 @@ def _print_cells(
         "ratio = (enc p50 + dec p50) / memcpy p50; adapter = a codec's conversion of our message to its own "
         "and back (vllm), outside enc, dec and ratio"
     )
+    if any(p in PATH_PAYLOADS for p in payloads):
+        print(PATH_LEGEND)
     for line in header_lines():
         print(line)
     cells = []

@@ -23,7 +23,6 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -42,7 +41,7 @@ from harness.engine.device import (
 from harness.engine.logprobs import sim_logprobs, top_logprobs
 from harness.engine.model import build_model, get_model_config
 from harness.engine.sampler import Sampler, SampleRow, uses_penalties
-from harness.engine.staging import Stager
+from harness.engine.staging import Stager, step_token_ids
 from harness.engine.step import ModelRunnerOutput, NewRequest, ScheduledChunk, SchedulerOutput
 from harness.engine.step_plan import Chunk, StepPlan
 from harness.engine.step_time import step_time_model
@@ -227,14 +226,8 @@ class TorchExecutor:
             [c.start_pos for c in decodes],
             [Chunk(c.slot, c.start_pos, len(c.token_ids)) for c in prefills],
         )
-        # One int64 array of every row's token: prompt chunks that arrived packed (int32 arrays) are
-        # copied as arrays, never as one Python int per token.
-        token_ids = np.concatenate(
-            [
-                np.fromiter((c.token_ids[0] for c in decodes), np.int64, len(decodes)),
-                *(np.asarray(c.token_ids, dtype=np.int64) for c in prefills),
-            ]
-        )
+        # Prompt chunks that arrived packed (int32 views) are cast as arrays, never one Python int per token.
+        token_ids = step_token_ids([c.token_ids[0] for c in decodes], [c.token_ids for c in prefills])
         last = plan.last_rows()
         sample_chunks = decodes + [c for c in prefills if c.sample]
         rows = list(range(len(decodes))) + [r for r, c in zip(last, prefills, strict=True) if c.sample]

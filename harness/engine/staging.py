@@ -21,6 +21,27 @@ import torch
 from torch import Tensor
 
 
+def step_token_ids(
+    decode_ids: Sequence[int], prefill_chunks: Sequence[Sequence[int] | np.ndarray]
+) -> Sequence[int] | np.ndarray:
+    """A step's token per row for ``Stager.ints``: each decode row's newest token, then each prefill chunk.
+
+    A chunk of a packed prompt (a slice of the decoded int32 array, a view) is cast into place
+    by numpy in one C loop, without a Python int per token; a list chunk is converted item by
+    item, as any list is. Several rows become one int64 array, each chunk written once; a lone
+    prefill chunk is handed on as it is, for the stager to cast into its buffer (one copy, not two).
+    """
+    if not decode_ids and len(prefill_chunks) == 1:
+        return prefill_chunks[0]
+    at = len(decode_ids)
+    out = np.empty(at + sum(len(c) for c in prefill_chunks), dtype=np.int64)
+    out[:at] = decode_ids
+    for chunk in prefill_chunks:
+        out[at : at + len(chunk)] = chunk
+        at += len(chunk)
+    return out
+
+
 class Stager:
     def __init__(self, device: torch.device) -> None:
         self.device = device

@@ -240,7 +240,7 @@ async def _read_json(request: web.Request) -> Any:
         raise ProtocolError("the request body's JSON is nested too deeply") from None
 
 
-Prepare = Callable[[Any, TextTokenizer, FrontendSettings, TensorAlloc | None, PixelBudget], Awaitable[Prepared]]
+Prepare = Callable[[Any, TextTokenizer, FrontendSettings, TensorAlloc | None, PixelBudget, bool], Awaitable[Prepared]]
 
 
 def _generation_handler(prepare: Prepare) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -249,7 +249,9 @@ def _generation_handler(prepare: Prepare) -> Callable[[web.Request], Awaitable[w
         points = FrontPoints(http_received=time.monotonic_ns())
         try:
             alloc = getattr(app[ENGINE], "tensor_alloc", None)  # the shm transport builds tensors in place
-            prep = await prepare(await _read_json(request), app[TOKENIZER], app[SETTINGS], alloc, app[PIXELS])
+            packed = getattr(app[ENGINE], "packed_token_ids", False)  # its codec takes the tokenizer's int32 ids
+            body = await _read_json(request)
+            prep = await prepare(body, app[TOKENIZER], app[SETTINGS], alloc, app[PIXELS], packed)
         except ProtocolError as exc:
             app[METRICS].requests["rejected"] += 1
             return error_response(exc.message, exc.status, exc.param)

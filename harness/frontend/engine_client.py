@@ -150,7 +150,7 @@ class ZmqEngineClient:
         self.timelines = Timelines(enabled=spans)
         # --transport shm: big frames travel through this sender's arena (harness.wire.shm), None over zmq.
         self._shm = shm
-        self._packed = packs_token_ids(codec_name)
+        self.packed_token_ids = packs_token_ids(codec_name)  # the app then tokenizes to int32 arrays
         # --verify: each request carries its digest (harness.wire.integrity), checked by the engine.
         self._verify = verify
         # Pixel tensors built straight into the arena travel without a copy.
@@ -248,8 +248,8 @@ class ZmqEngineClient:
         rid = request.request_id
         if rid in self._queues:
             raise RequestRejectedError(f"request id {rid!r} is already in flight")
-        if self._packed and isinstance(request.prompt_token_ids, list):
-            # The codec carries ids as one int32 buffer (msgspec-packed): the tokenizer's list is packed here.
+        if self.packed_token_ids and isinstance(request.prompt_token_ids, list):
+            # An int32 buffer on the wire (msgspec-packed): text prompts come as one; a token-id prompt is packed here.
             request.prompt_token_ids = pack_token_ids(request.prompt_token_ids)
         calls = self._encode_calls
         try:

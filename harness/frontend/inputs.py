@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from harness.frontend import protocol
 from harness.frontend.images import (
     PixelBudget,
@@ -27,12 +29,16 @@ from harness.frontend.protocol import ProtocolError, StreamOptions
 from harness.frontend.settings import FrontendSettings
 from harness.wire.messages import EngineCoreRequest, PlaceholderRange, SamplingParams
 from harness.wire.shm import ShmError
-from harness.wire.tokenizer import DEFAULT_IMAGE_MARKER, TextTokenizer
+from harness.wire.tokenizer import DEFAULT_IMAGE_MARKER, TextTokenizer, TokenArray
 
 # Placeholder token id when the tokenizer has no image token (user tokenizers):
 # the engine only needs *some* id at the placeholder positions, it replaces
 # their embeddings with the image's.
 FALLBACK_IMAGE_TOKEN_ID = 0
+
+# A prompt's ids: a list, or for a codec with packed token ids (``packed=True`` below, msgspec-packed)
+# the tokenizer's int32 array, which reaches the codec without a Python list of the ids being built here.
+TokenIds = list[int] | TokenArray
 
 
 def _nothing() -> None:
@@ -93,8 +99,10 @@ def _image_token_id(tokenizer: TextTokenizer, settings: FrontendSettings) -> int
     return FALLBACK_IMAGE_TOKEN_ID if tid is None else tid
 
 
-async def _tokenize_with_markers(tokenizer: TextTokenizer, text: str, n_images: int) -> tuple[list[int], list[int]]:
-    """Token ids of ``text`` and the index of each image marker in them.
+async def _tokenize_with_markers(
+    tokenizer: TextTokenizer, text: str, n_images: int, packed: bool = False
+) -> tuple[TokenIds, list[int]]:
+    """Token ids of ``text`` (an int32 array when ``packed``) and the index of each image marker in them.
 
     With an image token in the vocabulary the marker tokenizes to it and is
     found by id. Without one (user tokenizers) the text is split at the
@@ -103,18 +111,25 @@ async def _tokenize_with_markers(tokenizer: TextTokenizer, text: str, n_images: 
     """
     marker_id = tokenizer.image_token_id
     marker = getattr(tokenizer, "image_marker", DEFAULT_IMAGE_MARKER)
+    ids: TokenIds
     if marker_id is not None:
-        ids = await tokenize(tokenizer, text)
-        positions = [i for i, t in enumerate(ids) if t == marker_id]
+        ids = await tokenize(tokenizer, text, packed)
+        if isinstance(ids, np.ndarray):
+            positions = np.flatnonzero(ids == marker_id).tolist()  # one int per image, not per token
+        else:
+            positions = [i for i, t in enumerate(ids) if t == marker_id]
     else:
-        pieces = text.split(marker)
-        ids, positions = [], []
-        for i, piece in enumerate(pieces):
+        parts: list[TokenIds] = []
+        positions, n = [], 0
+        for i, piece in enumerate(text.split(marker)):
             if i:
-                positions.append(len(ids))
-                ids.append(FALLBACK_IMAGE_TOKEN_ID)
+                positions.append(n)
+                parts.append([FALLBACK_IMAGE_TOKEN_ID])
+                n += 1
             if piece:
-                ids.extend(await tokenize(tokenizer, piece))
+                parts.append(await tokenize(tokenizer, piece, packed))
+                n += len(parts[-1])
+        ids = _join(parts, packed)
     if len(positions) != n_images:
         raise ProtocolError(
             f"the prompt has {len(positions)} image markers for {n_images} images; "
@@ -124,26 +139,44 @@ async def _tokenize_with_markers(tokenizer: TextTokenizer, text: str, n_images: 
     return ids, positions
 
 
-def _expand_images(
-    ids: list[int], positions: list[int], image_id: int, length: int
-) -> tuple[list[int], list[PlaceholderRange]]:
-    """Replace each marker with ``length`` placeholder ids; their ranges in the new prompt."""
+def _join(parts: list[TokenIds], packed: bool) -> TokenIds:
+    """The parts' ids one after another: an int32 array when ``packed``, else a list."""
+    if packed:
+        return np.concatenate(parts, dtype="<i4") if parts else np.empty(0, "<i4")
     out: list[int] = []
+    for part in parts:
+        out.extend(part)
+    return out
+
+
+def _expand_images(
+    ids: TokenIds, positions: list[int], image_id: int, length: int
+) -> tuple[TokenIds, list[PlaceholderRange]]:
+    """Replace each marker with ``length`` placeholder ids; their ranges in the new prompt.
+
+    An array stays an array (the placeholders are written as one block each), a list a list."""
+    if not positions:
+        return ids, []
+    packed = isinstance(ids, np.ndarray)
+    block: TokenIds = np.full(length, image_id, dtype="<i4") if packed else [image_id] * length
+    parts: list[TokenIds] = []
     ranges: list[PlaceholderRange] = []
-    prev = 0
+    prev = at = 0
     for pos in positions:
-        out.extend(ids[prev:pos])
-        ranges.append(PlaceholderRange(offset=len(out), length=length))
-        out.extend([image_id] * length)
+        parts.append(ids[prev:pos])
+        at += pos - prev
+        ranges.append(PlaceholderRange(offset=at, length=length))
+        parts.append(block)
+        at += length
         prev = pos + 1
-    out.extend(ids[prev:])
-    return out, ranges
+    parts.append(ids[prev:])
+    return _join(parts, packed), ranges
 
 
 def _engine_request(
     id_prefix: str,
     text: str | None,
-    ids: list[int],
+    ids: TokenIds,
     sampling: SamplingParams,
     max_tokens: int,
     tokenizer: TextTokenizer,
@@ -179,11 +212,13 @@ def _check_prompt_size(text: str, settings: FrontendSettings, param: str) -> Non
         )
 
 
-async def tokenize(tokenizer: TextTokenizer, text: str) -> list[int]:
+async def tokenize(tokenizer: TextTokenizer, text: str, packed: bool = False) -> TokenIds:
+    """The ids of ``text``: the tokenizer's list, or with ``packed`` its int32 array (``ids_array``)."""
     if len(text) <= OFF_LOOP_CHARS:
-        return list(tokenizer.encode(text))
-    (ids,) = await asyncio.to_thread(tokenizer.encode_batch, [text])
-    return list(ids)
+        return tokenizer.encode_array(text) if packed else tokenizer.encode(text)
+    if packed:
+        return (await asyncio.to_thread(tokenizer.encode_batch_arrays, [text]))[0]
+    return (await asyncio.to_thread(tokenizer.encode_batch, [text]))[0]
 
 
 async def prepare_completion(
@@ -192,14 +227,17 @@ async def prepare_completion(
     settings: FrontendSettings,
     alloc: TensorAlloc | None = None,
     budget: PixelBudget | None = None,
+    packed: bool = False,
 ) -> Prepared:
+    """``packed``: the engine client's codec carries prompt ids as an int32 array (msgspec-packed): a text
+    prompt's ids stay the tokenizer's array. Token-id prompts arrive as JSON lists and stay lists."""
     req = protocol.parse_completion_request(body, settings.limits())
     model = _check_model(settings, req.model)
     if isinstance(req.prompt, str):
         text: str | None = req.prompt
         _check_prompt_size(req.prompt, settings, "prompt")
-        ids = await tokenize(tokenizer, req.prompt)
-        if not ids:
+        ids: TokenIds = await tokenize(tokenizer, req.prompt, packed)
+        if len(ids) == 0:
             raise ProtocolError("the prompt tokenizes to nothing", param="prompt")
     else:
         text, ids = None, list(req.prompt)
@@ -218,9 +256,10 @@ async def prepare_chat(
     settings: FrontendSettings,
     alloc: TensorAlloc | None = None,
     budget: PixelBudget | None = None,
+    packed: bool = False,
 ) -> Prepared:
     """``alloc``: where pixel tensors are built (the shm transport's arena), by default torch's memory;
-    ``budget``: the decoded pixels all requests may have in flight."""
+    ``budget``: the decoded pixels all requests may have in flight; ``packed``: as ``prepare_completion``."""
     req = protocol.parse_chat_request(body, settings.limits())
     model = _check_model(settings, req.model)
     n_images = len(req.image_urls)
@@ -232,7 +271,7 @@ async def prepare_chat(
         )
     text = tokenizer.apply_chat_template(req.messages)
     _check_prompt_size(text, settings, "messages")
-    ids, positions = await _tokenize_with_markers(tokenizer, text, n_images)
+    ids, positions = await _tokenize_with_markers(tokenizer, text, n_images, packed)
     ids, ranges = _expand_images(ids, positions, _image_token_id(tokenizer, settings), settings.image_tokens)
     # Check the context before the costly image decoding.
     max_tokens = _resolve_max_tokens(settings, len(ids), req.sampling.max_tokens, chat=True)

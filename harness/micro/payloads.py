@@ -16,6 +16,10 @@ machines) time byte-identical messages:
 - ``tensor-fp16-336`` / ``tensor-fp32-1024``: the same with a preprocessed
   ``pixel_values`` tensor [1, 3, side, side] instead of the image.
 
+``text-550-path`` (``harness.micro.token_path``) is not a message but a prompt's ids along
+the request path, from the tokenizer's output to the engine's model input; its bytes are
+its request's.
+
 Payload bytes (``payload_nbytes``), precisely: 8 bytes per token id
 (``prompt_token_ids`` of a request, ``new_token_ids`` of every output, as
 int64), plus the UTF-8 bytes of the prompt string and of every request id,
@@ -75,7 +79,7 @@ def _request_id(rng: random.Random) -> str:
     return f"cmpl-{rng.getrandbits(128):032x}-0"
 
 
-def _prompt_text(rng: random.Random, nbytes: int = 2048) -> str:
+def prompt_text(rng: random.Random, nbytes: int = 2048) -> str:
     lines: list[str] = []
     size = 0
     while size < nbytes:
@@ -114,7 +118,7 @@ def text_request(extra_tokens: int = 0) -> EngineCoreRequest:
     ids[1:1] = [IMAGE_TOKEN_ID] * extra_tokens
     return EngineCoreRequest(
         request_id=_request_id(rng),
-        prompt=_prompt_text(rng),
+        prompt=prompt_text(rng),
         prompt_token_ids=ids,
         sampling_params=_sampling_params(),
         eos_token_id=2,

@@ -25,6 +25,11 @@ A cell is checked before it is timed: the decoded message must equal the one
 encoded (a wrong codec is not fast), and a codec's failure becomes the cell's
 status, never an exception out of the run.
 
+A path payload (``harness.micro.token_path``, ``text-550-path``) times more than a codec:
+encode is the frontend's ids from the tokenizer's output plus the encode, decode is the decode
+plus the engine's model-input tensor of the prompt; it is checked the same way (the tensor must
+hold the prompt's ids) and has no adapter figure.
+
 A codec with an adapter (``vllm``: our message to vLLM's own and back,
 ``wirecodecs.CodecCalls``) is timed on its native message: encode is
 ``encode_native(native)``, decode ``decode_native(frames)``, as a server built
@@ -52,6 +57,7 @@ import wirecodecs
 from harness.loadgen.sysinfo import collect_sysinfo
 from harness.micro import delivery
 from harness.micro.payloads import PAYLOADS, payload_nbytes
+from harness.micro.token_path import PATH_PAYLOADS, PathCalls, TokenPath
 from harness.wire.messages import EngineCoreRequest
 
 DEFAULT_MIN_ITERATIONS = 200
@@ -230,6 +236,29 @@ def measure_cell(codec_name: str, payload: str, msg: Any, min_iterations: int, m
         return MicroCell(codec_name, payload, "error", _clip(f"{type(exc).__name__}: {exc}"))
 
 
+def measure_path_cell(
+    codec_name: str, payload: str, path: TokenPath, min_iterations: int, min_time_s: float
+) -> MicroCell:
+    """Time one codec's path for a prompt's ids (``harness.micro.token_path``): encode = the frontend's
+    ids from the tokenizer's output and the encode, decode = the decode and the engine's model input."""
+    try:
+        calls = PathCalls(codec_name, path)
+        try:
+            frames = calls.send()
+        except wirecodecs.UnsupportedPayloadError as exc:
+            return MicroCell(codec_name, payload, "unsupported", f"cannot carry {exc.type_name}")
+        except wirecodecs.EncodeError as exc:
+            return MicroCell(codec_name, payload, "unsupported", _clip(str(exc)))
+        wire = [bytes(f) for f in frames]  # fresh bytes, as a receive buffer holds them; untimed
+        calls.check(wire)
+        encode = time_calls(calls.send, min_iterations, min_time_s)
+        decode = time_calls(lambda: calls.receive(wire), min_iterations, min_time_s)
+        size = sum(len(f) for f in wire)
+        return MicroCell(codec_name, payload, "ok", None, encode, decode, wire_bytes=size, frames=len(wire))
+    except Exception as exc:  # one broken cell must not stop the run
+        return MicroCell(codec_name, payload, "error", _clip(f"{type(exc).__name__}: {exc}"))
+
+
 # --- whole runs --------------------------------------------------------------
 
 
@@ -253,13 +282,14 @@ class Measurement:
 def measure(
     codecs: Sequence[str], payloads: Sequence[str], min_iterations: int, min_time_s: float
 ) -> Iterator[Measurement]:
-    """Every codec on every named payload, payload by payload; each cell is yielded as it is
-    measured, so a caller can print it at once. Pin threads around it (``one_torch_thread``)."""
+    """Every codec on every named payload (``PAYLOADS`` or ``PATH_PAYLOADS``), payload by payload; each
+    cell is yielded as it is measured, so a caller can print it at once. Pin threads around it
+    (``one_torch_thread``). A path's bytes and memcpy reference are its request's."""
     for payload in payloads:
         reason = ""
         try:
-            msg = PAYLOADS[payload]()
-            n = payload_nbytes(msg)
+            msg = PATH_PAYLOADS[payload]() if payload in PATH_PAYLOADS else PAYLOADS[payload]()
+            n = payload_nbytes(msg.request if isinstance(msg, TokenPath) else msg)
             nbytes: int | None = n
             memcpy: Timing | None = time_memcpy(n, min_iterations, min_time_s)
         except Exception as exc:
@@ -268,6 +298,8 @@ def measure(
         for codec in codecs:
             if msg is None:
                 cell = MicroCell(codec, payload, "error", reason)
+            elif isinstance(msg, TokenPath):
+                cell = measure_path_cell(codec, payload, msg, min_iterations, min_time_s)
             else:
                 cell = measure_cell(codec, payload, msg, min_iterations, min_time_s)
             yield Measurement(cell, nbytes, memcpy)
