@@ -29,6 +29,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "sim_step_model": "llama8b-h100",
         "max_num_seqs": 256,
         "max_num_batched_tokens": 512,
+        # Two client processes: each reads half of a step's ~190 chunks, so the client's event loop
+        # lags 2.7 ms at p99 here instead of 4.6 (2 cores, quiet), and mean TTFT drops by ~20 ms.
+        "workers": 2,
     },
 }
 
