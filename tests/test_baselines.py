@@ -22,6 +22,7 @@ BASELINES = Path(__file__).resolve().parents[1] / "results" / "baselines"
 SCRIPT_OUTPUTS = {
     "client_capacity.json",
     "gemm-h200.json",
+    "loop-cpu.json",
     "hostile-costs.json",
     "packed-micro.json",
     "transport-client.json",
