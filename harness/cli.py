@@ -47,7 +47,7 @@ def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
             for flag, named in getattr(command, "NAMED_PRESETS", {}).items():
                 value = flag_value(argv, flag)
                 if value in named:
-                    cmd.set_defaults(**named[value])
+                    cmd.set_defaults(**named[value], applied_preset=value)
     return parser, wanted
 
 

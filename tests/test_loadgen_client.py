@@ -220,3 +220,16 @@ def test_an_error_chunk_still_fails_the_stream_with_its_type() -> None:
     with pytest.raises(client_mod.StreamError, match="server error in stream"):
         state.event(json.dumps({"error": {"message": "boom", "type": "internal_error"}}), 0.0)
     assert rec.error_type == "internal_error"
+
+
+def test_an_error_key_even_null_and_a_malformed_choice_take_the_old_path() -> None:
+    from harness.loadgen import client as client_mod
+
+    rec = client_mod.RequestRecord(index=0, prompt_len=1, expected_output_len=1, planned_send=0.0)
+    state = client_mod._StreamState(rec, False)
+    with pytest.raises(client_mod.StreamError, match="server error in stream"):
+        state.event(json.dumps({"error": None, "choices": [{"text": "x"}]}), 0.0)
+    with pytest.raises(AttributeError):  # send_request records it as the request's failure
+        client_mod._StreamState(rec, False).event(json.dumps({"choices": ["x"]}), 0.0)
+    with pytest.raises(TypeError):
+        client_mod._StreamState(rec, False).event(json.dumps({"choices": [{"text": 5}]}), 0.0)

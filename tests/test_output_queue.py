@@ -70,3 +70,18 @@ def test_close_cancels_the_timer() -> None:
         assert not q._items
 
     asyncio.run(main())
+
+
+def test_a_consumer_busy_longer_than_the_timeout_still_gets_the_whole_timeout_to_wait() -> None:
+    async def main() -> object:
+        q = OutputQueue(timeout_s=0.05)
+        q.put_nowait(0)  # type: ignore[arg-type]
+        await asyncio.sleep(0.1)  # busy elsewhere (e.g. a slow HTTP client) past the timeout
+        assert await q.get() == 0
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.02, q.put_nowait, 1)  # type: ignore[arg-type]  # the next output, 20 ms into the new wait
+        item = await asyncio.wait_for(q.get(), 5)
+        q.close()
+        return item
+
+    assert asyncio.run(main()) == 1

@@ -82,3 +82,37 @@ def test_the_seed_table_puts_ours_beside_the_seeds_figures() -> None:
     pickle_rows = seed_rows(_arm("pickle", ours))
     assert [r[3] for r in pickle_rows if r[1] is None] == [None] * 4  # unpublished: no difference claimed
     assert all(not math.isnan(r[2]) for r in pickle_rows)
+
+
+def test_a_flag_value_that_spells_a_preset_name_applies_nothing() -> None:
+    argv = ["run", "--server-log", "seed-10245"]
+    parser, _ = build_parser(argv)
+    args = parser.parse_args(argv)
+    assert args.executor == "torch" and args.preset is None
+
+
+def test_an_abbreviated_preset_flag_is_refused_not_half_applied() -> None:
+    from harness.commands import run
+
+    argv = ["run", "--pres=seed-10245"]
+    parser, _ = build_parser(argv)
+    args = parser.parse_args(argv)
+    assert args.preset == "seed-10245" and args.executor == "torch"  # argparse took it; the preset pass did not
+    assert run.main(args) == 2
+
+
+def test_runs_from_before_the_step_models_compare_equal_to_runs_after() -> None:
+    from harness.analysis.comparable import run_settings
+
+    def entry(flags: dict) -> RunEntry:
+        return RunEntry("pickle", 0, "ok", "", None, {"metadata": {"flags": {"executor": "sim", **flags}}}, None)
+
+    before = run_settings(entry({"sim_step_fixed_ms": 2.0, "sim_step_per_token_ms": 0.01}))
+    after = run_settings(entry({"sim_step_model": "linear", "sim_step_fixed_ms": None, "sim_step_per_token_ms": None}))
+    assert before["sim_step_fixed_ms"] == after["sim_step_fixed_ms"] == 2.0
+    assert before["sim_step_per_token_ms"] == after["sim_step_per_token_ms"] == 0.01
+    seed = run_settings(
+        entry({"sim_step_model": LLAMA8B_H100, "sim_step_fixed_ms": None, "sim_step_per_token_ms": None})
+    )
+    assert seed["sim_step_model"] == LLAMA8B_H100 and seed["sim_step_fixed_ms"] == 2.0
+    assert seed["sim_step_per_token_ms"] == 0.0

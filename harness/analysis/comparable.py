@@ -9,11 +9,13 @@ difference named, instead of reading the difference as a regression.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 from harness.analysis.compare import Arm
 from harness.analysis.runs import RunEntry
+from harness.engine.step_time import LINEAR, step_time_model
 
 # The flags of a run that change what it measures (workload, engine, load shape); a flag missing from
 # an older document is not compared, except block_size, whose absence meant sequential turns (0).
@@ -66,6 +68,16 @@ def run_settings(entry: RunEntry) -> dict[str, Any]:
     rate = flags.get("request_rate")
     if rate is not None:
         out["request_rate"] = rate
+    if "sim_step_fixed_ms" in out or "sim_step_per_token_ms" in out:
+        # The knobs' flags default to None (the step model's own) since the models came; earlier runs
+        # recorded linear's 2.0 and 0.01. Compare what the engine ran, not how it was spelled.
+        with contextlib.suppress(ValueError, TypeError):  # a model this version does not know: as recorded
+            model = step_time_model(
+                flags.get("sim_step_model") or LINEAR,
+                flags.get("sim_step_fixed_ms"),
+                flags.get("sim_step_per_token_ms"),
+            )
+            out["sim_step_fixed_ms"], out["sim_step_per_token_ms"] = model.fixed_ms, model.per_token_ms
     out.update({key: meta[key] for key in MACHINE if key in meta})
     return out
 

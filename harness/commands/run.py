@@ -20,26 +20,31 @@ import sys
 
 from harness.analysis.comparison_text import format_comparison
 from harness.analysis.seed_table import format_seed_table
+from harness.experiment import presets
 from harness.experiment.flags import add_experiment_arguments, experiment_from_args
 from harness.experiment.flow import prepare, run_experiment
-from harness.experiment.presets import PRESETS, SEED_10245, preset_help
 from harness.loadgen.runner import BenchmarkError
 
-# bench's parser applies the chosen preset's defaults before parsing (harness.cli).
-NAMED_PRESETS = {"--preset": PRESETS}
+# bench's parser applies the chosen preset's defaults before parsing (harness.cli). Not named PRESETS:
+# that name holds flag presets (sweep's --quick), which apply whenever the flag's text is in argv.
+NAMED_PRESETS = {"--preset": presets.PRESETS}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_experiment_arguments(p)
     p.add_argument(
         "--preset",
-        choices=sorted(PRESETS),
+        choices=sorted(presets.PRESETS),
         default=None,
-        help=f"a named experiment's defaults (flags given still win): {preset_help()}",
+        help=f"a named experiment's defaults (flags given still win): {presets.preset_help()}",
     )
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.preset is not None and getattr(args, "applied_preset", None) != args.preset:
+        # argparse took an abbreviation (--pres) that the preset pass before parsing did not see.
+        print("bench run: error: write --preset in full (--preset NAME or --preset=NAME)", file=sys.stderr)
+        return 2
     try:
         prepared = prepare(experiment_from_args(args))
     except (ValueError, BenchmarkError, OSError) as exc:
@@ -51,7 +56,7 @@ def main(args: argparse.Namespace) -> int:
     if result is None:
         return 1
     print(format_comparison(result.arms, result.comparison))
-    if args.preset == SEED_10245:
+    if args.preset == presets.SEED_10245:
         print(format_seed_table(result.arms))
     if result.experiment.plan.save_result and result.outcomes:
         path, _ = result.save("compare")

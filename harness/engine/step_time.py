@@ -13,7 +13,7 @@ tokens) whose attention reads ``context`` cached tokens takes
   meta-llama/Llama-2-7b-hf/mlp.csv, commit 7d47513; its per-layer times summed over 32 layers),
   scaled by 1.078: Llama-3.1-8B has 218 M weights per layer in those matrices against Llama-2-7B's
   202 M. Flat near the time it takes to read the weights up to ~128 rows (memory-bound), then
-  ~22 µs per row (compute-bound).
+  19-23 µs per row (compute-bound).
 - ``kv_read``: 128 KiB of K and V per cached token (32 layers x 8 KV heads x 128 dims x 2 x bf16,
   from the model's config.json) at 2.7 TB/s, 80% of the H100 SXM's 3.35 TB/s (NVIDIA's datasheet).
 - ``fixed``: everything else per step: the LM head's 1 GB of weights (0.3-0.4 ms), the sampler,

@@ -202,7 +202,7 @@ class _Chunk(msgspec.Struct):
     id: Any = None
     choices: list[_Choice] = []
     usage: _Usage | None = None
-    error: msgspec.Raw | None = None
+    error: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET  # present at all (null too): the generic path
 
 
 _CHUNK = msgspec.json.Decoder(_Chunk)
@@ -229,7 +229,7 @@ class _StreamState:
             chunk = _CHUNK.decode(data)
         except msgspec.DecodeError:
             chunk = None
-        if chunk is None or chunk.error is not None:
+        if chunk is None or chunk.error is not msgspec.UNSET:
             self._generic(data, t)
             return
         usage = chunk.usage
@@ -260,14 +260,12 @@ class _StreamState:
         if not self.record.server_id and isinstance(msg.get("id"), str):
             self.record.server_id = msg["id"]
         if choices:
-            choice = choices[0] if isinstance(choices[0], dict) else {}
-            if self.chat:
-                delta = choice.get("delta")
-                text = (delta.get("content") if isinstance(delta, dict) else None) or ""
-            else:
-                text = choice.get("text") or ""
+            # A choice, delta or text of another type fails the request here (AttributeError,
+            # TypeError), as it always has: a stream that breaks the protocol is not a success.
+            choice = choices[0]
+            text = (choice.get("delta") or {}).get("content") or "" if self.chat else choice.get("text") or ""
             completion = _int_or_none(usage.get("completion_tokens")) if isinstance(usage, dict) else None
-            self._chunk(text if isinstance(text, str) else str(text), completion, t)
+            self._chunk(text, completion, t)
         elif isinstance(usage, dict):
             # The final usage-only chunk of include_usage.
             self.final_completion = _int_or_none(usage.get("completion_tokens"))

@@ -124,7 +124,7 @@ class Arena:
             self._mm.madvise(MADV_POPULATE_WRITE, start, end - start)
         except (OSError, ValueError):  # older kernels: write one byte per page ourselves
             pages = np.frombuffer(self._mm, dtype=np.uint8, count=end - start, offset=start)[::PAGE]
-            pages[:] = pages
+            pages += 0  # a ufunc stores every element; `pages[:] = pages` is skipped as a no-op copy
 
     # --- allocation ----------------------------------------------------------------------------
     def alloc(self, nbytes: int, timeout_s: float = 0.0) -> tuple[int, int, memoryview]:
