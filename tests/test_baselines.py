@@ -23,6 +23,7 @@ SCRIPT_OUTPUTS = {
     "client_capacity.json",
     "gemm-h200.json",
     "loop-cpu.json",
+    "seed-10245-client.json",
     "hostile-costs.json",
     "packed-micro.json",
     "transport-client.json",
