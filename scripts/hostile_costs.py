@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import io
 import json
 import os
 import platform
@@ -40,6 +38,8 @@ from harness.engine.config import EngineConfig
 from harness.experiment.server import ServerProcess
 from harness.frontend.settings import FrontendSettings
 from harness.loadgen import process_cpu
+from harness.workloads.datasets import user_message
+from harness.workloads.images import to_data_url
 
 MODEL = "wirebench-tiny"
 LIVE_STREAMS = 20
@@ -53,18 +53,14 @@ def _completion(prompt: Any, **extra: Any) -> dict[str, Any]:
     return {"model": MODEL, "prompt": prompt, "max_tokens": 16, **extra}
 
 
-def _chat_image(png: bytes) -> dict[str, Any]:
-    url = "data:image/png;base64," + base64.b64encode(png).decode()
-    content = [{"type": "text", "text": "What is it?"}, {"type": "image_url", "image_url": {"url": url}}]
-    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 16}
+def _chat_image(url: str) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [user_message("What is it?", [url])], "max_tokens": 16}
 
 
-def _flat_png(pixels: int) -> bytes:
+def _flat_image(pixels: int) -> str:
     """A square PNG of about ``pixels`` pixels that compresses to almost nothing (the cheap-to-send kind)."""
     side = int(pixels**0.5)
-    buf = io.BytesIO()
-    Image.new("RGB", (side, side), (120, 40, 200)).save(buf, format="PNG")
-    return buf.getvalue()
+    return to_data_url(Image.new("RGB", (side, side), (120, 40, 200)))
 
 
 @dataclass(frozen=True)
@@ -161,14 +157,14 @@ def cases() -> list[Case]:
             "--max-request-pixels",
             d.max_request_pixels,
             "/v1/chat/completions",
-            lambda: _chat_image(_flat_png(d.max_request_pixels)),
+            lambda: _chat_image(_flat_image(d.max_request_pixels)),
         ),
         Case(
             "16 such images at once (the in-flight pixel budget)",
             "--max-inflight-pixels",
             d.max_inflight_pixels,
             "/v1/chat/completions",
-            lambda: _chat_image(_flat_png(d.max_request_pixels)),
+            lambda: _chat_image(_flat_image(d.max_request_pixels)),
             at_once=16,
         ),
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import statistics
 
 from harness.analysis.compare import Arm
@@ -47,8 +48,9 @@ TOLERANCE_PCT = 15.0
 
 
 def codec_of(label: str) -> str:
-    """An arm's codec: its label up to a transport or an A/A suffix (``msgspec@shm``, ``msgspec#2``)."""
-    return label.split("@")[0].split("#")[0].split("+")[0]
+    """An arm's codec: its label before a transport, an A/A suffix or calibration options
+    (``msgspec/shm``, ``msgspec#2``, ``pickle+request-delay=1ms``; harness.experiment.arms labels them)."""
+    return re.split(r"[/#+]", label, maxsplit=1)[0]
 
 
 def seed_rows(arm: Arm) -> list[tuple[str, float | None, float, float | None]]:

@@ -366,7 +366,8 @@ class SimExecutor:
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         t0 = time.perf_counter()
         cfg = self.config
-        context = sum(c.start_pos + len(c.token_ids) for c in sched.chunks)  # cached tokens attention reads
+        # Cached tokens attention reads: a walk over the step's chunks, only for a model that charges them.
+        context = sum(c.start_pos + len(c.token_ids) for c in sched.chunks) if self.step_time.kv_ms_per_token else 0
         deadline = t0 + self.step_time.step_ms(sched.total_num_tokens, context) / 1e3
         errors: dict[str, str] = {}
         for rid in sched.finished_req_ids:

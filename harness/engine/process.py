@@ -51,10 +51,6 @@ log = logging.getLogger("wirebench.engine")
 _STOP = object()  # sentinel through the queues
 
 
-def _frame_bytes(frame: Any) -> bytes:
-    return frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
-
-
 class _Release(NamedTuple):
     """A shared-memory block the engine no longer views, on its way back to the sender."""
 
@@ -125,7 +121,7 @@ class EngineProcess:
             transport.ADD_SHM | transport.VERIFIED,
         ):
             kind &= ~transport.VERIFIED
-            body, digest = body[:-1], _frame_bytes(body[-1]) if body else b""
+            body, digest = body[:-1], transport.frame_bytes(body[-1]) if body else b""
             self.verify_outputs = True
         if kind == transport.SHUTDOWN:
             self.stopping.set()

@@ -28,9 +28,12 @@ def step_token_ids(
 
     A chunk of a packed prompt (a slice of the decoded int32 array, a view) is cast into place
     by numpy in one C loop, without a Python int per token; a list chunk is converted item by
-    item, as any list is. Several rows become one int64 array, each chunk written once; a lone
-    prefill chunk is handed on as it is, for the stager to cast into its buffer (one copy, not two).
+    item, as any list is. Several rows become one int64 array, each chunk written once; a step of
+    one source (decodes alone, the commonest step, or one prefill chunk) is handed on as it is,
+    for the stager to cast into its buffer (one copy, not two).
     """
+    if not prefill_chunks:
+        return decode_ids
     if not decode_ids and len(prefill_chunks) == 1:
         return prefill_chunks[0]
     at = len(decode_ids)

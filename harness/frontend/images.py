@@ -133,10 +133,17 @@ class PixelBudget:
             release()
 
 
+_MALLOC_TRIM: Callable[[int], int] | None
+try:  # looked up once: the release path of every image request calls it
+    _MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+except (OSError, AttributeError):  # not glibc
+    _MALLOC_TRIM = None
+
+
 def _give_back_free_memory() -> None:
     """glibc's malloc_trim(0): free heap pages back to the system (elsewhere nothing)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 # Where a request's pixel tensors are built, all at once: ([shape, ...], torch dtype) → empty tensors,

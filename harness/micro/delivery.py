@@ -128,13 +128,8 @@ class _Bell:
         self.sock.close()
 
 
-def _bytes(frame: Any) -> bytes:
-    return frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
-
-
 def _receiver(address: str, codec_name: str, msg_type_name: str, conn: Connection) -> None:
     from harness.wire import messages
-    from harness.wire.integrity import request_digest
 
     msg_type = getattr(messages, msg_type_name)
     calls = wirecodecs.CodecCalls(wirecodecs.get_codec(codec_name))
@@ -162,7 +157,7 @@ def _receiver(address: str, codec_name: str, msg_type_name: str, conn: Connectio
                 return
             body: list[Any] = list(frames[1:])
             if kind == transport.ADD_SHM:
-                table = json.loads(_bytes(body[0]))
+                table = json.loads(transport.frame_bytes(body[0]))
                 body = body[1:]
                 for index, *handle in table:
                     body[index] = maps.view(Handle.from_list(handle))

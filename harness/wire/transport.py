@@ -221,9 +221,14 @@ def output_envelope(seq: int, verified: bool = False) -> bytes:
     return bytes((OUTPUTS | (VERIFIED if verified else 0),)) + seq.to_bytes(8, "little")
 
 
+def frame_bytes(frame: Frame) -> bytes:
+    """A received frame's bytes, whether ZeroMQ handed a Frame (copy=False) or a buffer."""
+    return frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
+
+
 def output_seq(frame: Frame) -> int:
     """The batch sequence number of an OUTPUTS envelope (-1 when it carries none)."""
-    raw = frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
+    raw = frame_bytes(frame)
     return int.from_bytes(raw[1:9], "little") if len(raw) == 9 else -1
 
 
@@ -231,7 +236,7 @@ def open_envelope(frame: Frame) -> tuple[int, str | None]:
     """(kind, request id or None); raises ValueError on an empty or non-UTF-8 envelope.
 
     A VERIFIED flag stays on the kind (test it with ``& VERIFIED``)."""
-    raw = frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
+    raw = frame_bytes(frame)
     if not raw:
         raise ValueError("empty envelope frame")
     if raw[0] & ~VERIFIED in (OUTPUTS, RELEASE):
