@@ -24,6 +24,7 @@ SCRIPT_OUTPUTS = {
     "gemm-h200.json",
     "loop-cpu.json",
     "seed-10245-client.json",
+    "seed-10245-27rounds-client.json",
     "hostile-costs.json",
     "packed-micro.json",
     "transport-client.json",

@@ -171,7 +171,7 @@ def test_micro_document_has_the_committed_keys() -> None:
     sent = delivery.Delivery("pickle", "zmq", "text-550", "unsupported", "no frames")
     doc = documents.micro_document([ok, missing], [timing.DeliveryMeasurement(sent, t)], {}, {})
     # A delivery cell's later keys (the first send, the parts) come after the committed ones.
-    later = ["first_us", "encode_p50_us", "copy_p50_us", "notify_p50_us", "decode_p50_us"]
+    later = ["first_us", "encode_p50_us", "copy_p50_us", "notify_p50_us", "decode_p50_us", "memcpy_cold_p50_us"]
     assert [list(r) for r in doc] == [cell_keys, cell_keys, [*delivery_keys, *later]]
     assert doc[0]["ratio"] == 2.0 and doc[1]["ratio"] is None
     assert doc[2]["p50_us"] is None  # NaN is written as null: strict JSON
@@ -276,3 +276,18 @@ def test_the_path_payload_is_in_the_default_set_and_defined_in_the_output(
     assert micro.PATH_LEGEND in out
     rows = [line for line in out.splitlines() if "text-550-path" in line and not line.startswith("text-550-path =")]
     assert len(rows) == 2 and not any("error" in r or "unsupported" in r for r in rows)
+
+
+def test_cold_memcpy_is_timed_with_its_arrays_out_of_cache() -> None:
+    assert timing.last_level_cache_bytes() >= 1 << 20
+    cold = timing.time_memcpy_cold(1 << 20, iterations=5)
+    assert cold.iterations == 5 and 0 < cold.min_us <= cold.p50_us <= cold.p99_us
+
+
+def test_delivery_table_and_document_carry_the_cold_memcpy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "d.json"
+    argv = ["micro", "--codec", "msgspec-oob", "--payload", "tensor-fp16-336", "--transport", "shm"]
+    assert cli.main([*argv, "--delivery-iterations", "3", "--json", str(out), *FAST]) == 0
+    assert "cold memcpy µs" in capsys.readouterr().out
+    (row,) = [r for r in json.loads(out.read_text()) if r.get("kind") == "delivery"]
+    assert row["status"] == "ok" and row["memcpy_cold_p50_us"] > 0 and row["memcpy_p50_us"] > 0

@@ -243,9 +243,10 @@ def micro_document(
     doc = [_micro_cell(m, settings, meta) for m in cells]
     for d in deliveries:
         fields = dataclasses.asdict(d.delivery)
-        # The first send and the parts come after the keys older documents have, in the same order.
+        # The first send, the parts and the cold memcpy come after the keys older documents have.
         later = {k: fields.pop(k) for k in ("first_us", *(f"{p}_p50_us" for p in DELIVERY_PARTS))}
         row = {"kind": "delivery", **fields, "memcpy_p50_us": d.memcpy.p50_us, "schema_version": MICRO_SCHEMA}
+        later["memcpy_cold_p50_us"] = d.memcpy_cold.p50_us if d.memcpy_cold else None
         doc.append({**row, **later})
     return jsonable(doc)
 

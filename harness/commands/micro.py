@@ -125,6 +125,7 @@ DELIVERY_COLUMNS = [
     ("p99 µs", 11),
     ("memcpy µs", 10),
     ("ratio", 8),
+    ("cold memcpy µs", 15),
     *((f"{part} µs", 11) for part in delivery.PARTS),
     ("first µs", 11),
 ]
@@ -138,6 +139,7 @@ def format_delivery_row(dm: DeliveryMeasurement) -> str:
         row.append(f"{d.status}: {d.reason}")
     else:
         row += [_us(d.p50_us), _us(d.p99_us), _us(memcpy.p50_us), _ratio_text(dm.ratio)]
+        row.append(_us(dm.memcpy_cold.p50_us) if dm.memcpy_cold else "-")
         row += [_us(us) for us in d.parts_p50_us.values()]
         row.append(_us(d.first_us))
     return format_line(row, _DELIVERY_WIDTHS, left=3)
@@ -288,7 +290,8 @@ def _print_deliveries(
 ) -> list[DeliveryMeasurement]:
     print(
         f"\ndelivery: encode → send → receive in another process → decode, {iterations} one-at-a-time sends "
-        f"after {delivery.WARMUP_SENDS} untimed ones; ratio = p50 / memcpy p50; first = the first send "
+        f"after {delivery.WARMUP_SENDS} untimed ones; ratio = p50 / memcpy p50; cold memcpy = the same copy with "
+        "both arrays out of cache, as a send's copy finds them (the copy part's floor); first = the first send "
         "(one-time costs: the receiver's imports, fresh pages); each part is its own p50, one send's parts add up "
         "to its delivery:"
     )
