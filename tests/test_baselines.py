@@ -25,6 +25,7 @@ SCRIPT_OUTPUTS = {
     "loop-cpu.json",
     "seed-10245-client.json",
     "seed-10245-27rounds-client.json",
+    "seed-10245-38rounds-client.json",
     "hostile-costs.json",
     "packed-micro.json",
     "transport-client.json",
