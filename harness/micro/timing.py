@@ -127,10 +127,15 @@ def time_calls(fn: Callable[[], Any], min_iterations: int, min_time_s: float) ->
     return Timing.from_ns(samples)
 
 
+def _copy_arrays(nbytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """A source and a destination of ``nbytes``, both touched (no page faults inside the clock)."""
+    src = np.full(max(nbytes, 1), 0x5A, dtype=np.uint8)[:nbytes]
+    return src, np.zeros_like(src)
+
+
 def time_memcpy(nbytes: int, min_iterations: int, min_time_s: float) -> Timing:
     """One copy of ``nbytes`` between preallocated arrays (both touched first)."""
-    src = np.full(max(nbytes, 1), 0x5A, dtype=np.uint8)[:nbytes]
-    dst = np.zeros_like(src)
+    src, dst = _copy_arrays(nbytes)
     return time_calls(lambda: np.copyto(dst, src), min_iterations, min_time_s)
 
 
@@ -150,11 +155,10 @@ def time_memcpy_cold(nbytes: int, iterations: int) -> Timing:
     last-level cache is written. A delivery's copy meets that state (the receiver and the sockets ran
     since the last send); a copy repeated back to back keeps its arrays in cache and is ~2x faster on
     the development VM, whose 32 MiB L3 holds both 12.6 MB arrays."""
-    src = np.full(max(nbytes, 1), 0x5A, dtype=np.uint8)[:nbytes]
-    dst = np.zeros_like(src)
+    src, dst = _copy_arrays(nbytes)
     evict = np.zeros(2 * last_level_cache_bytes(), dtype=np.uint8)
     samples = []
-    for _ in range(iterations + 1):  # the first one faults pages in: not a sample
+    for _ in range(iterations + 1):  # the first one warms the call path up: not a sample
         evict[::64] += 1  # one write per cache line
         t0 = time.perf_counter_ns()
         np.copyto(dst, src)
