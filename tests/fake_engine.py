@@ -29,6 +29,7 @@ class FakeEngine:
     """
 
     codec_name = "fake"
+    output_codec_name = "fake"
     # No engine process, so no engine half of the request timelines.
     timelines = Timelines(enabled=False)
 

@@ -734,7 +734,7 @@ async def test_metrics_names_and_movement():
     assert a[completed] - b[completed] == 1
     assert a[(prom.GENERATION_TOKENS, frozenset())] - b[(prom.GENERATION_TOKENS, frozenset())] == 4
     assert a[(prom.PROMPT_TOKENS, frozenset())] - b[(prom.PROMPT_TOKENS, frozenset())] == len(TOK.encode("Once upon"))
-    assert a[(prom.CODEC_INFO, frozenset({("codec", "fake")}))] == 1
+    assert a[(prom.CODEC_INFO, frozenset({("codec", "fake"), ("output_codec", "fake")}))] == 1
     cells_b, cells_a = prom.codec_cells(b), prom.codec_cells(a)
     assert cells_a[("request", "encode")].messages - cells_b[("request", "encode")].messages == 1
     assert cells_a[("output", "decode")].messages - cells_b[("output", "decode")].messages == 4

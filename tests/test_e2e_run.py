@@ -319,12 +319,17 @@ def test_vllm_codec_runs_beside_ours_with_verdicts_logprobs_and_its_adapter_apar
 
 
 def test_the_seed_preset_runs_a_modelled_gpu_and_sets_itself_beside_the_seed(tmp_path):
-    done = bench_run(tmp_path, "--preset", "seed-10245", "--num-prompts", "40")
+    # The PR's arm: requests in pickle, outputs still msgspec, as the preset sets.
+    done = bench_run(tmp_path, "--preset", "seed-10245", "--num-prompts", "40", "--codec", "pickle")
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     assert "sim executor, no model: each step's GPU time is modelled" in out
     assert "Modelled step time:" in out and "llama8b-h100" in out
     assert "Beside the seed (vLLM PR #10245" in out and "TTFT mean (ms)" in out
+    assert "outputs in msgspec in every arm" in out
     doc = comparison(tmp_path)
     run = doc["runs"][0]
-    assert run["codec"] == "msgspec" and run["figures"]["completed"] == 40
+    assert run["codec"] == "pickle" and run["figures"]["completed"] == 40
+    result = json.loads((tmp_path / run["result_file"]).read_text())
+    assert result["metadata"]["engine"]["output_codec"] == "msgspec"  # what the engine itself used
+    assert result["metadata"]["flags"]["output_codec"] == "msgspec"

@@ -347,6 +347,12 @@ def test_engine_and_frontend_split_over_tcp():
             assert done and len(chunks) >= 5
         finally:
             assert frontend.stop() == 0
+        # A frontend whose output codec is not the engine's is refused at start, not left to fail each request.
+        cmd = [sys.executable, "-m", "harness.cli", "serve", "--frontend-only", "--port", "0"]
+        cmd += ["--engine-host", "127.0.0.1", "--engine-port", port, "--codec", "msgspec-oob", "--output-codec", "msgspec"]
+        refused = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "the engine's output codec is 'msgspec-oob', this frontend's 'msgspec'" in refused.stderr
     finally:
         engine.send_signal(signal.SIGINT)
         assert engine.wait(timeout=20) == 0

@@ -70,6 +70,7 @@ def _fake_engine(**extra: object) -> SimpleNamespace:
     return SimpleNamespace(
         is_healthy=True,
         codec_name="pickle",
+        output_codec_name="pickle",
         frontend_codec_stats=CodecStats,
         engine_codec_stats=CodecStats,
         engine_info=GPU_INFO,

@@ -60,6 +60,24 @@ def test_the_preset_sets_the_seeds_workload_and_flags_given_still_win() -> None:
     assert parser.parse_args(["run"]).executor == "torch"  # no preset, no preset's defaults
 
 
+def test_the_preset_keeps_outputs_msgspec_in_every_arm_as_the_pr_did() -> None:
+    from harness.experiment.server_flags import server_flags
+    from harness.loadgen.report import codec_label
+
+    argv = ["run", "--preset", "seed-10245", "--codec", "msgspec,pickle"]
+    parser, _ = build_parser(argv)
+    args = parser.parse_args(argv)
+    assert args.output_codec == "msgspec"
+    flags = server_flags(vars(args), 0)
+    assert flags[flags.index("--output-codec") + 1] == "msgspec"  # every arm's server gets it
+    parser, _ = build_parser(["run"])
+    assert "--output-codec" not in server_flags(vars(parser.parse_args(["run"])), 0)  # default: each arm's codec
+    assert codec_label("pickle", {"output_codec": "msgspec"}) == "pickle (outputs: msgspec)"
+    assert codec_label("pickle", {"output_codec": "pickle"}) == codec_label("pickle", None) == "pickle"
+    with pytest.raises(SystemExit):
+        build_parser(["run", "--output-codec", "nope"])[0].parse_args(["run", "--output-codec", "nope"])
+
+
 def test_flag_value_reads_both_spellings_and_the_last_wins() -> None:
     assert flag_value(["run", "--preset", "a", "--preset=b"], "--preset") == "b"
     assert flag_value(["run", "--presets", "a"], "--preset") is None
@@ -78,6 +96,8 @@ def test_the_seed_table_puts_ours_beside_the_seeds_figures() -> None:
     assert rows["ITL p99 (ms)"][2] == pytest.approx((30.0 / 317.37 - 1) * 100)
     text = format_seed_table([_arm("msgspec", ours), _arm("pickle", ours), _arm("msgspec-packed", ours)])
     assert "vLLM PR #10245" in text and "modelled" in text
+    assert "requests and outputs in each arm's codec" in text
+    assert "outputs in msgspec in every arm" in format_seed_table([_arm("pickle", ours)], "msgspec")
     assert "msgspec-packed" not in text  # a codec the seed did not measure has no row
     pickle_rows = seed_rows(_arm("pickle", ours))
     assert [r[3] for r in pickle_rows if r[1] is None] == [None] * 4  # unpublished: no difference claimed

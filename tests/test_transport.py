@@ -39,8 +39,14 @@ def test_is_loopback(address, expected):
     assert transport.is_loopback(address) is expected
 
 
-def _args(codec, allow=False, no_auth=False, remote_ok=False):
-    return argparse.Namespace(codec=codec, allow_insecure_pickle=allow, no_auth=no_auth, allow_remote_no_auth=remote_ok)
+def _args(codec, allow=False, no_auth=False, remote_ok=False, output_codec=None):
+    return argparse.Namespace(
+        codec=codec,
+        output_codec=output_codec,
+        allow_insecure_pickle=allow,
+        no_auth=no_auth,
+        allow_remote_no_auth=remote_ok,
+    )
 
 
 def test_no_auth_is_loud_and_refused_off_loopback_without_a_second_flag():
@@ -63,6 +69,9 @@ def test_pickle_over_tcp_needs_authentication_and_loopback_or_the_flag():
     assert check_transport_safety(_args("pickle-oob"), remote) is not None
     assert check_transport_safety(_args("pickle", allow=True), remote) is None
     assert check_transport_safety(_args("msgspec-oob"), remote) is None
+    # Outputs in pickle: the frontend unpickles what the engine sends, the same risk the other way.
+    assert "refusing codec 'pickle'" in check_transport_safety(_args("msgspec", output_codec="pickle"), remote)
+    assert check_transport_safety(_args("pickle", output_codec="msgspec"), remote) is not None
     # Loopback: fine when CURVE-authenticated, refused when any local process could connect.
     assert check_transport_safety(_args("pickle"), EngineAddresses.tcp("127.0.0.1", 6000, keys)) is None
     unauthenticated = check_transport_safety(_args("pickle"), EngineAddresses.tcp("127.0.0.1", 6000))

@@ -38,6 +38,7 @@ SETTINGS = (
     "model_preset",
     "device",
     "dtype",
+    "output_codec",
     "executor",
     "sim_step_model",
     "sim_step_fixed_ms",

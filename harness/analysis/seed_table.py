@@ -66,12 +66,19 @@ def seed_rows(arm: Arm) -> list[tuple[str, float | None, float, float | None]]:
     return rows
 
 
-def format_seed_table(arms: list[Arm]) -> str:
-    """One block per arm whose codec the seed measured: its figures, ours, and whether within ±15%."""
+def format_seed_table(arms: list[Arm], output_codec: str | None = None) -> str:
+    """One block per arm whose codec the seed measured: its figures, ours, and whether within ±15%.
+    ``output_codec``: the outputs' codec in every arm (--output-codec), None when each arm used its own."""
+    outputs = (
+        f"requests in each arm's codec, outputs in {output_codec} in every arm"
+        if output_codec
+        else "requests and outputs in each arm's codec"
+    )
     lines = [
         "==================== Beside the seed (vLLM PR #10245, Llama-3.1-8B on one H100) ====================",
         "ours: this machine's real frontend, codecs, sockets and client; the GPU's time is modelled "
         "(llama8b-h100); median over rounds",
+        f"{outputs} (the PR pickled requests only; its outputs stayed msgpack)",
     ]
     for arm in arms:
         if codec_of(arm.label) not in SEED_TABLE or not arm.measured:

@@ -24,19 +24,14 @@ from aiohttp import web
 from harness.analysis.documents import write_json
 from harness.engine.config import EngineConfig
 from harness.experiment.server import ready_line
-from harness.experiment.server_flags import add_model_arguments
+from harness.experiment.server_flags import add_model_arguments, codec_spec
 from harness.frontend.engine_client import REQUEST_TIMEOUT_S, ZmqEngineClient
 from harness.frontend.settings import FrontendSettings
 from harness.frontend.shm_sender import ShmSender
 from harness.wire import curve, parent_watch, shm, transport
 from harness.wire.spans import trace_events
 from harness.wire.transport import EngineAddresses, is_loopback, transport_refusal
-from wirecodecs import (
-    UnknownCodecError,
-    check_codec_spec,
-    codec_listing,
-    unpickles_peer_data,
-)
+from wirecodecs import codec_listing, unpickles_peer_data
 
 log = logging.getLogger("wirebench.serve")
 
@@ -48,8 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--codec",
         default="pickle",
         type=codec_spec,
-        help=f"wire codec in both directions: {codec_listing()}; options after + inject a known "
-        "cost (pickle+request-delay=500us, see wirecodecs.calibration)",
+        help=f"wire codec of requests, and of outputs unless --output-codec: {codec_listing()}; options "
+        "after + inject a known cost (pickle+request-delay=500us, see wirecodecs.calibration)",
     )
     p.add_argument("--host", default="127.0.0.1", help="HTTP host")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (0 = any free port)")
@@ -180,14 +175,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="WARNING")
 
 
-def codec_spec(name: str) -> str:
-    """argparse type of --codec: a codec ``get_codec`` accepts, options included."""
-    try:
-        return check_codec_spec(name)
-    except UnknownCodecError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def write_trace(path: str, client: ZmqEngineClient, engine_pid: int | None) -> None:
     """The timelines the frontend joined, as Chrome trace events (harness.wire.spans.trace_events)."""
     t = client.timelines
@@ -203,6 +190,7 @@ def write_trace(path: str, client: ZmqEngineClient, engine_pid: int | None) -> N
 def engine_config_from_args(args: argparse.Namespace, tokenizer: Any) -> EngineConfig:
     return EngineConfig(
         codec=args.codec,
+        output_codec=args.output_codec,
         model_preset=args.model_preset,
         device=args.device,
         dtype=args.dtype,
@@ -273,24 +261,30 @@ def check_transport_safety(args: argparse.Namespace, addresses: EngineAddresses)
                 "requests and read every output. Drop --no-auth (CURVE), bind to loopback, or pass "
                 "--allow-remote-no-auth as well."
             )
-    if not unpickles_peer_data(args.codec) or args.allow_insecure_pickle:
+    codec = unpickling_codec(args)
+    if codec is None or args.allow_insecure_pickle:
         return None
     for address in (addresses.input, addresses.output):
         if address.startswith(("ipc://", "inproc://")):
             continue
         if not addresses.authenticated:
             return (
-                f"refusing codec {args.codec!r} over unauthenticated tcp {address}: it unpickles frames, and any "
+                f"refusing codec {codec!r} over unauthenticated tcp {address}: it unpickles frames, and any "
                 "local process could send one that runs its code. Drop --no-auth, use a msgspec codec, or pass "
                 "--allow-insecure-pickle."
             )
         if not is_loopback(address):
             return (
-                f"refusing codec {args.codec!r} over non-loopback {address}: it unpickles "
+                f"refusing codec {codec!r} over non-loopback {address}: it unpickles "
                 "frames, which runs code chosen by the peer. Use a msgspec codec, or pass "
                 "--allow-insecure-pickle if every host on that network is trusted."
             )
     return None
+
+
+def unpickling_codec(args: argparse.Namespace) -> str | None:
+    """The codec, of requests or of outputs, that unpickles what its peer sends (None if neither does)."""
+    return next((c for c in (args.codec, args.output_codec) if c and unpickles_peer_data(c)), None)
 
 
 def insecure_warnings(args: argparse.Namespace, addresses: EngineAddresses) -> list[str]:
@@ -302,9 +296,10 @@ def insecure_warnings(args: argparse.Namespace, addresses: EngineAddresses) -> l
             f"--no-auth: the engine's tcp sockets ({', '.join(tcp)}) are unauthenticated and unencrypted; "
             "any process that reaches them can send requests, abort others' and read every output"
         )
-    if args.allow_insecure_pickle and tcp and unpickles_peer_data(args.codec):
+    codec = unpickling_codec(args)
+    if args.allow_insecure_pickle and tcp and codec is not None:
         out.append(
-            f"--allow-insecure-pickle: codec {args.codec!r} unpickles what arrives on {', '.join(tcp)}; "
+            f"--allow-insecure-pickle: codec {codec!r} unpickles what arrives on {', '.join(tcp)}; "
             "a peer that can send a frame can run code as this user"
         )
     return out
@@ -359,6 +354,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
         client = ZmqEngineClient(
             args.codec,
             replace(addresses, curve=curve.for_frontend(addresses.curve)) if addresses.curve else addresses,
+            output_codec=args.output_codec,
             heartbeat_timeout_s=args.engine_stall_timeout,
             request_timeout_s=args.request_timeout,
             verify=args.verify,

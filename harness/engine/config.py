@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 @dataclass
 class EngineConfig:
-    codec: str = "pickle"
+    codec: str = "pickle"  # of requests, and of outputs unless output_codec is set
+    output_codec: str | None = None
     # Model
     model_preset: str = "tiny"
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -51,6 +52,10 @@ class EngineConfig:
     # Attach the scheduler's state to every output batch (EngineCoreOutputs.scheduler_stats), as vLLM
     # does with stats logging on: heavier outputs for every codec.
     output_stats: bool = False
+
+    @property
+    def codec_of_outputs(self) -> str:
+        return self.output_codec or self.codec
 
     @property
     def kv_capacity(self) -> int:

@@ -66,7 +66,7 @@ class EngineProcess:
         self.config = config
         self.addresses = addresses
         self.codec_in = get_codec(config.codec)  # decodes requests (input thread)
-        self.codec_out = get_codec(config.codec)  # encodes outputs (output thread)
+        self.codec_out = get_codec(config.codec_of_outputs)  # encodes outputs (output thread)
         # Decode and encode apart from the codec's adapter (vllm's message conversion), timed apart.
         self.calls_in, self.calls_out = CodecCalls(self.codec_in), CodecCalls(self.codec_out)
         self.counters = CodecCounters()
@@ -445,6 +445,7 @@ class EngineProcess:
         info = {
             "pid": os.getpid(),
             "codec": self.config.codec,
+            "output_codec": self.config.codec_of_outputs,
             "clock": host_clock_id(),
             "spans": self.config.spans,
             **core.executor.info(),

@@ -5,8 +5,10 @@ for serializing EngineCoreRequest & Add multimodal inputs to EngineCoreRequest",
 ``benchmark_serving.py --dataset-name sonnet --num-prompts 1000 --request-rate 40`` against
 ``vllm serve meta-llama/Llama-3.1-8B-Instruct`` on one H100. vLLM 0.6.4's V1 engine then ran with
 max_num_seqs 256 and, chunked prefill being on for a 128K context, one 512-token budget per step
-shared by decodes and prefill chunks; no prefix caching. The GPU is the ``llama8b-h100`` step-time
-model (harness/engine/step_time.py); everything else is this project's real loop.
+shared by decodes and prefill chunks; no prefix caching. The PR changed the requests' codec only
+(its engine still encoded outputs with msgpack), so every arm's outputs are msgspec. The GPU is
+the ``llama8b-h100`` step-time model (harness/engine/step_time.py); everything else is this
+project's real loop.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ SEED_10245 = "seed-10245"
 PRESETS: dict[str, dict[str, Any]] = {
     SEED_10245: {
         "codec": "msgspec",  # the seed's main branch; add pickle for its question
+        # The PR pickled requests only: EngineCoreOutputs stayed msgpack in both arms.
+        "output_codec": "msgspec",
         "dataset_name": "sonnet",
         "num_prompts": 1000,
         "request_rate": 40.0,

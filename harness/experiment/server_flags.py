@@ -10,6 +10,15 @@ from typing import Any
 
 from harness.engine.config import EngineConfig
 from harness.engine.step_time import STEP_MODELS
+from wirecodecs import UnknownCodecError, check_codec_spec
+
+
+def codec_spec(name: str) -> str:
+    """argparse type of --codec and --output-codec: a codec ``get_codec`` accepts, options included."""
+    try:
+        return check_codec_spec(name)
+    except UnknownCodecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,6 +35,14 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         "--no-spans",
         action="store_true",
         help="record no request timelines (GET /v1/wirebench/spans, the IPC budget): to measure what they cost",
+    )
+    g.add_argument(
+        "--output-codec",
+        type=codec_spec,
+        default=None,
+        metavar="CODEC",
+        help="the codec of the engine's outputs, the same for every arm (default: each arm's --codec): "
+        "vLLM PR #10245 moved only requests to pickle, so its preset keeps outputs msgspec",
     )
     g.add_argument("--tokenizer", default=None, help="path of a tokenizer.json (default: the embedded BPE)")
     g.add_argument(

@@ -62,7 +62,8 @@ REQUEST_TIMEOUT_S = 300.0  # seconds without an output for one request before it
 
 
 class EngineClient(Protocol):
-    codec_name: str
+    codec_name: str  # of requests
+    output_codec_name: str  # of the engine's outputs (--output-codec, else codec_name)
     # The request timelines of both processes (harness.wire.spans); disabled where not recorded.
     timelines: Timelines
 
@@ -110,11 +111,13 @@ class ZmqEngineClient:
         shm: ShmSender | None = None,
         verify: bool = False,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
+        output_codec: str | None = None,
     ) -> None:
         self.codec_name = codec_name
+        self.output_codec_name = output_codec or codec_name  # the engine's outputs: a codec of their own if given
         self._request_timeout_s = request_timeout_s
         self._encoder = get_codec(codec_name)
-        self._decoder = get_codec(codec_name)
+        self._decoder = get_codec(self.output_codec_name)
         # Encode and decode apart from the codec's adapter (vllm's message conversion), timed apart.
         self._encode_calls, self._decode_calls = CodecCalls(self._encoder), CodecCalls(self._decoder)
         self._addresses = addresses
@@ -177,6 +180,7 @@ class ZmqEngineClient:
                     info = json.loads(frames[1]) if len(frames) > 1 else {}
                     if "error" in info:
                         raise EngineDeadError(f"engine failed to start: {info['error']}")
+                    self._check_codecs(info)
                     self.engine_info = info
                     self._check_clock(info)
                     self._last_message = time.monotonic()
@@ -184,10 +188,19 @@ class ZmqEngineClient:
                 if kind == transport.HEARTBEAT and accept_heartbeat:
                     # Heartbeats repeat the engine's info (frame 2) for a frontend that missed READY.
                     info = json.loads(frames[2]) if len(frames) > 2 else {}
+                    self._check_codecs(info)
                     self.engine_info = {**info, "joined": "running engine"}
                     self._check_clock(info)
                     self._last_message = time.monotonic()
                     return self.engine_info
+
+    def _check_codecs(self, info: dict) -> None:
+        """An engine (--engine-only, started apart) whose codecs are not this frontend's is refused at once:
+        every request would fail to decode."""
+        for key, ours in (("codec", self.codec_name), ("output_codec", self.output_codec_name)):
+            theirs = info.get(key)
+            if theirs is not None and theirs != ours:
+                raise EngineDeadError(f"the engine's {key.replace('_', ' ')} is {theirs!r}, this frontend's {ours!r}")
 
     def _check_clock(self, info: dict) -> None:
         """Spans need one clock: the engine must run on this host and record them."""

@@ -26,7 +26,7 @@ class FrontendMetrics:
             prom.GENERATION_TOKENS: [({}, self.generation_tokens)],
             prom.REQUESTS_RUNNING: [({}, self.running)],
             prom.ENGINE_HEALTHY: [({}, 1.0 if engine.is_healthy else 0.0)],
-            prom.CODEC_INFO: [({"codec": engine.codec_name}, 1.0)],
+            prom.CODEC_INFO: [({"codec": engine.codec_name, "output_codec": engine.output_codec_name}, 1.0)],
         }
         out.update(prom.codec_samples(engine.frontend_codec_stats(), engine.engine_codec_stats()))
         load = getattr(engine, "engine_load", None)  # the ZeroMQ client's, from the engine's heartbeats

@@ -25,6 +25,13 @@ from harness.wire import runs_on
 WIDTH = 50
 
 
+def codec_label(codec: str | None, engine: dict | None) -> str:
+    """The run's codec, with the outputs' own when the engine used another (--output-codec)."""
+    outputs = (engine or {}).get("output_codec")
+    name = codec or "unknown"
+    return f"{name} (outputs: {outputs})" if outputs and outputs != codec else name
+
+
 def _title(text: str, fill: str) -> str:
     return f"{text:{fill}^{WIDTH}}"
 
@@ -87,7 +94,7 @@ def format_report(result: BenchmarkResult) -> str:
 
     lines += [
         _title(" wirebench ", "="),
-        _row("Codec:", result.codec or "unknown"),
+        _row("Codec:", codec_label(result.codec, result.engine)),
         _row("Payload kind:", result.payload_kind),
         _row("Endpoint:", s.endpoint),
         _row("Request rate (req/s):", "inf" if math.isinf(s.request_rate) else f"{s.request_rate:g}"),

@@ -18,6 +18,7 @@ from harness.wire import prom
 
 # label -> key of the engine's info dict
 _FIELDS = {
+    "output_codec": "output_codec",
     "executor": "executor",
     "sim_step": "sim_step_description",
     "device": "device",
