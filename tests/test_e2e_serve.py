@@ -349,7 +349,8 @@ def test_engine_and_frontend_split_over_tcp():
             assert frontend.stop() == 0
         # A frontend whose output codec is not the engine's is refused at start, not left to fail each request.
         cmd = [sys.executable, "-m", "harness.cli", "serve", "--frontend-only", "--port", "0"]
-        cmd += ["--engine-host", "127.0.0.1", "--engine-port", port, "--codec", "msgspec-oob", "--output-codec", "msgspec"]
+        cmd += ["--engine-host", "127.0.0.1", "--engine-port", port]
+        cmd += ["--codec", "msgspec-oob", "--output-codec", "msgspec"]
         refused = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert refused.returncode == 1, refused.stdout + refused.stderr
         assert "the engine's output codec is 'msgspec-oob', this frontend's 'msgspec'" in refused.stderr
