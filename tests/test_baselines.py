@@ -27,6 +27,7 @@ SCRIPT_OUTPUTS = {
     "seed-10245-27rounds-client.json",
     "seed-10245-38rounds-client.json",
     "seed-10245-requests-58rounds-client.json",
+    "seed-10245-outputs-36rounds-client.json",
     "hostile-costs.json",
     "packed-micro.json",
     "transport-client.json",
