@@ -127,7 +127,7 @@ def time_calls(fn: Callable[[], Any], min_iterations: int, min_time_s: float) ->
     return Timing.from_ns(samples)
 
 
-def _copy_arrays(nbytes: int) -> tuple[np.ndarray, np.ndarray]:
+def copy_arrays(nbytes: int) -> tuple[np.ndarray, np.ndarray]:
     """A source and a destination of ``nbytes``, both touched (no page faults inside the clock)."""
     src = np.full(max(nbytes, 1), 0x5A, dtype=np.uint8)[:nbytes]
     return src, np.zeros_like(src)
@@ -135,7 +135,7 @@ def _copy_arrays(nbytes: int) -> tuple[np.ndarray, np.ndarray]:
 
 def time_memcpy(nbytes: int, min_iterations: int, min_time_s: float) -> Timing:
     """One copy of ``nbytes`` between preallocated arrays (both touched first)."""
-    src, dst = _copy_arrays(nbytes)
+    src, dst = copy_arrays(nbytes)
     return time_calls(lambda: np.copyto(dst, src), min_iterations, min_time_s)
 
 
@@ -152,10 +152,11 @@ def last_level_cache_bytes() -> int:
 
 def time_memcpy_cold(nbytes: int, iterations: int) -> Timing:
     """``time_memcpy`` with neither array in cache: before each timed copy, a buffer of twice the
-    last-level cache is written. A delivery's copy meets that state (the receiver and the sockets ran
-    since the last send); a copy repeated back to back keeps its arrays in cache and is ~2x faster on
-    the development VM, whose 32 MiB L3 holds both 12.6 MB arrays."""
-    src, dst = _copy_arrays(nbytes)
+    last-level cache is written. A delivery's copy meets that state: on the development VM a 12.6 MB
+    copy's arrays leave the cache within 1-2 ms even while the process only spins (other tenants take
+    it; scripts/copy_after_idle.py), and a send's copy comes ~0.5 ms or more after the last one ended.
+    Repeated back to back, the copy keeps its arrays in the 32 MiB L3 and is up to ~2x faster."""
+    src, dst = copy_arrays(nbytes)
     evict = np.zeros(2 * last_level_cache_bytes(), dtype=np.uint8)
     samples = []
     for _ in range(iterations + 1):  # the first one warms the call path up: not a sample
