@@ -10,7 +10,7 @@ from harness.analysis.compare import Arm
 from harness.analysis.runs import RunEntry
 from harness.analysis.seed_table import SEED_TABLE, format_seed_table, seed_rows
 from harness.cli import build_parser, flag_value
-from harness.engine.step_time import LLAMA8B_H100, step_time_model
+from harness.engine.step_time import LLAMA8B_H100, LLAMA8B_H100_FIXED_MS, step_time_model
 
 
 def test_the_linear_model_is_the_old_fixed_plus_per_token_step() -> None:
@@ -49,8 +49,8 @@ def test_the_preset_sets_the_seeds_workload_and_flags_given_still_win() -> None:
     assert (args.executor, args.sim_step_model, args.max_num_seqs, args.max_num_batched_tokens) == (
         "sim",
         LLAMA8B_H100,
-        256,
-        512,
+        1024,
+        2048,
     )
     argv = ["run", "--preset=seed-10245", "--num-prompts", "20", "--codec", "msgspec,pickle"]
     parser, _ = build_parser(argv)
@@ -134,5 +134,5 @@ def test_runs_from_before_the_step_models_compare_equal_to_runs_after() -> None:
     seed = run_settings(
         entry({"sim_step_model": LLAMA8B_H100, "sim_step_fixed_ms": None, "sim_step_per_token_ms": None})
     )
-    assert seed["sim_step_model"] == LLAMA8B_H100 and seed["sim_step_fixed_ms"] == 2.0
+    assert seed["sim_step_model"] == LLAMA8B_H100 and seed["sim_step_fixed_ms"] == LLAMA8B_H100_FIXED_MS
     assert seed["sim_step_per_token_ms"] == 0.0

@@ -79,6 +79,8 @@ def format_seed_table(arms: list[Arm], output_codec: str | None = None) -> str:
         "ours: this machine's real frontend, codecs, sockets and client; the GPU's time is modelled "
         "(llama8b-h100); median over rounds",
         f"{outputs} (the PR pickled requests only; its outputs stayed msgpack)",
+        "fitted to the seed: the modelled step's fixed part, to its median ITL; time the seed spent outside "
+        "its GPU (its API server) is not modelled (docs/seed.md)",
     ]
     for arm in arms:
         if codec_of(arm.label) not in SEED_TABLE or not arm.measured:

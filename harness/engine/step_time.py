@@ -17,11 +17,12 @@ tokens) whose attention reads ``context`` cached tokens takes
 - ``kv_read``: 128 KiB of K and V per cached token (32 layers x 8 KV heads x 128 dims x 2 x bf16,
   from the model's config.json) at 2.7 TB/s, 80% of the H100 SXM's 3.35 TB/s (NVIDIA's datasheet).
 - ``fixed``: everything else per step: the LM head's 1 GB of weights (0.3-0.4 ms), the sampler,
-  eager mode's kernel launches. The one figure fitted to the seed itself: with a 512-token budget
-  the seed's server ran close to its capacity (40 req/s x 659 tokens against 512 tokens a ~20 ms
-  step), where mean TTFT swings with every tenth of a ms a step takes; 2.0 ms put the ``msgspec``
-  arm's mean TTFT nearest the seed's 221 ms on this machine (1.8 ms: 151 ms, 2.5 ms: 326 ms;
-  docs/seed.md).
+  eager mode's kernel launches and V1's per-step input preparation (v0.6.4's V1 captured no CUDA
+  graphs unless VLLM_TORCH_COMPILE_LEVEL=3). The one figure fitted to the seed itself: 4.0 ms puts
+  the ``msgspec`` arm's median ITL, the length of a typical step and the figure a busy API server
+  touches least, at the seed's 22.06 ms on this machine with V1's limits (1024 sequences, 2048
+  tokens a step; docs/seed.md). Earlier presets ran V0's limits (256, 512) with 2.0 ms, fitted to
+  mean TTFT instead.
 
 Only the GPU's time is modelled: the codecs, sockets, frontend and client stay real.
 """
@@ -47,7 +48,7 @@ _LLAMA8B_H100_DENSE = (
 )
 _KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2
 _KV_BYTES_PER_S = 2.7e12
-LLAMA8B_H100_FIXED_MS = 2.0
+LLAMA8B_H100_FIXED_MS = 4.0
 
 
 @dataclass(frozen=True)

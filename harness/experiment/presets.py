@@ -3,9 +3,10 @@
 ``seed-10245`` replays the measurement wirebench was born from: vLLM PR #10245 ("[V1] Use pickle
 for serializing EngineCoreRequest & Add multimodal inputs to EngineCoreRequest", 2024-11-12),
 ``benchmark_serving.py --dataset-name sonnet --num-prompts 1000 --request-rate 40`` against
-``vllm serve meta-llama/Llama-3.1-8B-Instruct`` on one H100. vLLM 0.6.4's V1 engine then ran with
-max_num_seqs 256 and, chunked prefill being on for a 128K context, one 512-token budget per step
-shared by decodes and prefill chunks; no prefix caching. The PR changed the requests' codec only
+``vllm serve meta-llama/Llama-3.1-8B-Instruct`` on one H100. The PR changed V1 code, so it ran V1
+(VLLM_USE_V1=1), whose EngineCore set max_num_seqs 1024 and a 2048-token budget per step for the API
+server, over whatever the flags said (vllm/v1/engine/core.py, before the PR and in v0.6.4); V0's
+limits for a 128K context (256 sequences, 512 tokens) did not apply. The PR changed the requests' codec only
 (its engine still encoded outputs with msgpack), so every arm's outputs are msgspec. The GPU is
 the ``llama8b-h100`` step-time model (harness/engine/step_time.py); everything else is this
 project's real loop.
@@ -31,8 +32,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "sonnet_prefix_len": 200,
         "executor": "sim",
         "sim_step_model": "llama8b-h100",
-        "max_num_seqs": 256,
-        "max_num_batched_tokens": 512,
+        # V1's EngineCore under `vllm serve` (UsageContext.OPENAI_API_SERVER), whatever the flags said.
+        "max_num_seqs": 1024,
+        "max_num_batched_tokens": 2048,
         # Two client processes: each reads half of a step's ~190 chunks, so the client's event loop
         # lags 2.7 ms at p99 here instead of 4.6 (2 cores, quiet), and mean TTFT drops by ~20 ms.
         "workers": 2,
