@@ -29,6 +29,7 @@ SCRIPT_OUTPUTS = {
     "seed-10245-38rounds-client.json",
     "seed-10245-requests-58rounds-client.json",
     "seed-10245-outputs-36rounds-client.json",
+    "seed-10245-v1-30rounds-client.json",
     "hostile-costs.json",
     "packed-micro.json",
     "transport-client.json",

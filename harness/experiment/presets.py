@@ -36,7 +36,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_num_seqs": 1024,
         "max_num_batched_tokens": 2048,
         # Two client processes: each reads half of a step's ~190 chunks, so the client's event loop
-        # lags 2.7 ms at p99 here instead of 4.6 (2 cores, quiet), and mean TTFT drops by ~20 ms.
+        # lags 2.7 ms at p99 here instead of 4.6 (2 cores, quiet; measured with V0's limits, 256 and 512).
         "workers": 2,
     },
 }
