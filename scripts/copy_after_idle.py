@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """How fast is one copy of a big buffer after the copying process waited a while?
 
-    .venv/bin/python scripts/copy_after_idle.py [--mib 12.0] [--gaps-ms 0,0.25,0.5,1,2,5] [--copies 100] [--runs 3]
+    .venv/bin/python scripts/copy_after_idle.py [--mib 12.0] [--gaps-ms 0.25,0.5,1,2,5] [--copies 100] [--runs 3]
 
 ``bench micro --transport shm`` compares a delivery, whose sender copies the
 12.6 MB tensor into the arena once a send, with one memcpy timed back to back
-(the same two arrays copied again and again). Between two sends the sender
-waits ~1.5-2 ms for the receiver's reply. This script times the same copy
+(the same two arrays copied again and again). Between two sends' copies the
+sender waits ~0.4-0.5 ms or more for the receiver's reply. This script times the same copy
 (numpy's, between the same two preallocated, touched arrays) after a gap of
 ``g`` ms before each copy, the gap spent two ways:
 
@@ -17,8 +17,8 @@ waits ~1.5-2 ms for the receiver's reply. This script times the same copy
 A copy that gets slower with a ``spin`` gap lost its arrays from the cache to
 something outside this process (other tenants of the host, the hypervisor).
 Each row is the median over ``--runs`` runs of each run's p50 over
-``--copies`` copies, with the slowest run's p50 beside it; the ratio is to
-the back-to-back p50 of the same run.
+``--copies`` copies, with the slowest run's p50 beside it; the ratio is that
+median over the median of the runs' back-to-back p50s.
 
 Prints a markdown table and writes the rows to --out (JSON).
 """

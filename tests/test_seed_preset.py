@@ -99,6 +99,9 @@ def test_the_seed_table_puts_ours_beside_the_seeds_figures() -> None:
     assert "requests and outputs in each arm's codec" in text
     assert "outputs in msgspec in every arm" in format_seed_table([_arm("pickle", ours)], "msgspec")
     assert "msgspec-packed" not in text  # a codec the seed did not measure has no row
+    assert "fitted to the seed" in text
+    changed = format_seed_table([_arm("msgspec", ours)], "msgspec", ["--max-num-seqs 256"])
+    assert "not the preset's fit: this run set --max-num-seqs 256" in changed and "fitted to the seed" not in changed
     pickle_rows = seed_rows(_arm("pickle", ours))
     assert [r[3] for r in pickle_rows if r[1] is None] == [None] * 4  # unpublished: no difference claimed
     assert all(not math.isnan(r[2]) for r in pickle_rows)
@@ -136,3 +139,33 @@ def test_runs_from_before_the_step_models_compare_equal_to_runs_after() -> None:
     )
     assert seed["sim_step_model"] == LLAMA8B_H100 and seed["sim_step_fixed_ms"] == LLAMA8B_H100_FIXED_MS
     assert seed["sim_step_per_token_ms"] == 0.0
+    # An old seed run left the fixed part to the model (then 2.0 ms): its engine's report says what ran.
+    old = RunEntry(
+        "pickle",
+        0,
+        "ok",
+        "",
+        None,
+        {
+            "metadata": {
+                "flags": {"executor": "sim", "sim_step_model": LLAMA8B_H100, "sim_step_fixed_ms": None},
+                "engine": {"sim_step": "llama8b-h100: 2 ms + the dense layers (Vidur's H100 profile, 8 points)"},
+            }
+        },
+        None,
+    )
+    assert run_settings(old)["sim_step_fixed_ms"] == 2.0
+
+
+def test_the_preset_names_the_fitted_settings_a_run_changed() -> None:
+    from harness.experiment.presets import SEED_10245, departures_from_fit
+
+    argv = ["run", "--preset", "seed-10245"]
+    parser, _ = build_parser(argv)
+    args = parser.parse_args(argv)
+    assert args.sim_step_fixed_ms == LLAMA8B_H100_FIXED_MS  # given by the preset: run files record it
+    assert departures_from_fit(SEED_10245, vars(args)) == []
+    argv += ["--max-num-seqs", "256", "--sim-step-fixed-ms", "2", "--codec", "msgspec,pickle"]
+    parser, _ = build_parser(argv)
+    args = parser.parse_args(argv)
+    assert departures_from_fit(SEED_10245, vars(args)) == ["--sim-step-fixed-ms 2.0", "--max-num-seqs 256"]

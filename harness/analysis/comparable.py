@@ -10,6 +10,7 @@ difference named, instead of reading the difference as a regression.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,15 +73,26 @@ def run_settings(entry: RunEntry) -> dict[str, Any]:
     if "sim_step_fixed_ms" in out or "sim_step_per_token_ms" in out:
         # The knobs' flags default to None (the step model's own) since the models came; earlier runs
         # recorded linear's 2.0 and 0.01. Compare what the engine ran, not how it was spelled.
+        # A model's own fixed part can change between versions (llama8b-h100: 2.0 ms, then 4.0): when the
+        # flag was left to it, the engine's report of the step model says what it ran.
+        fixed = flags.get("sim_step_fixed_ms")
+        if fixed is None:
+            fixed = reported_fixed_ms((meta.get("engine") or {}).get("sim_step"))
         with contextlib.suppress(ValueError, TypeError):  # a model this version does not know: as recorded
             model = step_time_model(
                 flags.get("sim_step_model") or LINEAR,
-                flags.get("sim_step_fixed_ms"),
+                fixed,
                 flags.get("sim_step_per_token_ms"),
             )
             out["sim_step_fixed_ms"], out["sim_step_per_token_ms"] = model.fixed_ms, model.per_token_ms
     out.update({key: meta[key] for key in MACHINE if key in meta})
     return out
+
+
+def reported_fixed_ms(description: Any) -> float | None:
+    """The fixed part in the engine's description of its step model ('NAME: 4 ms + ...'); None without one."""
+    match = re.match(r"[\w.-]+: ([0-9.]+(?:e[-+]?[0-9]+)?) ms", description) if isinstance(description, str) else None
+    return float(match.group(1)) if match else None
 
 
 def arm_differences(arms: Sequence[Arm]) -> list[str]:

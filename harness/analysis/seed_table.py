@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
+from collections.abc import Sequence
 
 from harness.analysis.compare import Arm
 
@@ -66,9 +67,10 @@ def seed_rows(arm: Arm) -> list[tuple[str, float | None, float, float | None]]:
     return rows
 
 
-def format_seed_table(arms: list[Arm], output_codec: str | None = None) -> str:
+def format_seed_table(arms: list[Arm], output_codec: str | None = None, departures: Sequence[str] = ()) -> str:
     """One block per arm whose codec the seed measured: its figures, ours, and whether within ±15%.
-    ``output_codec``: the outputs' codec in every arm (--output-codec), None when each arm used its own."""
+    ``output_codec``: the outputs' codec in every arm (--output-codec), None when each arm used its own.
+    ``departures``: the preset's fitted settings this run changed (the fit then does not hold)."""
     outputs = (
         f"requests in each arm's codec, outputs in {output_codec} in every arm"
         if output_codec
@@ -79,8 +81,12 @@ def format_seed_table(arms: list[Arm], output_codec: str | None = None) -> str:
         "ours: this machine's real frontend, codecs, sockets and client; the GPU's time is modelled "
         "(llama8b-h100); median over rounds",
         f"{outputs} (the PR pickled requests only; its outputs stayed msgpack)",
-        "fitted to the seed: the modelled step's fixed part, to its median ITL; time the seed spent outside "
-        "its GPU (its API server) is not modelled (docs/seed.md)",
+        (
+            "fitted to the seed: the modelled step's fixed part, to its median ITL; time the seed spent outside "
+            "its GPU (its API server) is not modelled (docs/seed.md)"
+            if not departures
+            else "not the preset's fit: this run set " + ", ".join(departures) + " (docs/seed.md)"
+        ),
     ]
     for arm in arms:
         if codec_of(arm.label) not in SEED_TABLE or not arm.measured:

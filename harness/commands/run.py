@@ -57,7 +57,8 @@ def main(args: argparse.Namespace) -> int:
         return 1
     print(format_comparison(result.arms, result.comparison))
     if args.preset == presets.SEED_10245:
-        print(format_seed_table(result.arms, args.output_codec))
+        departures = presets.departures_from_fit(presets.SEED_10245, vars(args))
+        print(format_seed_table(result.arms, args.output_codec, departures))
     if result.experiment.plan.save_result and result.outcomes:
         path, _ = result.save("compare")
         print(f"Comparison saved to {path}")

@@ -3,18 +3,21 @@
 ``seed-10245`` replays the measurement wirebench was born from: vLLM PR #10245 ("[V1] Use pickle
 for serializing EngineCoreRequest & Add multimodal inputs to EngineCoreRequest", 2024-11-12),
 ``benchmark_serving.py --dataset-name sonnet --num-prompts 1000 --request-rate 40`` against
-``vllm serve meta-llama/Llama-3.1-8B-Instruct`` on one H100. The PR changed V1 code, so it ran V1
-(VLLM_USE_V1=1), whose EngineCore set max_num_seqs 1024 and a 2048-token budget per step for the API
-server, over whatever the flags said (vllm/v1/engine/core.py, before the PR and in v0.6.4); V0's
-limits for a 128K context (256 sequences, 512 tokens) did not apply. The PR changed the requests' codec only
-(its engine still encoded outputs with msgpack), so every arm's outputs are msgspec. The GPU is
-the ``llama8b-h100`` step-time model (harness/engine/step_time.py); everything else is this
+``vllm serve meta-llama/Llama-3.1-8B-Instruct`` on one H100. The PR changed V1 code, so it must
+have run V1 (VLLM_USE_V1=1; the thread's command does not show it), whose EngineCore set
+max_num_seqs 1024 and a 2048-token budget per step for the API server, over whatever the flags
+said (vllm/v1/engine/core.py, before the PR and in v0.6.4); V0's limits for a 128K context (256
+sequences, 512 tokens) did not apply. The PR changed the requests' codec only (its engine still
+encoded outputs with msgpack), so every arm's outputs are msgspec. The GPU is the
+``llama8b-h100`` step-time model (harness/engine/step_time.py); everything else is this
 project's real loop.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from harness.engine.step_time import LLAMA8B_H100_FIXED_MS
 
 SEED_10245 = "seed-10245"
 
@@ -32,11 +35,13 @@ PRESETS: dict[str, dict[str, Any]] = {
         "sonnet_prefix_len": 200,
         "executor": "sim",
         "sim_step_model": "llama8b-h100",
+        # Given, not left to the model's default, so run files record the value the fit chose.
+        "sim_step_fixed_ms": LLAMA8B_H100_FIXED_MS,
         # V1's EngineCore under `vllm serve` (UsageContext.OPENAI_API_SERVER), whatever the flags said.
         "max_num_seqs": 1024,
         "max_num_batched_tokens": 2048,
-        # Two client processes: each reads half of a step's ~190 chunks, so the client's event loop
-        # lags 2.7 ms at p99 here instead of 4.6 (2 cores, quiet; measured with V0's limits, 256 and 512).
+        # Two client processes: each reads half of a step's chunks, so the client's event loop lags 2.7 ms
+        # at p99 here instead of 4.6 (2 cores, quiet; measured with V0's limits, ~190 chunks a step).
         "workers": 2,
     },
 }
@@ -47,3 +52,17 @@ def preset_help() -> str:
         f"{name}: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in values.items())
         for name, values in PRESETS.items()
     )
+
+
+# The settings that make the modelled GPU the one fitted to the seed (docs/seed.md).
+FITTED_SETTINGS = ("executor", "sim_step_model", "sim_step_fixed_ms", "max_num_seqs", "max_num_batched_tokens")
+
+
+def departures_from_fit(name: str, values: dict[str, Any]) -> list[str]:
+    """The fitted settings a run changed from preset ``name``'s, as '--flag value'."""
+    preset = PRESETS[name]
+    return [
+        f"--{key.replace('_', '-')} {values.get(key)}"
+        for key in FITTED_SETTINGS
+        if key in preset and values.get(key) != preset[key]
+    ]
