@@ -28,14 +28,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from harness.micro.timing import copy_arrays, last_level_cache_bytes, run_metadata
+from harness.micro.timing import copy_arrays, last_level_cache_bytes, run_metadata, time_copies_after
 
 TENSOR_MIB = 12.0  # tensor-fp32-1024: 1024 × 1024 × 3 float32, the delivery micro's payload
 
@@ -46,26 +45,14 @@ def _spin(seconds: float) -> None:
         pass
 
 
-def time_copies(src: np.ndarray, dst: np.ndarray, wait: Callable[[], None] | None, copies: int) -> float:
-    """p50 µs of ``copies`` copies, each after ``wait()`` (one untimed copy first)."""
-    samples = []
-    for _ in range(copies + 1):
-        if wait is not None:
-            wait()
-        t0 = time.perf_counter_ns()
-        np.copyto(dst, src)
-        samples.append(time.perf_counter_ns() - t0)
-    return float(np.percentile(samples[1:], 50)) / 1e3
-
-
 def measure(nbytes: int, gaps_ms: list[float], copies: int) -> dict[str, float]:
     """One run: back-to-back p50, then each gap's p50 for sleep and spin (µs)."""
     src, dst = copy_arrays(nbytes)
-    row = {"back_to_back": time_copies(src, dst, None, copies)}
+    row = {"back_to_back": time_copies_after(src, dst, None, copies).p50_us}
     for gap in gaps_ms:
         seconds = gap / 1e3
-        row[f"sleep {gap:g}"] = time_copies(src, dst, partial(time.sleep, seconds), copies)
-        row[f"spin {gap:g}"] = time_copies(src, dst, partial(_spin, seconds), copies)
+        row[f"sleep {gap:g}"] = time_copies_after(src, dst, partial(time.sleep, seconds), copies).p50_us
+        row[f"spin {gap:g}"] = time_copies_after(src, dst, partial(_spin, seconds), copies).p50_us
     return row
 
 

@@ -10,13 +10,12 @@ difference named, instead of reading the difference as a regression.
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from harness.analysis.compare import Arm
 from harness.analysis.runs import RunEntry
-from harness.engine.step_time import LINEAR, step_time_model
+from harness.engine.step_time import LINEAR, fixed_ms_of, step_time_model
 
 # The flags of a run that change what it measures (workload, engine, load shape); a flag missing from
 # an older document is not compared, except block_size, whose absence meant sequential turns (0).
@@ -77,7 +76,7 @@ def run_settings(entry: RunEntry) -> dict[str, Any]:
         # flag was left to it, the engine's report of the step model says what it ran.
         fixed = flags.get("sim_step_fixed_ms")
         if fixed is None:
-            fixed = reported_fixed_ms((meta.get("engine") or {}).get("sim_step"))
+            fixed = fixed_ms_of((meta.get("engine") or {}).get("sim_step"))
         with contextlib.suppress(ValueError, TypeError):  # a model this version does not know: as recorded
             model = step_time_model(
                 flags.get("sim_step_model") or LINEAR,
@@ -87,12 +86,6 @@ def run_settings(entry: RunEntry) -> dict[str, Any]:
             out["sim_step_fixed_ms"], out["sim_step_per_token_ms"] = model.fixed_ms, model.per_token_ms
     out.update({key: meta[key] for key in MACHINE if key in meta})
     return out
-
-
-def reported_fixed_ms(description: Any) -> float | None:
-    """The fixed part in the engine's description of its step model ('NAME: 4 ms + ...'); None without one."""
-    match = re.match(r"[\w.-]+: ([0-9.]+(?:e[-+]?[0-9]+)?) ms", description) if isinstance(description, str) else None
-    return float(match.group(1)) if match else None
 
 
 def arm_differences(arms: Sequence[Arm]) -> list[str]:

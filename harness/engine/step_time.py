@@ -29,8 +29,10 @@ Only the GPU's time is modelled: the codecs, sockets, frontend and client stay r
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left
 from dataclasses import dataclass
+from typing import Any
 
 LINEAR = "linear"
 LLAMA8B_H100 = "llama8b-h100"
@@ -85,6 +87,12 @@ class StepTimeModel:
         if self.kv_ms_per_token:
             text += f" + {self.kv_ms_per_token * 1e6:.1f} ns per cached token read"
         return text
+
+
+def fixed_ms_of(description: Any) -> float | None:
+    """The fixed part in a ``describe()`` text ('NAME: 4 ms + ...', as engines report it); None without one."""
+    match = re.match(r"[\w.-]+: ([0-9.]+(?:e[-+]?[0-9]+)?) ms", description) if isinstance(description, str) else None
+    return float(match.group(1)) if match else None
 
 
 STEP_MODELS = (LINEAR, LLAMA8B_H100)
