@@ -318,6 +318,17 @@ def test_vllm_codec_runs_beside_ours_with_verdicts_logprobs_and_its_adapter_apar
     assert ours["ipc"]["spans_us"]["request.adapt"]["p99_us"] == 0  # msgspec-oob has no adapter
 
 
+def test_modelled_api_server_work_reaches_the_frontend_and_is_counted_there(tmp_path):
+    flags = ["--executor", "sim", "--num-prompts", "12", "--sonnet-output-len", "10"]
+    done = bench_run(tmp_path, *flags, "--frontend-cpu-us-per-token", "5000")
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = comparison(tmp_path)["runs"][0]
+    result = json.loads((tmp_path / run["result_file"]).read_text())
+    assert result["completed"] == 12 and result["metadata"]["flags"]["frontend_cpu_us_per_token"] == 5000
+    # Every output token cost the frontend 5 ms of CPU on top of its own work (~0.7-0.9 ms without).
+    assert result["process_cpu"]["roles"]["frontend"]["us_per_output_token"] >= 5000
+
+
 def test_the_seed_preset_runs_a_modelled_gpu_and_sets_itself_beside_the_seed(tmp_path):
     # The PR's arm: requests in pickle, outputs still msgspec, as the preset sets.
     done = bench_run(tmp_path, "--preset", "seed-10245", "--num-prompts", "40", "--codec", "pickle")

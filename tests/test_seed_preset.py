@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
@@ -11,6 +12,7 @@ from harness.analysis.runs import RunEntry
 from harness.analysis.seed_table import SEED_TABLE, format_seed_table, seed_rows
 from harness.cli import build_parser, flag_value
 from harness.engine.step_time import LLAMA8B_H100, LLAMA8B_H100_FIXED_MS, step_time_model
+from harness.experiment.server_flags import server_flags
 
 
 def test_the_linear_model_is_the_old_fixed_plus_per_token_step() -> None:
@@ -169,3 +171,20 @@ def test_the_preset_names_the_fitted_settings_a_run_changed() -> None:
     parser, _ = build_parser(argv)
     args = parser.parse_args(argv)
     assert departures_from_fit(SEED_10245, vars(args)) == ["--sim-step-fixed-ms 2.0", "--max-num-seqs 256"]
+    # Work added to the API server is no longer the fit either: only the GPU was fitted.
+    argv = ["run", "--preset", "seed-10245", "--frontend-cpu-us-per-token", "90"]
+    parser, _ = build_parser(argv)
+    args = parser.parse_args(argv)
+    assert departures_from_fit(SEED_10245, vars(args)) == ["--frontend-cpu-us-per-token 90.0"]
+    assert "--frontend-cpu-us-per-token" in server_flags(vars(args), seed=0)  # and it reaches bench serve
+
+
+def test_the_modelled_api_server_work_is_cpu_time_spent() -> None:
+    from harness.frontend.extra_cpu import spend_cpu
+
+    before = time.thread_time_ns()
+    spend_cpu(3_000)
+    assert time.thread_time_ns() - before >= 3_000_000  # a lower bound on CPU used, not a speed
+    before = time.thread_time_ns()
+    spend_cpu(0)
+    assert time.thread_time_ns() - before < 3_000_000

@@ -83,7 +83,7 @@ def format_seed_table(arms: list[Arm], output_codec: str | None = None, departur
         f"{outputs} (the PR pickled requests only; its outputs stayed msgpack)",
         (
             "fitted to the seed: the modelled step's fixed part, to its median ITL; time the seed spent outside "
-            "its GPU (its API server) is not modelled (docs/seed.md)"
+            "its GPU is not modelled (docs/seed.md)"
             if not departures
             else "not the preset's fit: this run set " + ", ".join(departures) + " (docs/seed.md)"
         ),

@@ -355,6 +355,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
             args.codec,
             replace(addresses, curve=curve.for_frontend(addresses.curve)) if addresses.curve else addresses,
             output_codec=args.output_codec,
+            extra_cpu_us_per_token=args.frontend_cpu_us_per_token,
             heartbeat_timeout_s=args.engine_stall_timeout,
             request_timeout_s=args.request_timeout,
             verify=args.verify,

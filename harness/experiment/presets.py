@@ -40,6 +40,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         # V1's EngineCore under `vllm serve` (UsageContext.OPENAI_API_SERVER), whatever the flags said.
         "max_num_seqs": 1024,
         "max_num_batched_tokens": 2048,
+        # Only the GPU is modelled: no extra API-server work (a run may add some; docs/seed.md).
+        "frontend_cpu_us_per_token": 0.0,
         # Two client processes: each reads half of a step's chunks, so the client's event loop lags 2.7 ms
         # at p99 here instead of 4.6 (2 cores, quiet; measured with V0's limits, ~190 chunks a step).
         "workers": 2,
@@ -55,7 +57,14 @@ def preset_help() -> str:
 
 
 # The settings that make the modelled GPU the one fitted to the seed (docs/seed.md).
-FITTED_SETTINGS = ("executor", "sim_step_model", "sim_step_fixed_ms", "max_num_seqs", "max_num_batched_tokens")
+FITTED_SETTINGS = (
+    "executor",
+    "sim_step_model",
+    "sim_step_fixed_ms",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "frontend_cpu_us_per_token",
+)
 
 
 def departures_from_fit(name: str, values: dict[str, Any]) -> list[str]:

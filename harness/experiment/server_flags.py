@@ -44,6 +44,15 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         help="the codec of the engine's outputs, the same for every arm (default: each arm's --codec): "
         "vLLM PR #10245 moved only requests to pickle, so its preset keeps outputs msgspec",
     )
+    g.add_argument(
+        "--frontend-cpu-us-per-token",
+        type=float,
+        default=0.0,
+        metavar="US",
+        help="model a heavier API server: CPU microseconds the frontend's event loop spends on each output "
+        "token as a step's outputs arrive, on top of its own work (vLLM 0.6.4's V1 detokenized and built "
+        "each chunk in one loop; docs/seed.md). Default 0: none",
+    )
     g.add_argument("--tokenizer", default=None, help="path of a tokenizer.json (default: the embedded BPE)")
     g.add_argument(
         "--mm-payload",

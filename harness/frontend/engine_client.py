@@ -33,6 +33,7 @@ import zmq
 import zmq.asyncio
 
 from harness.frontend.errors import EngineDeadError, EngineRequestError, OverloadedError, RequestRejectedError
+from harness.frontend.extra_cpu import spend_cpu
 from harness.frontend.output_queue import OutputQueue
 from harness.frontend.shm_sender import ShmSender
 from harness.frontend.timeline import Timelines
@@ -112,8 +113,11 @@ class ZmqEngineClient:
         verify: bool = False,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
         output_codec: str | None = None,
+        extra_cpu_us_per_token: float = 0.0,
     ) -> None:
         self.codec_name = codec_name
+        # --frontend-cpu-us-per-token: a heavier API server's work per output token, modelled.
+        self._extra_cpu_us_per_token = extra_cpu_us_per_token
         self.output_codec_name = output_codec or codec_name  # the engine's outputs: a codec of their own if given
         self._request_timeout_s = request_timeout_s
         self._encoder = get_codec(codec_name)
@@ -386,6 +390,7 @@ class ZmqEngineClient:
                 continue
             if self.timelines.enabled:
                 self._stamp_first_outputs(batch, transport.output_seq(frames[0]), received, clock, adapt_ns)
+            spend_cpu(self._extra_cpu_us_per_token * len(batch.outputs))
             for output in batch.outputs:
                 q = self._queues.get(output.request_id)
                 if q is not None:
