@@ -77,6 +77,25 @@ def test_coalesced_reads_are_counted_from_equal_chunk_times() -> None:
     assert "output reads carried several chunks" in health.reasons[0]
 
 
+def test_chunks_the_server_wrote_back_to_back_are_not_held_against_the_client() -> None:
+    coalesced = [_rec(i, chunk_times=[0.1, 0.1, 0.2, 0.3]) for i in range(20)]  # a third of the reads: two chunks
+    # The server took a quarter of its outputs with the next one waiting: one per request, as the reads show.
+    health = assess(coalesced, QUIET_LOOP, request_rate=100.0, server_behind_share=0.25)
+    assert not health.limited and health.reasons == ()
+    assert "the server wrote 25.0% of its chunks back to back" in health.notes[0]
+    lines = format_lines(health)
+    assert any(line.startswith("Server chunks back to back (%):") and "25.00" in line for line in lines)
+    assert any("ok (the client kept up)" in line for line in lines) and any("the server's doing" in ln for ln in lines)
+    assert health_dict(health)["server_behind_share"] == 0.25 and health_dict(health)["notes"] == list(health.notes)
+    # 20 coalesced reads of 60, 80 chunks: 0.25 explains all 20; 0.2 explains 16, +3% of 60 reads is 17.8 < 20.
+    assert assess(coalesced, QUIET_LOOP, request_rate=100.0, server_behind_share=0.2).limited
+    # A server that does not count them, or a client whose own loop lagged, is judged as before.
+    assert assess(coalesced, QUIET_LOOP, request_rate=100.0).limited
+    slow_loop = [0.0005] * 95 + [0.030] * 5
+    late = assess(coalesced, slow_loop, request_rate=100.0, server_behind_share=0.5)
+    assert late.limited and len(late.reasons) == 2 and late.notes == ()
+
+
 def test_rate_inf_does_not_judge_schedule_lag() -> None:
     # Everything planned at 0: the last request's lag is just the time to start them all.
     records = [_rec(0, lag=0.001 * i) for i in range(500)]

@@ -93,3 +93,16 @@ def test_bench_load_parser_with_dataset_flags() -> None:
     args = parser.parse_args(["load", "--base-url", "http://x:1", "--request-rate", "5"])
     assert args.request_rate == 5.0 and args.base_url == "http://x:1"
     assert hasattr(args, "seed") and hasattr(args, "tokenizer")
+
+
+def test_the_servers_back_to_back_share_is_the_difference_of_two_scrapes() -> None:
+    from harness.loadgen.serverstats import outputs_behind_share
+    from harness.wire import prom
+
+    def scrape(streamed: int, behind: int) -> str:
+        return prom.render({prom.OUTPUTS_STREAMED: [({}, streamed)], prom.OUTPUTS_BEHIND: [({}, behind)]})
+
+    assert outputs_behind_share(scrape(100, 10), scrape(300, 60)) == 0.25  # 50 of the run's 200
+    assert outputs_behind_share(scrape(100, 10), scrape(100, 10)) is None  # streamed nothing
+    assert outputs_behind_share(prom.render({}), scrape(300, 60)) is None  # a server that does not count them
+    assert outputs_behind_share(None, scrape(300, 60)) is None

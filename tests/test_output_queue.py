@@ -24,6 +24,22 @@ def test_items_come_out_in_order_and_a_waiting_reader_is_woken() -> None:
     assert asyncio.run(main()) == [1, 2, 3]
 
 
+def test_waiting_counts_what_was_put_and_not_yet_taken() -> None:
+    # The engine client counts an output taken with the next one waiting as written back to back.
+    async def main() -> list[int]:
+        q = OutputQueue(timeout_s=None)
+        seen = [q.waiting()]
+        q.put_nowait(1)  # type: ignore[arg-type]
+        q.put_nowait(2)  # type: ignore[arg-type]
+        seen.append(q.waiting())
+        await q.get()
+        seen.append(q.waiting())
+        q.close()
+        return seen
+
+    assert asyncio.run(main()) == [0, 2, 1]
+
+
 def test_a_reader_left_waiting_longer_than_the_timeout_gets_a_request_timeout_error() -> None:
     async def main() -> object:
         q = OutputQueue(timeout_s=0.05)

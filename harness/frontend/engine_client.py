@@ -154,6 +154,10 @@ class ZmqEngineClient:
         self.engine_load: dict[str, int] = {"running": 0, "waiting": 0}
         # The scheduler's step counters from the same heartbeat (steps, blocked_<cause>).
         self.engine_steps: dict[str, int] = {}
+        # Outputs relayed to streams, and those taken while the request's next output already waited
+        # (the frontend behind that stream: its chunks go out back to back). The client's guard reads them.
+        self.outputs_streamed = 0
+        self.outputs_behind = 0
         self.timelines = Timelines(enabled=spans)
         # --transport shm: big frames travel through this sender's arena (harness.wire.shm), None over zmq.
         self._shm = shm
@@ -321,6 +325,8 @@ class ZmqEngineClient:
                     finished = True
                     raise EngineRequestError(item.error or "the engine failed serving the request")
                 finished = item.finished
+                self.outputs_streamed += 1
+                self.outputs_behind += q.waiting() > 0
                 yield item
         finally:
             q.close()

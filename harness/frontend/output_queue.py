@@ -49,6 +49,10 @@ class OutputQueue:
                 self._waiter = None
         return self._items.popleft()
 
+    def waiting(self) -> int:
+        """Items put and not yet taken."""
+        return len(self._items)
+
     def _expire(self) -> None:
         self._timer = None
         deadline = self._deadline()

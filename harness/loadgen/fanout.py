@@ -109,8 +109,10 @@ async def run_fanout(
     )
 
 
-def health(load: LoadOutcome, request_rate: float, max_concurrency: int | None) -> guard.ClientHealth:
-    """The guard's verdict on a load, however it was produced."""
+def health(
+    load: LoadOutcome, request_rate: float, max_concurrency: int | None, server_behind_share: float | None = None
+) -> guard.ClientHealth:
+    """The guard's verdict on a load, however it was produced (``server_behind_share``: guard.assess)."""
     return guard.assess(
         load.records,
         load.loop_lag_s,
@@ -120,4 +122,5 @@ def health(load: LoadOutcome, request_rate: float, max_concurrency: int | None) 
         workers=load.workers,
         barrier_spread_ms=load.barrier_spread_ms,
         barrier_uncertainty_ms=load.barrier_uncertainty_ms,
+        server_behind_share=server_behind_share,
     )

@@ -26,7 +26,13 @@ from harness.loadgen.arrivals import plan_arrivals
 from harness.loadgen.client import ENDPOINTS, RequestRecord, build_payload, encode_payload, is_chat, send_request
 from harness.loadgen.looplag import LoopLagProbe
 from harness.loadgen.progress import Progress
-from harness.loadgen.serverstats import CodecFigures, codec_figures, codec_name, scrape_metrics
+from harness.loadgen.serverstats import (
+    CodecFigures,
+    codec_figures,
+    codec_name,
+    outputs_behind_share,
+    scrape_metrics,
+)
 from harness.loadgen.workers import (
     LoadWorkerError,
     WorkerCount,
@@ -349,7 +355,9 @@ class ServerLoad:
             interrupted=self.interrupted,
             warmup_failed=self.warmup_failed,
             codec_figures=codec_figures(self.before, after),
-            client_health=fanout.health(load, settings.request_rate, settings.max_concurrency),
+            client_health=fanout.health(
+                load, settings.request_rate, settings.max_concurrency, outputs_behind_share(self.before, after)
+            ),
             ipc=budget,
             engine=runs_on.with_step_counts(
                 runs_on.from_metrics(after) or runs_on.from_metrics(self.before), self.before, after

@@ -124,6 +124,26 @@ def _has_codec_counters(values: dict) -> bool:
     return any(name in names for name, _ in values)
 
 
+def outputs_behind_share(before: str | None, after: str | None) -> float | None:
+    """Of the outputs the server streamed between two scrapes, the share it took while the request's next
+    one already waited (written back to back); None when it does not count them or streamed none."""
+    if before is None or after is None:
+        return None
+    counts = []
+    for text in (before, after):
+        values = prom.parse(text)
+        streamed, behind = (
+            values.get((prom.OUTPUTS_STREAMED, frozenset())),
+            values.get((prom.OUTPUTS_BEHIND, frozenset())),
+        )
+        if streamed is None or behind is None:
+            return None
+        counts.append((streamed, behind))
+    (streamed0, behind0), (streamed1, behind1) = counts
+    streamed = streamed1 - streamed0
+    return (behind1 - behind0) / streamed if streamed > 0 else None
+
+
 def codec_figures(before: str | None, after: str | None) -> CodecFigures | None:
     """Figures from two scrapes, or None when either is missing or has no codec counters."""
     if before is None or after is None:
