@@ -179,6 +179,24 @@ def test_the_preset_names_the_fitted_settings_a_run_changed() -> None:
     assert "--frontend-cpu-us-per-token" in server_flags(vars(args), seed=0)  # and it reaches bench serve
 
 
+def test_an_arm_whose_own_flags_leave_the_fit_says_so_in_its_block() -> None:
+    from harness.experiment.presets import SEED_10245, arm_departures
+
+    argv = ["run", "--preset", "seed-10245", "--codec", "msgspec,msgspec"]
+    parser, _ = build_parser(argv)
+    values = vars(parser.parse_args(argv))
+    flags = {"msgspec#2": ("--frontend-cpu-us-per-token", "90", "--request-timeout", "5")}
+    assert arm_departures(SEED_10245, values, flags) == {"msgspec#2": ["--frontend-cpu-us-per-token 90.0"]}
+    assert arm_departures(SEED_10245, values, {"msgspec#2": ("--no-spans",)}) == {"msgspec#2": []}
+    ours = {k: v or 1.0 for k, v in SEED_TABLE["msgspec"].items()}
+    text = format_seed_table(
+        [_arm("msgspec", ours), _arm("msgspec#2", ours)], "msgspec", [], {"msgspec#2": ["--max-num-seqs 256"]}
+    )
+    first, second = text.split("msgspec#2")
+    assert "not the preset's fit" not in first  # the first arm ran the fit
+    assert second.splitlines()[1] == "  not the preset's fit: this arm set --max-num-seqs 256"
+
+
 def test_the_modelled_api_server_work_is_cpu_time_spent() -> None:
     from harness.frontend.extra_cpu import spend_cpu
 

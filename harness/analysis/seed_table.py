@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from harness.analysis.compare import Arm
 
@@ -67,10 +67,17 @@ def seed_rows(arm: Arm) -> list[tuple[str, float | None, float, float | None]]:
     return rows
 
 
-def format_seed_table(arms: list[Arm], output_codec: str | None = None, departures: Sequence[str] = ()) -> str:
+def format_seed_table(
+    arms: list[Arm],
+    output_codec: str | None = None,
+    departures: Sequence[str] = (),
+    arm_departures: Mapping[str, Sequence[str]] | None = None,
+) -> str:
     """One block per arm whose codec the seed measured: its figures, ours, and whether within ±15%.
     ``output_codec``: the outputs' codec in every arm (--output-codec), None when each arm used its own.
-    ``departures``: the preset's fitted settings this run changed (the fit then does not hold)."""
+    ``departures``: the preset's fitted settings this run changed (the fit then does not hold);
+    ``arm_departures``: those one arm's own flags changed (--arm-flags), by label."""
+    arm_departures = arm_departures or {}
     outputs = (
         f"requests in each arm's codec, outputs in {output_codec} in every arm"
         if output_codec
@@ -92,6 +99,9 @@ def format_seed_table(arms: list[Arm], output_codec: str | None = None, departur
         if codec_of(arm.label) not in SEED_TABLE or not arm.measured:
             continue
         lines.append(f"{arm.label:<24}{'seed':>12}{'ours':>12}{'diff':>10}  within ±{TOLERANCE_PCT:g}%")
+        own = [d for d in arm_departures.get(arm.label, ()) if d not in departures]
+        if own:
+            lines.append("  not the preset's fit: this arm set " + ", ".join(own))
         for label, ref, ours, diff in seed_rows(arm):
             ref_text = f"{ref:,.2f}" if ref is not None else "-"
             diff_text = f"{diff:+.1f}%" if diff is not None else "-"

@@ -58,7 +58,8 @@ def main(args: argparse.Namespace) -> int:
     print(format_comparison(result.arms, result.comparison))
     if args.preset == presets.SEED_10245:
         departures = presets.departures_from_fit(presets.SEED_10245, vars(args))
-        print(format_seed_table(result.arms, args.output_codec, departures))
+        by_arm = presets.arm_departures(presets.SEED_10245, vars(args), result.experiment.server.arm_flags)
+        print(format_seed_table(result.arms, args.output_codec, departures, by_arm))
     if result.experiment.plan.save_result and result.outcomes:
         path, _ = result.save("compare")
         print(f"Comparison saved to {path}")
