@@ -328,7 +328,7 @@ def test_modelled_api_server_work_reaches_the_frontend_and_is_counted_there(tmp_
     # Every output token cost the frontend 5 ms of CPU on top of its own work (~0.7-0.9 ms without).
     assert result["process_cpu"]["roles"]["frontend"]["us_per_output_token"] >= 5000
     # The frontend counts what it wrote back to back, and the client's guard reads it.
-    assert 0 <= result["client"]["server_behind_share"] <= 1
+    assert 0 < result["client"]["server_behind_share"] <= 1  # 5 ms a token: it fell behind
 
 
 def test_the_seed_preset_runs_a_modelled_gpu_and_sets_itself_beside_the_seed(tmp_path):

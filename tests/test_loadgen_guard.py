@@ -82,13 +82,18 @@ def test_chunks_the_server_wrote_back_to_back_are_not_held_against_the_client() 
     # The server took a quarter of its outputs with the next one waiting: one per request, as the reads show.
     health = assess(coalesced, QUIET_LOOP, request_rate=100.0, server_behind_share=0.25)
     assert not health.limited and health.reasons == ()
-    assert "the server wrote 25.0% of its chunks back to back" in health.notes[0]
+    assert "the server wrote 25.0% of its outputs back to back" in health.notes[0]
     lines = format_lines(health)
-    assert any(line.startswith("Server chunks back to back (%):") and "25.00" in line for line in lines)
+    assert any(line.startswith("Server outputs back to back (%):") and "25.00" in line for line in lines)
     assert any("ok (the client kept up)" in line for line in lines) and any("the server's doing" in ln for ln in lines)
     assert health_dict(health)["server_behind_share"] == 0.25 and health_dict(health)["notes"] == list(health.notes)
-    # 20 coalesced reads of 60, 80 chunks: 0.25 explains all 20; 0.2 explains 16, +3% of 60 reads is 17.8 < 20.
+    # 80 chunks in 60 reads: 20 shared a read. 0.25 explains all 20; 0.2 explains 16, +3% of 60 reads is 17.8.
     assert assess(coalesced, QUIET_LOOP, request_rate=100.0, server_behind_share=0.2).limited
+    # Bursts of three: 20 requests x 5 chunks in 3 reads, 40 of 100 chunks shared a read, 1 read in 3 coalesced.
+    # Behind on a third of its outputs the server explains 33 of the 40 (the client's line adds 1.8): limited.
+    bursts = [_rec(i, chunk_times=[0.1, 0.1, 0.1, 0.2, 0.3]) for i in range(20)]
+    assert assess(bursts, QUIET_LOOP, request_rate=100.0, server_behind_share=1 / 3).limited
+    assert not assess(bursts, QUIET_LOOP, request_rate=100.0, server_behind_share=0.4).limited
     # A server that does not count them, or a client whose own loop lagged, is judged as before.
     assert assess(coalesced, QUIET_LOOP, request_rate=100.0).limited
     slow_loop = [0.0005] * 95 + [0.030] * 5

@@ -99,10 +99,10 @@ def test_the_servers_back_to_back_share_is_the_difference_of_two_scrapes() -> No
     from harness.loadgen.serverstats import outputs_behind_share
     from harness.wire import prom
 
-    def scrape(streamed: int, behind: int) -> str:
-        return prom.render({prom.OUTPUTS_STREAMED: [({}, streamed)], prom.OUTPUTS_BEHIND: [({}, behind)]})
+    def scrape(relayed: int, behind: int) -> str:
+        return prom.render({prom.OUTPUTS_RELAYED: [({}, relayed)], prom.OUTPUTS_BEHIND: [({}, behind)]})
 
     assert outputs_behind_share(scrape(100, 10), scrape(300, 60)) == 0.25  # 50 of the run's 200
-    assert outputs_behind_share(scrape(100, 10), scrape(100, 10)) is None  # streamed nothing
+    assert outputs_behind_share(scrape(100, 10), scrape(100, 10)) is None  # relayed nothing
     assert outputs_behind_share(prom.render({}), scrape(300, 60)) is None  # a server that does not count them
     assert outputs_behind_share(None, scrape(300, 60)) is None

@@ -91,6 +91,7 @@ def format_seed_table(
         (
             "fitted to the seed: the modelled step's fixed part, to its median ITL; time the seed spent outside "
             "its GPU is not modelled (docs/seed.md)"
+            + ("; arms marked below left the fit" if any(arm_departures.values()) else "")
             if not departures
             else "not the preset's fit: this run set " + ", ".join(departures) + " (docs/seed.md)"
         ),

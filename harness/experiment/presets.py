@@ -15,12 +15,11 @@ project's real loop.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.engine.step_time import LLAMA8B_H100_FIXED_MS
-from harness.experiment.server_flags import add_model_arguments
+from harness.experiment.server_flags import model_values
 
 SEED_10245 = "seed-10245"
 
@@ -83,12 +82,12 @@ def departures_from_fit(name: str, values: dict[str, Any]) -> list[str]:
 def arm_departures(name: str, values: dict[str, Any], arm_flags: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
     """Per arm label with ``--arm-flags``: the fitted settings that arm ran away from preset ``name``'s,
     its own flags read over the run's (``values``). Arms without flags run the run's settings."""
-    parser = argparse.ArgumentParser(add_help=False)
-    add_model_arguments(parser)
-    out = {}
+    out: dict[str, list[str]] = {}
     for label, flags in arm_flags.items():
-        parser.set_defaults(**{k: v for k, v in values.items() if k in FITTED_SETTINGS})
-        own, _ = parser.parse_known_args(list(flags))
-        fitted = {k: v for k, v in vars(own).items() if k in FITTED_SETTINGS}
-        out[label] = departures_from_fit(name, {**values, **fitted})
+        try:
+            own = model_values(flags, values)
+        except ValueError:  # its server read them; this report must not fail on them
+            out[label] = [f"flags not read here ({' '.join(flags)})"]
+            continue
+        out[label] = departures_from_fit(name, own)
     return out

@@ -5,7 +5,8 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.engine.config import EngineConfig
@@ -19,6 +20,17 @@ def codec_spec(name: str) -> str:
         return check_codec_spec(name)
     except UnknownCodecError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type of a finite amount that may be 0 (--frontend-cpu-us-per-token)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,7 +58,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--frontend-cpu-us-per-token",
-        type=float,
+        type=non_negative_float,
         default=0.0,
         metavar="US",
         help="model a heavier API server: CPU microseconds the frontend's event loop spends on each output "
@@ -118,6 +130,19 @@ def server_flags(values: Mapping[str, Any], seed: int) -> list[str]:
         flag = "--" + dest.replace("_", "-")
         flags += [flag] if isinstance(default, bool) else [flag, str(value)]
     return flags
+
+
+def model_values(flags: Sequence[str], base: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` (parsed flags) with the model/engine flags among ``flags`` read over it; other flags are
+    ignored. Raises ValueError when one of them cannot be read."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    add_model_arguments(parser)
+    parser.set_defaults(**{k: v for k, v in base.items() if k in model_defaults()})
+    try:
+        own, _ = parser.parse_known_args(list(flags))
+    except (argparse.ArgumentError, SystemExit) as exc:  # SystemExit: errors argparse still exits on
+        raise ValueError(f"cannot read {' '.join(flags)!r}: {exc}") from None
+    return {**base, **vars(own)}
 
 
 def model_defaults() -> dict[str, Any]:

@@ -154,9 +154,9 @@ class ZmqEngineClient:
         self.engine_load: dict[str, int] = {"running": 0, "waiting": 0}
         # The scheduler's step counters from the same heartbeat (steps, blocked_<cause>).
         self.engine_steps: dict[str, int] = {}
-        # Outputs relayed to streams, and those taken while the request's next output already waited
-        # (the frontend behind that stream: its chunks go out back to back). The client's guard reads them.
-        self.outputs_streamed = 0
+        # Outputs relayed to requests, and those taken while the request's next output already waited
+        # (the frontend behind that request: streamed, its chunks go out back to back). The client's guard reads them.
+        self.outputs_relayed = 0
         self.outputs_behind = 0
         self.timelines = Timelines(enabled=spans)
         # --transport shm: big frames travel through this sender's arena (harness.wire.shm), None over zmq.
@@ -325,7 +325,7 @@ class ZmqEngineClient:
                     finished = True
                     raise EngineRequestError(item.error or "the engine failed serving the request")
                 finished = item.finished
-                self.outputs_streamed += 1
+                self.outputs_relayed += 1
                 self.outputs_behind += q.waiting() > 0
                 yield item
         finally:
@@ -396,7 +396,8 @@ class ZmqEngineClient:
                 continue
             if self.timelines.enabled:
                 self._stamp_first_outputs(batch, transport.output_seq(frames[0]), received, clock, adapt_ns)
-            spend_cpu(self._extra_cpu_us_per_token * len(batch.outputs))
+            if self._extra_cpu_us_per_token:
+                spend_cpu(self._extra_cpu_us_per_token * sum(len(o.new_token_ids) for o in batch.outputs))
             for output in batch.outputs:
                 q = self._queues.get(output.request_id)
                 if q is not None:

@@ -38,9 +38,9 @@ class FrontendMetrics:
             out[prom.ENGINE_WAITING_STEPS] = [
                 ({"blocked_by": k.removeprefix("blocked_")}, v) for k, v in steps.items() if k.startswith("blocked_")
             ]
-        streamed = getattr(engine, "outputs_streamed", None)  # the ZeroMQ client's
-        if streamed is not None:
-            out[prom.OUTPUTS_STREAMED] = [({}, streamed)]
+        relayed = getattr(engine, "outputs_relayed", None)  # the ZeroMQ client's
+        if relayed is not None:
+            out[prom.OUTPUTS_RELAYED] = [({}, relayed)]
             out[prom.OUTPUTS_BEHIND] = [({}, getattr(engine, "outputs_behind", 0))]
         out.update(runs_on.metric_samples(getattr(engine, "engine_info", None) or {}))  # from READY
         return out

@@ -20,10 +20,11 @@ exit code 4):
   too. A wirebench server counts the outputs it took while the request's
   next one already waited (its loop behind that stream, the two chunks
   written back to back); when the client's own lags stayed within their
-  lines and those outputs explain the coalesced reads (a burst of k chunks
-  is k - 1 of them and one coalesced read; the reads may exceed them by
-  COALESCED_SHARE_MAX of all reads, the client's own line), the sign is the
-  server's: noted, not held against the client. Any other server, or a
+  lines and those outputs explain the chunks that shared a read (a burst
+  of k chunks is k - 1 of each; the client may add COALESCED_SHARE_MAX of
+  its reads, its own line), the sign is the server's: noted, not held
+  against the client. Both are totals over the run, so a server behind
+  early can cover a client late later on when its lags did not show it. Any other server, or a
   coalescing share it does not explain, still marks the run.
 
 Coalescing is counted from the records: the client stamps every event of
@@ -167,10 +168,10 @@ def assess(
     share = coalesced / reads if reads else 0.0
     own_lags_ok = not reasons  # schedule and loop lag, the client's own signs
     chunks = sum(len(r.chunk_times) for r in records)
-    if share > COALESCED_SHARE_MAX and own_lags_ok and _server_explains(coalesced, reads, chunks, server_behind_share):
+    if share > COALESCED_SHARE_MAX and own_lags_ok and _server_explains(reads, chunks, server_behind_share):
         notes.append(
             f"{share:.1%} of output reads carried several chunks, but the server wrote {server_behind_share:.1%} "
-            "of its chunks back to back (its loop behind their streams) while the client's own lags stayed "
+            "of its outputs back to back (its loop behind their requests) while the client's own lags stayed "
             "within their lines: the server's doing, and ITL's 0 ms samples are what it sent"
         )
     elif share > COALESCED_SHARE_MAX:
@@ -197,13 +198,14 @@ def assess(
     )
 
 
-def _server_explains(coalesced: int, reads: int, chunks: int, server_behind_share: float | None) -> bool:
-    """Whether the server's back-to-back writes account for the coalesced reads: a burst of k chunks is
-    k - 1 outputs taken behind and one coalesced read, so only reads beyond the server's count are the
-    client's, and up to COALESCED_SHARE_MAX of all reads is within its own line."""
+def _server_explains(reads: int, chunks: int, server_behind_share: float | None) -> bool:
+    """Whether the server's back-to-back writes account for the chunks that shared a read: a burst of k
+    chunks is k - 1 outputs the server took behind and k - 1 chunks read with an earlier one, so only
+    chunks beyond the server's count are the client's; up to COALESCED_SHARE_MAX of its reads (one extra
+    chunk each, as a late read mostly finds) is within its own line."""
     if server_behind_share is None:
         return False
-    return coalesced <= server_behind_share * chunks + COALESCED_SHARE_MAX * reads
+    return chunks - reads <= server_behind_share * chunks + COALESCED_SHARE_MAX * reads
 
 
 def _row(label: str, value: Any, fmt: str = "") -> str:
@@ -230,7 +232,7 @@ def format_lines(health: ClientHealth | None) -> list[str]:
         _row("Coalesced output reads (%):", health.coalesced_share * 100.0, ".2f"),
     ]
     if health.server_behind_share is not None:
-        lines.append(_row("Server chunks back to back (%):", health.server_behind_share * 100.0, ".2f"))
+        lines.append(_row("Server outputs back to back (%):", health.server_behind_share * 100.0, ".2f"))
     for w in health.workers:
         if w.error:
             lines.append(f"  worker {w.worker}: {w.error}")

@@ -125,23 +125,24 @@ def _has_codec_counters(values: dict) -> bool:
 
 
 def outputs_behind_share(before: str | None, after: str | None) -> float | None:
-    """Of the outputs the server streamed between two scrapes, the share it took while the request's next
-    one already waited (written back to back); None when it does not count them or streamed none."""
+    """Of the outputs the server relayed between two scrapes, the share it took while the request's next
+    one already waited (written back to back); None when it does not count them or relayed none."""
     if before is None or after is None:
         return None
     counts = []
     for text in (before, after):
         values = prom.parse(text)
-        streamed, behind = (
-            values.get((prom.OUTPUTS_STREAMED, frozenset())),
+        relayed, behind = (
+            values.get((prom.OUTPUTS_RELAYED, frozenset())),
             values.get((prom.OUTPUTS_BEHIND, frozenset())),
         )
-        if streamed is None or behind is None:
+        if relayed is None or behind is None:
             return None
-        counts.append((streamed, behind))
-    (streamed0, behind0), (streamed1, behind1) = counts
-    streamed = streamed1 - streamed0
-    return (behind1 - behind0) / streamed if streamed > 0 else None
+        counts.append((relayed, behind))
+    (relayed0, behind0), (relayed1, behind1) = counts
+    relayed, behind = relayed1 - relayed0, behind1 - behind0
+    # A restarted server (counters reset) or another one between the scrapes: no share to read.
+    return behind / relayed if relayed > 0 and 0 <= behind <= relayed else None
 
 
 def codec_figures(before: str | None, after: str | None) -> CodecFigures | None:

@@ -35,7 +35,7 @@ ENGINE_REQUESTS = PREFIX + "engine_requests"  # gauge, label state=running|waiti
 ENGINE_STEPS = PREFIX + "engine_steps_total"  # counter: engine steps run
 # counter, label blocked_by=kv_cache|max_num_seqs|token_budget: steps after which requests still waited
 ENGINE_WAITING_STEPS = PREFIX + "engine_steps_with_waiting_total"
-OUTPUTS_STREAMED = PREFIX + "frontend_outputs_streamed_total"  # counter: engine outputs relayed to streams
+OUTPUTS_RELAYED = PREFIX + "frontend_outputs_relayed_total"  # counter: engine outputs relayed to requests
 OUTPUTS_BEHIND = PREFIX + "frontend_outputs_behind_total"  # counter: of those, taken with the next one waiting
 
 # Histograms (seconds), each with labels (see harness.wire.spans for what a span is).
@@ -65,11 +65,11 @@ HELP = {
         "Steps that left requests waiting, by what stopped admitting them (kv_cache and max_num_seqs: "
         "admission; token_budget: the step was full).",
     ),
-    OUTPUTS_STREAMED: ("counter", "Engine outputs the frontend relayed to their requests' streams."),
+    OUTPUTS_RELAYED: ("counter", "Engine outputs the frontend relayed to their requests."),
     OUTPUTS_BEHIND: (
         "counter",
-        "Outputs a stream took while its request's next output already waited: the frontend was behind "
-        "that stream and wrote the two chunks back to back.",
+        "Outputs a request took while its next output already waited: the frontend was behind that "
+        "request and, streaming, wrote the two chunks back to back.",
     ),
     CODEC_CPU_SECONDS_TOTAL: ("counter", "Thread CPU seconds in the codec's encode or decode."),
     CODEC_ADAPT_SECONDS: (
