@@ -31,6 +31,7 @@ SCRIPT_OUTPUTS = {
     "seed-10245-outputs-36rounds-client.json",
     "seed-10245-v1-30rounds-client.json",
     "seed-10245-api-server-client.json",
+    "gc-pauses.json",
     "hostile-costs.json",
     "packed-micro.json",
     "transport-client.json",

@@ -161,3 +161,21 @@ def test_no_argparse_internals_and_no_namespace_below_the_commands() -> None:
     for path in (ROOT / "harness" / "experiment").glob("*.py"):
         if path.name not in ("flags.py", "server_flags.py"):  # the two that define flags
             assert "import argparse" not in path.read_text(), path
+
+
+def test_the_server_freezes_its_startup_heap_unless_told_not_to() -> None:
+    """Both server processes move their startup heap out of full collections (harness.wire.heap);
+    --no-gc-freeze reaches the engine's config and bench serve's flags from bench run."""
+    from harness.cli import build_parser
+    from harness.commands.serve import engine_config_from_args
+    from harness.experiment.server_flags import server_flags
+    from harness.wire.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(None)
+    for argv, frozen in ((["serve"], True), (["serve", "--no-gc-freeze"], False)):
+        parser, _ = build_parser(argv)
+        assert engine_config_from_args(parser.parse_args(argv), tokenizer).gc_freeze is frozen
+    parser, _ = build_parser(["run", "--no-gc-freeze"])
+    assert "--no-gc-freeze" in server_flags(vars(parser.parse_args(["run", "--no-gc-freeze"])), 0)
+    for path in ("harness/commands/serve.py", "harness/engine/process.py"):
+        assert "freeze_heap()" in (ROOT / path).read_text(), path

@@ -29,6 +29,7 @@ from harness.frontend.engine_client import REQUEST_TIMEOUT_S, ZmqEngineClient
 from harness.frontend.settings import FrontendSettings
 from harness.frontend.shm_sender import ShmSender
 from harness.wire import curve, parent_watch, shm, transport
+from harness.wire.heap import freeze_heap
 from harness.wire.spans import trace_events
 from harness.wire.transport import EngineAddresses, is_loopback, transport_refusal
 from wirecodecs import codec_listing, unpickles_peer_data
@@ -209,6 +210,7 @@ def engine_config_from_args(args: argparse.Namespace, tokenizer: Any) -> EngineC
         image_tokens=args.image_tokens,
         compile=args.compile,
         output_stats=args.output_stats,
+        gc_freeze=not args.no_gc_freeze,
         spans=not args.no_spans,
     )
 
@@ -408,6 +410,8 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
         await runner.setup()
         site = web.TCPSite(runner, args.host, args.port)
         await site.start()
+        if not args.no_gc_freeze:
+            freeze_heap()  # everything started: keep it out of full collections
         server = site._server
         port = server.sockets[0].getsockname()[1] if isinstance(server, asyncio.Server) else args.port
         engine_desc = ", ".join(f"{k}={v}" for k, v in info.items() if k != "pid")

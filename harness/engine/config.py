@@ -52,6 +52,8 @@ class EngineConfig:
     # Attach the scheduler's state to every output batch (EngineCoreOutputs.scheduler_stats), as vLLM
     # does with stats logging on: heavier outputs for every codec.
     output_stats: bool = False
+    # Freeze the heap once the model is loaded (harness.wire.heap), as vLLM's engine does.
+    gc_freeze: bool = True
 
     @property
     def codec_of_outputs(self) -> str:

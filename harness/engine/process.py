@@ -33,6 +33,7 @@ from harness.engine.core import EngineCore, error_output
 from harness.engine.scheduler import Scheduler
 from harness.engine.timings import EngineTimings
 from harness.wire import curve, shm, transport
+from harness.wire.heap import freeze_heap
 from harness.wire.integrity import outputs_check, request_digest
 from harness.wire.messages import (
     EngineCoreAbort,
@@ -442,6 +443,8 @@ class EngineProcess:
             in_sock.close()
             out_sock.close()
             raise SystemExit(1) from exc
+        if self.config.gc_freeze:
+            freeze_heap()  # the model is loaded: keep it out of full collections
         info = {
             "pid": os.getpid(),
             "codec": self.config.codec,

@@ -110,6 +110,12 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--compile", action="store_true", help="torch.compile each layer's dense parts (compiles at start)")
     g.add_argument("--image-tokens", type=int, default=defaults.image_tokens, help="embeddings per image")
     g.add_argument(
+        "--no-gc-freeze",
+        action="store_true",
+        help="leave the frontend's and engine's startup heaps to the garbage collector's full collections, "
+        "as vLLM did before 2025 (default: frozen once started, as vLLM's now are; scripts/gc_pauses.py)",
+    )
+    g.add_argument(
         "--output-stats",
         action="store_true",
         help="attach the scheduler's state (running, waiting, KV usage, step tokens) to every output batch, as "

@@ -41,6 +41,7 @@ from harness.loadgen.workers import (
     uncancel_current_task,
 )
 from harness.wire import prom, runs_on
+from harness.wire.heap import freeze_heap
 from harness.wire.messages import MAX_LOGPROBS
 from harness.wire.spans import IpcBudget
 from harness.workloads.sample import SampleRequest
@@ -421,8 +422,7 @@ async def _run_load(
     slots = asyncio.Semaphore(settings.max_concurrency) if settings.max_concurrency else None
     # As benchmark_serving does: collect now and keep the prepared workload out
     # of later collections, so GC pauses in the client are short.
-    gc.collect()
-    gc.freeze()
+    freeze_heap()
     started = time.perf_counter()
     origin = started if run_origin is None else run_origin
     records = [

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import ipaddress
 import os
 import socket
@@ -33,6 +32,7 @@ import aiohttp
 from harness.loadgen.client import RequestRecord, send_request
 from harness.loadgen.guard import WorkerReport, percentile_ms
 from harness.loadgen.looplag import LoopLagProbe
+from harness.wire.heap import freeze_heap
 
 WorkerCount = int | Literal["auto"]
 # Most client processes `auto` starts on one host (see auto_workers).
@@ -175,8 +175,7 @@ def build_jobs(
 def quiet_gc() -> None:
     """As benchmark_serving (and runner._run_load) do: collect now and keep what exists out of later
     collections, so GC pauses in a worker stay short. Worker processes end after the run: no unfreeze."""
-    gc.collect()
-    gc.freeze()
+    freeze_heap()
 
 
 def new_session() -> aiohttp.ClientSession:
