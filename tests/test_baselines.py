@@ -32,6 +32,7 @@ SCRIPT_OUTPUTS = {
     "seed-10245-v1-30rounds-client.json",
     "seed-10245-api-server-client.json",
     "gc-pauses.json",
+    "seed-10245-api-server-ab-client.json",
     "hostile-costs.json",
     "packed-micro.json",
     "transport-client.json",
