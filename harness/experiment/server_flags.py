@@ -143,12 +143,12 @@ def model_values(flags: Sequence[str], base: Mapping[str, Any]) -> dict[str, Any
     ignored. Raises ValueError when one of them cannot be read."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     add_model_arguments(parser)
-    parser.set_defaults(**{k: v for k, v in base.items() if k in model_defaults()})
+    parser.set_defaults(**base)  # every value of base, model flag or not, comes back unless a flag sets it
     try:
         own, _ = parser.parse_known_args(list(flags))
     except (argparse.ArgumentError, SystemExit) as exc:  # SystemExit: errors argparse still exits on
         raise ValueError(f"cannot read {' '.join(flags)!r}: {exc}") from None
-    return {**base, **vars(own)}
+    return vars(own)
 
 
 def model_defaults() -> dict[str, Any]:

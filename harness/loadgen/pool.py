@@ -42,9 +42,9 @@ from harness.loadgen.workers import (
     combine,
     drive,
     new_session,
-    quiet_gc,
     uncancel_current_task,
 )
+from harness.wire.heap import freeze_heap
 
 # Between the last "ready" and the start: enough for every child to get "go".
 START_DELAY_S = 0.05
@@ -107,7 +107,7 @@ def _perf_counter_of(monotonic_t: float) -> float:
 async def _child(job: WorkerJob, conn: Connection) -> None:
     inbox = _Inbox(conn)
     async with new_session() as session:
-        quiet_gc()  # before "ready": a collection now cannot delay the shared start
+        freeze_heap()  # as benchmark_serving does; before "ready": a collection now cannot delay the shared start
         inbox.send("ready")
         msg = await inbox.get()
         if msg[0] != "go":

@@ -46,9 +46,9 @@ from harness.loadgen.workers import (
     combine,
     drive,
     new_session,
-    quiet_gc,
     uncancel_current_task,
 )
+from harness.wire.heap import freeze_heap
 
 INSTALL_HINT = "pip install 'wirebench[distributed]'"
 START_DELAY_S = 0.25
@@ -80,7 +80,7 @@ class LoadActor:
         self._stopped = False
 
     async def ready(self) -> tuple[str, int]:
-        quiet_gc()  # before the barrier: a collection now cannot delay the start
+        freeze_heap()  # as benchmark_serving does; before the barrier: a collection now cannot delay the start
         return socket.gethostname(), os.getpid()
 
     async def clock(self) -> float:

@@ -32,7 +32,6 @@ import aiohttp
 from harness.loadgen.client import RequestRecord, send_request
 from harness.loadgen.guard import WorkerReport, percentile_ms
 from harness.loadgen.looplag import LoopLagProbe
-from harness.wire.heap import freeze_heap
 
 WorkerCount = int | Literal["auto"]
 # Most client processes `auto` starts on one host (see auto_workers).
@@ -172,12 +171,6 @@ def build_jobs(
     ]
 
 
-def quiet_gc() -> None:
-    """As benchmark_serving (and runner._run_load) do: collect now and keep what exists out of later
-    collections, so GC pauses in a worker stay short. Worker processes end after the run: no unfreeze."""
-    freeze_heap()
-
-
 def new_session() -> aiohttp.ClientSession:
     # Unlimited connector, as the in-process runner: the client adds no hidden queue.
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
@@ -249,8 +242,8 @@ async def drive(
     """Wait for ``origin`` (a perf_counter value shared by the workers), then send the job's records.
 
     Cancelling the task that runs it stops the load (see send_on_schedule).
-    The caller runs ``quiet_gc`` before the barrier, so no collection delays
-    the start.
+    The caller freezes its heap (harness.wire.heap.freeze_heap) before the barrier, so no collection
+    delays the start; worker processes end after the run, so nothing unfreezes it.
     """
     records = job.records
     slots = asyncio.Semaphore(job.max_concurrency) if job.max_concurrency else None
