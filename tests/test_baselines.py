@@ -33,6 +33,7 @@ SCRIPT_OUTPUTS = {
     "seed-10245-api-server-client.json",
     "gc-pauses.json",
     "seed-10245-api-server-ab-client.json",
+    "seed-10245-vllm-client.json",
     "hostile-costs.json",
     "packed-micro.json",
     "transport-client.json",

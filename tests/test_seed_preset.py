@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +17,9 @@ from harness.analysis.seed_table import SEED_TABLE, format_seed_table, seed_rows
 from harness.cli import build_parser, flag_value
 from harness.engine.step_time import LLAMA8B_H100, LLAMA8B_H100_FIXED_MS, step_time_model
 from harness.experiment.server_flags import server_flags
+from harness.wire.tokenizer import load_tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_linear_model_is_the_old_fixed_plus_per_token_step() -> None:
@@ -212,3 +219,45 @@ def test_the_modelled_api_server_work_is_cpu_time_spent() -> None:
         parser, _ = build_parser(argv)
         with pytest.raises(SystemExit):
             parser.parse_args(argv)
+
+
+# -- scripts/vllm_client_check.py: what makes vLLM 0.6.4's client comparable ---------------
+
+
+def _client_check() -> Any:
+    spec = importlib.util.spec_from_file_location("vllm_client_check", ROOT / "scripts" / "vllm_client_check.py")
+    assert spec and spec.loader
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_the_hf_copy_of_our_tokenizer_renders_and_counts_prompts_as_the_server(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(_client_check().hf_tokenizer_dir(tmp_path)))
+    ours = load_tokenizer()
+    for messages in (
+        [{"role": "user", "content": "Pick as many lines as you can from these poem lines:\nA line\n"}],
+        [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}],
+    ):
+        text = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert text == ours.apply_chat_template(messages)
+        assert hf(text).input_ids == ours.hf.encode(text).ids  # benchmark_serving's prompt_len
+
+
+def test_the_server_view_takes_arrivals_first_chunks_and_steps_from_the_trace(tmp_path: Path) -> None:
+    def span(name: str, ts: float, dur: float, **args: Any) -> dict[str, Any]:
+        return {"ph": "X", "name": name, "ts": ts, "dur": dur, "args": args}
+
+    events = [span("prepare", 0, 5, request_id="test"), span("relay first chunk", 900, 10, request_id="test")]
+    for i, t in enumerate((10_000, 30_000, 50_000)):  # µs: three requests 20 ms apart, first chunks 40 ms on
+        rid = f"r{i}"
+        events += [span("prepare", t, 5, request_id=rid), span("relay first chunk", t + 39_990, 10, request_id=rid)]
+    events += [span("step", t, 18_000) for t in (500, 10_000, 30_000, 50_000, 70_000)]
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    view = _client_check().server_view(trace, drop_first=True)  # the vLLM client's test request goes
+    assert view["requests_arrived"] == 3 and view["arrival_span_s"] == pytest.approx(0.04)
+    assert view["server_ttft_mean_ms"] == pytest.approx(40.0) == view["server_ttft_median_ms"]
+    assert view["server_step_interval_p50_ms"] == pytest.approx(20.0)  # the test request's step left out
+    assert _client_check().server_view(trace, drop_first=False)["requests_arrived"] == 4

@@ -1,0 +1,242 @@
+#!/usr/bin/env python
+"""Our client against the seed's own: vLLM 0.6.4's benchmark_serving.py on the seed preset's server.
+
+    .venv/bin/python scripts/vllm_client_check.py --vllm-benchmarks DIR --vllm-python PY \\
+        [--seeds 21,22,23,24] [--out results/baselines/seed-10245-vllm-client.json]
+
+DIR holds ``benchmark_serving.py`` and ``backend_request_func.py`` from vLLM's 0.6.4 source
+release, unmodified (as it stood three days after the PR merged: the seed's command's client), and PY is
+a Python with what they import (aiohttp, datasets, pillow, transformers, tqdm, numpy); vLLM itself
+must not be importable there, so the script falls back to its own helpers. Getting both:
+
+    curl -O https://files.pythonhosted.org/packages/44/2f/6694c547202333dcbd2c2e08a7e1fc04f7db7dc44d32ba6fbd51a38bc10e/vllm-0.6.4.tar.gz
+    echo "5d1452c44e6fde35084219a8396a79c77f1202a6fc69fdb966d15a1a8933b762  vllm-0.6.4.tar.gz" | sha256sum -c
+    tar xzf vllm-0.6.4.tar.gz vllm-0.6.4/benchmarks          # DIR = vllm-0.6.4/benchmarks
+    python3 -m venv /tmp/vb && /tmp/vb/bin/pip install aiohttp datasets pillow transformers tqdm
+
+For each seed, each client in turn (the first one alternating) drives a fresh ``bench serve`` with
+the preset's engine and a trace file: the preset's workload, the same sonnet file and a HF copy of
+the project's tokenizer whose chat template renders as the server's. From the server's trace it
+takes when each request arrived (the vLLM client's one test request, sent first, left out) and the
+engine's step times, so the clients are compared at the arrival rate they delivered, not the one
+they planned: ``bench load`` sends on an absolute schedule, benchmark_serving sleeps each interval
+after the last send. Our client's figures are fitted against the span over which its requests
+arrived (least squares, a line) and read at each vLLM run's span.
+
+vLLM 0.6.4 counts a request's output tokens by re-tokenizing its text (calculate_metrics), which on
+the ``sim`` executor's random tokens gives more than the 150 sent; ``tpot_150`` is its TPOT over the
+150 tokens the server sent (the sum of its gaps / 149), the figure comparable to ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from harness.experiment.presets import PRESETS, SEED_10245  # noqa: E402
+from harness.wire.tokenizer import GENERATION_PROMPT, ROLE_MARKERS, load_tokenizer  # noqa: E402
+
+BENCH = str(ROOT / ".venv" / "bin" / "bench")
+SERVER_KEYS = (
+    "codec",
+    "output_codec",
+    "executor",
+    "sim_step_model",
+    "sim_step_fixed_ms",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+)
+FIGURES = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms")
+PRESET = PRESETS[SEED_10245]
+
+
+def hf_tokenizer_dir(where: Path) -> Path:
+    """The project's tokenizer.json with a Jinja chat template that renders as ``apply_chat_template``."""
+    tokenizer = load_tokenizer()
+    (where / "tokenizer.json").write_bytes((ROOT / "datasets" / "tokenizer.json").read_bytes())
+    # Every literal inside {{ }}: transformers' Jinja trims the newline after a block tag and at the end.
+    markers = "".join(
+        f"{{% {'if' if i == 0 else 'elif'} m['role'] == '{role}' %}}{{{{ {marker!r} }}}}"
+        for i, (role, marker) in enumerate(ROLE_MARKERS.items())
+    )
+    newline = repr("\n")
+    template = "{{ bos_token }}{% for m in messages %}" + markers + "{% endif %}"
+    template += f"{{{{ {newline} + m['content'] + {newline} }}}}{{% endfor %}}{{{{ {GENERATION_PROMPT!r} }}}}"
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": tokenizer.bos_token,
+        "chat_template": template,
+        "model_max_length": 131072,
+    }
+    (where / "tokenizer_config.json").write_text(json.dumps(config))
+    return where
+
+
+def wait_ready(port: int, server: subprocess.Popen[bytes], timeout_s: float = 120) -> str:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if server.poll() is not None:
+            raise RuntimeError(f"bench serve exited with {server.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
+                return str(json.load(r)["data"][0]["id"])
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError("bench serve did not become ready")
+
+
+def server_view(trace: Path, drop_first: bool) -> dict[str, float]:
+    """One run as the server saw it, from its trace: arrivals, first tokens, engine steps."""
+    events = json.loads(trace.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    arrived = {e["args"]["request_id"]: e["ts"] for e in events if e["name"] == "prepare"}
+    first = {e["args"]["request_id"]: e["ts"] + e["dur"] for e in events if e["name"] == "relay first chunk"}
+    order = sorted(arrived, key=arrived.__getitem__)[1 if drop_first else 0 :]
+    ttft = np.array([first[r] - arrived[r] for r in order]) / 1e3
+    starts = sorted(e["ts"] for e in events if e["name"] == "step" and e["ts"] >= arrived[order[0]])
+    return {
+        "requests_arrived": len(order),
+        "arrival_span_s": (arrived[order[-1]] - arrived[order[0]]) / 1e6,
+        "server_ttft_mean_ms": float(ttft.mean()),
+        "server_ttft_median_ms": float(np.median(ttft)),
+        "server_step_interval_p50_ms": float(np.median(np.diff(starts)) / 1e3),
+    }
+
+
+def planned_span_s(client: str, seed: int, result: dict[str, Any]) -> float:
+    """The arrival span the client planned: ours records it; benchmark_serving 0.6.4 draws its gaps
+    from numpy's legacy generator seeded with --seed, which nothing else draws from before them."""
+    if client == "ours":
+        sends = [r["planned_send"] for r in result["records"]]
+        return float(max(sends) - min(sends))
+    gaps = np.random.RandomState(seed).gamma(1.0, 1.0 / PRESET["request_rate"], size=PRESET["num_prompts"] - 1)
+    return float(gaps.sum())
+
+
+def ours_command(port: int, seed: int, out: Path) -> list[str]:
+    return (
+        [BENCH, "load", "--base-url", f"http://127.0.0.1:{port}", "--dataset-name", "sonnet"]
+        + workload_flags(seed)
+        + ["--workers", str(PRESET["workers"]), "--no-progress"]
+        + ["--result-dir", str(out.parent), "--result-filename", out.name]
+    )
+
+
+def workload_flags(seed: int) -> list[str]:
+    flags = ["--num-prompts", str(PRESET["num_prompts"]), "--request-rate", str(PRESET["request_rate"])]
+    for key in ("sonnet_input_len", "sonnet_output_len", "sonnet_prefix_len"):
+        flags += [f"--{key.replace('_', '-')}", str(PRESET[key])]
+    return flags + ["--seed", str(seed)]
+
+
+def vllm_command(args: argparse.Namespace, port: int, model: str, seed: int, tok: Path, out: Path) -> list[str]:
+    return (
+        [args.vllm_python, "benchmark_serving.py", "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}"]
+        + ["--model", model, "--tokenizer", str(tok), "--dataset-name", "sonnet"]
+        + ["--dataset-path", str(ROOT / "datasets" / "sonnets.txt"), "--ignore-eos", "--disable-tqdm"]
+        + workload_flags(seed)
+        + ["--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]
+    )
+
+
+def client_figures(client: str, result: dict[str, Any]) -> dict[str, float]:
+    figures = {k: float(result[k]) for k in FIGURES if k in result}
+    if client == "vllm":
+        n = PRESET["sonnet_output_len"]
+        figures["tpot"] = float(np.mean([sum(gaps) / (n - 1) for gaps in result["itls"]]) * 1e3)
+        figures["tpot_retokenized"] = float(result["mean_tpot_ms"])
+        figures["output_tokens_counted"] = int(result["total_output_tokens"])
+    else:
+        figures["tpot"] = float(result["mean_tpot_ms"])
+    figures["completed"] = int(result["completed"])
+    return figures
+
+
+def one_run(args: argparse.Namespace, client: str, seed: int, work: Path, tok: Path) -> dict[str, Any]:
+    trace, out = work / f"trace-{client}-{seed}.json", work / f"{client}-{seed}.json"
+    server_flags = [x for k in SERVER_KEYS for x in (f"--{k.replace('_', '-')}", str(PRESET[k]))]
+    server = subprocess.Popen(
+        [BENCH, "serve", *server_flags, "--port", str(args.port), "--trace-file", str(trace)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        model = wait_ready(args.port, server)
+        if client == "ours":
+            cmd, cwd = ours_command(args.port, seed, out), ROOT
+        else:
+            cmd, cwd = vllm_command(args, args.port, model, seed, tok, out), Path(args.vllm_benchmarks)
+        done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{client} seed {seed} failed: {done.stderr[-2000:]}")
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(timeout=60)
+    row = {"client": client, "seed": seed}
+    result = json.loads(out.read_text())
+    row.update(client_figures(client, result))
+    row["planned_span_s"] = planned_span_s(client, seed, result)
+    row.update(server_view(trace, drop_first=client == "vllm"))
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def compare(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per client, what it read beyond what the server saw in the same run, and its arrival stretch."""
+    out: dict[str, Any] = {}
+    for client in ("ours", "vllm"):
+        runs = [r for r in rows if r["client"] == client]
+        out[client] = {
+            "ttft_mean_minus_server_ms": [round(r["mean_ttft_ms"] - r["server_ttft_mean_ms"], 2) for r in runs],
+            "ttft_median_minus_server_ms": [round(r["median_ttft_ms"] - r["server_ttft_median_ms"], 2) for r in runs],
+            "itl_median_minus_step_interval_ms": [
+                round(r["median_itl_ms"] - r["server_step_interval_p50_ms"], 2) for r in runs
+            ],
+            "arrival_span_over_planned_pct": [
+                round(100 * (r["arrival_span_s"] / r["planned_span_s"] - 1), 2) for r in runs
+            ],
+        }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--vllm-benchmarks", required=True, help="folder with vLLM 0.6.4's benchmark_serving.py")
+    parser.add_argument("--vllm-python", required=True, help="a Python with its imports, without vllm")
+    parser.add_argument("--seeds", default="21,22,23,24")
+    parser.add_argument("--port", type=int, default=8131)
+    parser.add_argument("--out", default=str(ROOT / "results" / "baselines" / "seed-10245-vllm-client.json"))
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="wb-vllm-client-") as tmp:
+        work = Path(tmp)
+        tok = hf_tokenizer_dir(Path(tempfile.mkdtemp(dir=tmp)))
+        for i, seed in enumerate(int(s) for s in args.seeds.split(",")):
+            order = ("ours", "vllm") if i % 2 == 0 else ("vllm", "ours")
+            rows += [one_run(args, client, seed, work, tok) for client in order]
+    result = {
+        "command": "scripts/vllm_client_check.py " + " ".join(sys.argv[1:]),
+        "vllm_client": "vLLM 0.6.4 sdist benchmarks/benchmark_serving.py, unmodified",
+        "preset": SEED_10245,
+        "runs": rows,
+        "comparison": compare(rows),
+    }
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result["comparison"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
