@@ -15,28 +15,34 @@ must not be importable there, so the script falls back to its own helpers. Getti
     python3 -m venv /tmp/vb && /tmp/vb/bin/pip install aiohttp datasets pillow transformers tqdm
 
 For each seed, each client in turn (the first one alternating) drives a fresh ``bench serve`` with
-the preset's engine and a trace file: the preset's workload, the same sonnet file and a HF copy of
-the project's tokenizer whose chat template renders as the server's. From the server's trace it
-takes when each request arrived (the vLLM client's one test request, sent first, left out) and the
-engine's step times, so the clients are compared at the arrival rate they delivered, not the one
-they planned: ``bench load`` sends on an absolute schedule, benchmark_serving sleeps each interval
-after the last send. Our client's figures are fitted against the span over which its requests
-arrived (least squares, a line) and read at each vLLM run's span.
+the preset's engine and a trace file: the preset's workload settings, the same sonnet file and a HF copy
+of the project's tokenizer whose chat template renders as the server's. From the server's trace it
+takes when each request arrived (the vLLM client's one test request, sent first, left out), when its
+first chunk was written, and when the engine's steps began; each client's figures are set beside
+what the server saw in the same run. The two clients plan their own arrival schedules from the seed
+(``bench load`` sends on an absolute schedule, benchmark_serving sleeps each gap after the last send),
+so a run's arrival span is compared with its own client's plan.
 
-vLLM 0.6.4 counts a request's output tokens by re-tokenizing its text (calculate_metrics), which on
-the ``sim`` executor's random tokens gives more than the 150 sent; ``tpot_150`` is its TPOT over the
-150 tokens the server sent (the sum of its gaps / 149), the figure comparable to ours.
+Definitions differ where the clients do:
+- TTFT: vLLM 0.6.4's client stops it at the first chunk whose text is not empty; the server writes a
+  chunk per token, empty while a token's text is held back (part of a UTF-8 character) or special.
+  ``empty_chunk_share`` is the share of the 150 tokens a vLLM run saw no text for, and
+  ``ttft_late_from_empty_est_ms`` that share times the step interval: what such first chunks add to
+  its mean TTFT if the first token is as likely to be empty as any (an estimate, not a measurement).
+- TPOT: vLLM 0.6.4 counts a request's output tokens by re-tokenizing its text (calculate_metrics),
+  which on the ``sim`` executor's random tokens gives more than the 150 sent. ``tpot`` for it is the
+  sum of its gaps / 149 (first to last chunk with text); ours is (latency − TTFT) / 149, to the
+  stream's end. ``tpot_retokenized`` is what benchmark_serving printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -47,18 +53,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness.experiment.presets import PRESETS, SEED_10245  # noqa: E402
+from harness.experiment.server import ServerProcess  # noqa: E402
+from harness.experiment.server_flags import server_flags  # noqa: E402
+from harness.wire.spans import FIRST_CHUNK_SLICE, PREPARE_SLICE, STEP_SLICE  # noqa: E402
 from harness.wire.tokenizer import GENERATION_PROMPT, ROLE_MARKERS, load_tokenizer  # noqa: E402
 
-BENCH = str(ROOT / ".venv" / "bin" / "bench")
-SERVER_KEYS = (
-    "codec",
-    "output_codec",
-    "executor",
-    "sim_step_model",
-    "sim_step_fixed_ms",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-)
+VLLM_FILES = ("benchmark_serving.py", "backend_request_func.py")
 FIGURES = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms")
 PRESET = PRESETS[SEED_10245]
 
@@ -85,28 +85,18 @@ def hf_tokenizer_dir(where: Path) -> Path:
     return where
 
 
-def wait_ready(port: int, server: subprocess.Popen[bytes], timeout_s: float = 120) -> str:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if server.poll() is not None:
-            raise RuntimeError(f"bench serve exited with {server.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
-                return str(json.load(r)["data"][0]["id"])
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError("bench serve did not become ready")
-
-
 def server_view(trace: Path, drop_first: bool) -> dict[str, float]:
     """One run as the server saw it, from its trace: arrivals, first tokens, engine steps."""
     events = json.loads(trace.read_text())
     events = events["traceEvents"] if isinstance(events, dict) else events
-    arrived = {e["args"]["request_id"]: e["ts"] for e in events if e["name"] == "prepare"}
-    first = {e["args"]["request_id"]: e["ts"] + e["dur"] for e in events if e["name"] == "relay first chunk"}
+    arrived = {e["args"]["request_id"]: e["ts"] for e in events if e["name"] == PREPARE_SLICE}
+    first = {e["args"]["request_id"]: e["ts"] + e["dur"] for e in events if e["name"] == FIRST_CHUNK_SLICE}
     order = sorted(arrived, key=arrived.__getitem__)[1 if drop_first else 0 :]
+    missing = [r for r in order if r not in first]
+    if missing:
+        raise RuntimeError(f"{len(missing)} requests arrived and wrote no first chunk in {trace}")
     ttft = np.array([first[r] - arrived[r] for r in order]) / 1e3
-    starts = sorted(e["ts"] for e in events if e["name"] == "step" and e["ts"] >= arrived[order[0]])
+    starts = sorted(e["ts"] for e in events if e["name"] == STEP_SLICE and e["ts"] >= arrived[order[0]])
     return {
         "requests_arrived": len(order),
         "arrival_span_s": (arrived[order[-1]] - arrived[order[0]]) / 1e6,
@@ -126,9 +116,9 @@ def planned_span_s(client: str, seed: int, result: dict[str, Any]) -> float:
     return float(gaps.sum())
 
 
-def ours_command(port: int, seed: int, out: Path) -> list[str]:
+def ours_command(base_url: str, seed: int, out: Path) -> list[str]:
     return (
-        [BENCH, "load", "--base-url", f"http://127.0.0.1:{port}", "--dataset-name", "sonnet"]
+        [sys.executable, "-m", "harness.cli", "load", "--base-url", base_url, "--dataset-name", "sonnet"]
         + workload_flags(seed)
         + ["--workers", str(PRESET["workers"]), "--no-progress"]
         + ["--result-dir", str(out.parent), "--result-filename", out.name]
@@ -142,9 +132,9 @@ def workload_flags(seed: int) -> list[str]:
     return flags + ["--seed", str(seed)]
 
 
-def vllm_command(args: argparse.Namespace, port: int, model: str, seed: int, tok: Path, out: Path) -> list[str]:
+def vllm_command(args: argparse.Namespace, base_url: str, model: str, seed: int, tok: Path, out: Path) -> list[str]:
     return (
-        [args.vllm_python, "benchmark_serving.py", "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}"]
+        [args.vllm_python, "benchmark_serving.py", "--backend", "vllm", "--base-url", base_url]
         + ["--model", model, "--tokenizer", str(tok), "--dataset-name", "sonnet"]
         + ["--dataset-path", str(ROOT / "datasets" / "sonnets.txt"), "--ignore-eos", "--disable-tqdm"]
         + workload_flags(seed)
@@ -159,6 +149,8 @@ def client_figures(client: str, result: dict[str, Any]) -> dict[str, float]:
         figures["tpot"] = float(np.mean([sum(gaps) / (n - 1) for gaps in result["itls"]]) * 1e3)
         figures["tpot_retokenized"] = float(result["mean_tpot_ms"])
         figures["output_tokens_counted"] = int(result["total_output_tokens"])
+        # A request's chunks with text: its gaps + 1 (the client reads each SSE line on its own).
+        figures["empty_chunk_share"] = 1.0 - float(np.mean([len(gaps) + 1 for gaps in result["itls"]])) / n
     else:
         figures["tpot"] = float(result["mean_tpot_ms"])
     figures["completed"] = int(result["completed"])
@@ -167,31 +159,54 @@ def client_figures(client: str, result: dict[str, Any]) -> dict[str, float]:
 
 def one_run(args: argparse.Namespace, client: str, seed: int, work: Path, tok: Path) -> dict[str, Any]:
     trace, out = work / f"trace-{client}-{seed}.json", work / f"{client}-{seed}.json"
-    server_flags = [x for k in SERVER_KEYS for x in (f"--{k.replace('_', '-')}", str(PRESET[k]))]
-    server = subprocess.Popen(
-        [BENCH, "serve", *server_flags, "--port", str(args.port), "--trace-file", str(trace)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    flags = [*server_flags(PRESET, seed), "--trace-file", str(trace)]
+    server = ServerProcess(PRESET["codec"], flags, str(work / f"server-{client}-{seed}.log"))
     try:
-        model = wait_ready(args.port, server)
+        base_url = server.wait_ready(timeout=120)
         if client == "ours":
-            cmd, cwd = ours_command(args.port, seed, out), ROOT
+            cmd, cwd = ours_command(base_url, seed, out), ROOT
         else:
-            cmd, cwd = vllm_command(args, args.port, model, seed, tok, out), Path(args.vllm_benchmarks)
+            model = served_model(base_url)
+            cmd, cwd = vllm_command(args, base_url, model, seed, tok, out), Path(args.vllm_benchmarks)
         done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{client} seed {seed} failed: {done.stderr[-2000:]}")
     finally:
-        server.send_signal(signal.SIGINT)
-        server.wait(timeout=60)
-    row = {"client": client, "seed": seed}
+        code = server.stop()
+    if code != 0:
+        raise RuntimeError(f"bench serve ended with {code}: {''.join(server.lines[-5:])}")
+    row: dict[str, Any] = {"client": client, "seed": seed}
     result = json.loads(out.read_text())
     row.update(client_figures(client, result))
     row["planned_span_s"] = planned_span_s(client, seed, result)
     row.update(server_view(trace, drop_first=client == "vllm"))
+    if client == "vllm":
+        row["ttft_late_from_empty_est_ms"] = row["empty_chunk_share"] * row["server_step_interval_p50_ms"]
     print(json.dumps(row), flush=True)
     return row
+
+
+def served_model(base_url: str) -> str:
+    """The model name the server lists: benchmark_serving sends it with every request."""
+    with urllib.request.urlopen(f"{base_url}/v1/models", timeout=5) as reply:
+        return str(json.load(reply)["data"][0]["id"])
+
+
+def provenance(args: argparse.Namespace) -> dict[str, Any]:
+    """What the figures depend on beyond the script: the client's files, its transformers, our commit."""
+    folder = Path(args.vllm_benchmarks)
+    transformers = subprocess.run(
+        [args.vllm_python, "-c", "import transformers; print(transformers.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return {
+        "vllm_client_sha256": {f: hashlib.sha256((folder / f).read_bytes()).hexdigest() for f in VLLM_FILES},
+        "vllm_client_transformers": transformers,
+        "wirebench_commit": commit,
+    }
 
 
 def compare(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -208,6 +223,7 @@ def compare(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "arrival_span_over_planned_pct": [
                 round(100 * (r["arrival_span_s"] / r["planned_span_s"] - 1), 2) for r in runs
             ],
+            "arrival_rate_delivered_per_s": [round((r["requests_arrived"] - 1) / r["arrival_span_s"], 2) for r in runs],
         }
     return out
 
@@ -217,7 +233,6 @@ def main() -> None:
     parser.add_argument("--vllm-benchmarks", required=True, help="folder with vLLM 0.6.4's benchmark_serving.py")
     parser.add_argument("--vllm-python", required=True, help="a Python with its imports, without vllm")
     parser.add_argument("--seeds", default="21,22,23,24")
-    parser.add_argument("--port", type=int, default=8131)
     parser.add_argument("--out", default=str(ROOT / "results" / "baselines" / "seed-10245-vllm-client.json"))
     args = parser.parse_args()
     rows = []
@@ -230,6 +245,7 @@ def main() -> None:
     result = {
         "command": "scripts/vllm_client_check.py " + " ".join(sys.argv[1:]),
         "vllm_client": "vLLM 0.6.4 sdist benchmarks/benchmark_serving.py, unmodified",
+        **provenance(args),
         "preset": SEED_10245,
         "runs": rows,
         "comparison": compare(rows),

@@ -270,6 +270,8 @@ def budget(timelines: Sequence[dict[str, Any]], loop_lag: dict[str, float] | Non
 # --- Chrome trace events (Perfetto, chrome://tracing) -----------------------------------------------
 
 FRONTEND_TID, ENGINE_INPUT_TID, ENGINE_LOOP_TID, ENGINE_OUTPUT_TID = 1, 1, 2, 3
+# Slices that readers of a trace look up by name (scripts/vllm_client_check.py).
+PREPARE_SLICE, FIRST_CHUNK_SLICE, STEP_SLICE = "prepare", "relay first chunk", "step"
 
 
 def trace_events(
@@ -311,13 +313,13 @@ def trace_events(
 
     for t in timelines:
         f, e, rid = t.front, t.engine, {"request_id": t.request_id}
-        slice_("prepare", "frontend", frontend_pid, FRONTEND_TID, f.http_received, f.prepared, rid)
+        slice_(PREPARE_SLICE, "frontend", frontend_pid, FRONTEND_TID, f.http_received, f.prepared, rid)
         slice_("request encode", "codec", frontend_pid, FRONTEND_TID, f.encode_start, f.encode_end, rid)
         slice_("request wire", "wire", frontend_pid, FRONTEND_TID, f.encode_end, e.received, rid)
         slice_("request decode", "codec", engine_pid, ENGINE_INPUT_TID, e.received, e.decode_end, rid)
         slice_("input queue", "queue", engine_pid, ENGINE_INPUT_TID, e.decode_end, e.added, rid)
         slice_(
-            "relay first chunk",
+            FIRST_CHUNK_SLICE,
             "frontend",
             frontend_pid,
             FRONTEND_TID,
@@ -332,7 +334,7 @@ def trace_events(
         slice_("output decode", "codec", frontend_pid, FRONTEND_TID, b.received, b.decoded, args)
     for s in steps:
         slice_(
-            "step",
+            STEP_SLICE,
             "engine",
             engine_pid,
             ENGINE_LOOP_TID,
