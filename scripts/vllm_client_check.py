@@ -6,13 +6,13 @@
 
 DIR holds ``benchmark_serving.py`` and ``backend_request_func.py`` from vLLM's 0.6.4 source
 release, unmodified (as it stood three days after the PR merged: the seed's command's client), and PY is
-a Python with what they import (aiohttp, datasets, pillow, transformers, tqdm, numpy); vLLM itself
+a Python with what they import (aiohttp, datasets, pillow, transformers with jinja2, tqdm, numpy); vLLM itself
 must not be importable there, so the script falls back to its own helpers. Getting both:
 
     curl -O https://files.pythonhosted.org/packages/44/2f/6694c547202333dcbd2c2e08a7e1fc04f7db7dc44d32ba6fbd51a38bc10e/vllm-0.6.4.tar.gz
     echo "5d1452c44e6fde35084219a8396a79c77f1202a6fc69fdb966d15a1a8933b762  vllm-0.6.4.tar.gz" | sha256sum -c
     tar xzf vllm-0.6.4.tar.gz vllm-0.6.4/benchmarks          # DIR = vllm-0.6.4/benchmarks
-    python3 -m venv /tmp/vb && /tmp/vb/bin/pip install aiohttp datasets pillow transformers tqdm
+    python3 -m venv /tmp/vb && /tmp/vb/bin/pip install aiohttp datasets jinja2 pillow transformers tqdm
 
 For each seed, each client in turn (the first one alternating) drives a fresh ``bench serve`` with
 the preset's engine and a trace file: the preset's workload settings, the same sonnet file and a HF copy
