@@ -55,8 +55,10 @@ sys.path.insert(0, str(ROOT))
 from harness.experiment.presets import PRESETS, SEED_10245  # noqa: E402
 from harness.experiment.server import ServerProcess  # noqa: E402
 from harness.experiment.server_flags import server_flags  # noqa: E402
+from harness.loadgen.sysinfo import git_revision  # noqa: E402
 from harness.wire.spans import FIRST_CHUNK_SLICE, PREPARE_SLICE, STEP_SLICE  # noqa: E402
-from harness.wire.tokenizer import GENERATION_PROMPT, ROLE_MARKERS, load_tokenizer  # noqa: E402
+from harness.wire.tokenizer import EMBEDDED_TOKENIZER, GENERATION_PROMPT, ROLE_MARKERS, load_tokenizer  # noqa: E402
+from harness.workloads.datasets import EMBEDDED_SONNETS  # noqa: E402
 
 VLLM_FILES = ("benchmark_serving.py", "backend_request_func.py")
 FIGURES = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms")
@@ -66,7 +68,7 @@ PRESET = PRESETS[SEED_10245]
 def hf_tokenizer_dir(where: Path) -> Path:
     """The project's tokenizer.json with a Jinja chat template that renders as ``apply_chat_template``."""
     tokenizer = load_tokenizer()
-    (where / "tokenizer.json").write_bytes((ROOT / "datasets" / "tokenizer.json").read_bytes())
+    (where / "tokenizer.json").write_bytes(EMBEDDED_TOKENIZER.read_bytes())
     # Every literal inside {{ }}: transformers' Jinja trims the newline after a block tag and at the end.
     markers = "".join(
         f"{{% {'if' if i == 0 else 'elif'} m['role'] == '{role}' %}}{{{{ {marker!r} }}}}"
@@ -87,8 +89,7 @@ def hf_tokenizer_dir(where: Path) -> Path:
 
 def server_view(trace: Path, drop_first: bool) -> dict[str, float]:
     """One run as the server saw it, from its trace: arrivals, first tokens, engine steps."""
-    events = json.loads(trace.read_text())
-    events = events["traceEvents"] if isinstance(events, dict) else events
+    events = json.loads(trace.read_text())["traceEvents"]
     arrived = {e["args"]["request_id"]: e["ts"] for e in events if e["name"] == PREPARE_SLICE}
     first = {e["args"]["request_id"]: e["ts"] + e["dur"] for e in events if e["name"] == FIRST_CHUNK_SLICE}
     order = sorted(arrived, key=arrived.__getitem__)[1 if drop_first else 0 :]
@@ -136,7 +137,7 @@ def vllm_command(args: argparse.Namespace, base_url: str, model: str, seed: int,
     return (
         [args.vllm_python, "benchmark_serving.py", "--backend", "vllm", "--base-url", base_url]
         + ["--model", model, "--tokenizer", str(tok), "--dataset-name", "sonnet"]
-        + ["--dataset-path", str(ROOT / "datasets" / "sonnets.txt"), "--ignore-eos", "--disable-tqdm"]
+        + ["--dataset-path", str(EMBEDDED_SONNETS), "--ignore-eos", "--disable-tqdm"]
         + workload_flags(seed)
         + ["--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]
     )
@@ -201,11 +202,10 @@ def provenance(args: argparse.Namespace) -> dict[str, Any]:
         text=True,
         check=True,
     ).stdout.strip()
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     return {
         "vllm_client_sha256": {f: hashlib.sha256((folder / f).read_bytes()).hexdigest() for f in VLLM_FILES},
         "vllm_client_transformers": transformers,
-        "wirebench_commit": commit,
+        "wirebench_commit": (git_revision() or {}).get("commit"),
     }
 
 

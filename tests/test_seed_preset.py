@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import math
@@ -225,6 +226,7 @@ def test_the_modelled_api_server_work_is_cpu_time_spent() -> None:
 # -- scripts/vllm_client_check.py: what makes vLLM 0.6.4's client comparable ---------------
 
 
+@functools.cache
 def _client_check() -> Any:
     spec = importlib.util.spec_from_file_location("vllm_client_check", ROOT / "scripts" / "vllm_client_check.py")
     assert spec and spec.loader
