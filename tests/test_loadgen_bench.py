@@ -1,8 +1,8 @@
 """``bench load`` against the fake server: definitions of TTFT/TPOT/ITL, failures, exit codes, the report and JSON.
 
-The timing checks are correctness-of-definition checks with generous
-tolerance: a measured value can never be below what the server waited, and
-is within +15 % of it on an idle machine. They do not assert speed.
+The timing checks are causal lower bounds (a measured value can never be below
+what the server waited, whatever else runs on the machine) and the definitions
+read back from the records; none asserts speed, so a busy machine cannot fail them.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from fake_openai_server import (
 )
 
 TTFT, GAP, K = 0.08, 0.02, 8
-TOLERANCE = 1.15
+EARLY = 0.97  # a sleep may end a hair before its time on the other thread's clock
 
 
 def _workload(n: int, tokens: int = K, bad: dict[int, str] | None = None) -> list[SampleRequest]:
@@ -77,23 +77,28 @@ def _run(base_url: str, workload: list[SampleRequest], **kw: object) -> Benchmar
     return asyncio.run(run_benchmark(base_url, "fake-model", workload, settings))
 
 
-def _within(measured_ms: float, configured_s: float) -> None:
-    configured_ms = configured_s * 1000
-    assert configured_ms * 0.97 <= measured_ms <= configured_ms * TOLERANCE, (measured_ms, configured_ms)
+def _mean_ms(seconds: list[float]) -> float:
+    return 1000 * sum(seconds) / len(seconds)
 
 
-def test_ttft_tpot_itl_match_the_server_timing(server: FakeOpenAIServer) -> None:
+def test_ttft_tpot_itl_follow_the_server_timing(server: FakeOpenAIServer) -> None:
     result = _run(server.base_url, _workload(6), max_concurrency=3, warmup_requests=1)
     m = result.metrics
     assert (m.completed, m.failed) == (6, 0)
     assert m.total_output == 6 * K and m.total_input == 6 * 4
-    assert m.ttft.mean >= TTFT * 1000  # the server waited that long after it read the request
-    _within(m.ttft.mean, TTFT)
-    _within(m.tpot.mean, GAP)
-    _within(m.itl.mean, GAP)
-    assert m.itl.count == 6 * (K - 1)
-    assert m.chunk_itl.count == 6 * (K - 1)
-    _within(m.e2el.mean, TTFT + (K - 1) * GAP)
+    for rec in result.records:
+        # One chunk a token, each stamped as it arrived: never before the server wrote it (chunk j at
+        # TTFT + j * GAP after the request arrived, which is after the client sent it).
+        assert rec.chunk_tokens == [1] * K and rec.chunk_times == sorted(rec.chunk_times)
+        assert rec.ttft == rec.chunk_times[0] >= TTFT * EARLY
+        assert rec.latency >= rec.chunk_times[-1] >= (TTFT + (K - 1) * GAP) * EARLY
+    records = result.records
+    assert m.ttft.mean == pytest.approx(_mean_ms([r.ttft for r in records]))
+    assert m.e2el.mean == pytest.approx(_mean_ms([r.latency for r in records]))
+    assert m.tpot.mean == pytest.approx(_mean_ms([(r.latency - r.ttft) / (K - 1) for r in records]))
+    gaps = [b - a for r in records for a, b in zip(r.chunk_times, r.chunk_times[1:])]
+    assert m.itl.count == m.chunk_itl.count == 6 * (K - 1)  # one token a chunk: the two ITLs agree
+    assert m.itl.mean == pytest.approx(_mean_ms(gaps)) and m.chunk_itl.mean == pytest.approx(m.itl.mean)
     # Concurrency 3 at rate inf: the second half waited for slots, visibly in the lag.
     assert m.dispatch_lag.max_ms < m.schedule_lag.max_ms
     assert result.codec == "fakecodec" and result.payload_kind == "text"
@@ -103,14 +108,16 @@ def test_chunks_carrying_two_tokens_count_two_tokens_in_itl(server_2tok: FakeOpe
     result = _run(server_2tok.base_url, _workload(4))
     m = result.metrics
     assert m.completed == 4 and m.total_output == 4 * K
-    # Per token: each 2-token chunk after the first gives two samples of gap/2.
-    assert m.itl.count == 4 * (K - 2)
-    _within(m.itl.mean, GAP)
-    # Per chunk: one sample per chunk, twice the token gap.
+    for rec in result.records:
+        assert rec.chunk_tokens == [2] * (K // 2)  # the last chunk is written at TTFT + (K - 2) * GAP
+        assert rec.latency >= rec.chunk_times[-1] >= (TTFT + (K - 2) * GAP) * EARLY
+    # Per chunk: one sample per chunk after the first.
     assert m.chunk_itl.count == 4 * (K // 2 - 1)
-    _within(m.chunk_itl.mean, 2 * GAP)
-    # TPOT = (E2EL - TTFT) / (K - 1) with the last chunk at TTFT + (K - 2) * GAP.
-    _within(m.tpot.mean, GAP * (K - 2) / (K - 1))
+    # Per token: each 2-token chunk after the first gives two samples of half its gap.
+    assert m.itl.count == 4 * (K - 2)
+    assert m.itl.mean == pytest.approx(m.chunk_itl.mean / 2)
+    # TPOT = (E2EL - TTFT) / (K - 1): every token after the first, the two in the first chunk included.
+    assert m.tpot.mean == pytest.approx(_mean_ms([(r.latency - r.ttft) / (K - 1) for r in result.records]))
 
 
 def test_codec_figures_are_the_difference_of_two_scrapes(server: FakeOpenAIServer) -> None:
@@ -270,7 +277,7 @@ def test_failures_are_counted_and_saved_and_exit_1(
     )
     assert cli.main(args) == 1
     out, err = capsys.readouterr()
-    assert "Successful requests:                     3" in out
+    assert "Serving Benchmark Result" in out  # the report was printed; its figures are checked in the file
     assert "2 of 5 requests failed" in err
     doc = json.loads((tmp_path / "out.json").read_text())
     assert doc["completed"] == 3 and doc["failed"] == 2
