@@ -209,9 +209,7 @@ def test_requests_whose_outputs_never_come_back_fail_at_the_request_timeout():
                     asyncio.gather(*(post_json(session, url, body) for _ in range(8))), timeout=60
                 )
 
-        started = time.monotonic()
-        results = asyncio.run(scenario())
-        took = time.monotonic() - started
+        results = asyncio.run(scenario())  # wait_for: a request that never ends fails the test
         stolen = rogue_out.poll(100)
     finally:
         rogue_out.close()
@@ -222,7 +220,6 @@ def test_requests_whose_outputs_never_come_back_fail_at_the_request_timeout():
     assert set(statuses) <= {200, 504} and 504 in statuses, statuses
     timed_out = [body for status, body in results if status == 504]
     assert all("--request-timeout" in body["error"]["message"] for body in timed_out)
-    assert took < 60
 
 
 def test_pickle_over_unauthenticated_tcp_is_refused():
@@ -415,15 +412,16 @@ def test_slow_header_connections_are_closed_at_the_header_timeout():
     server = start_serve("--header-timeout", "1", codec="msgspec")
     try:
         socks = [socket.create_connection(("127.0.0.1", _port(server)), timeout=10) for _ in range(8)]
-        start = time.monotonic()
         for sock in socks:
             sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
-        trickle, closed_after = socks[0], None
-        with pytest.raises(OSError):  # sending into a closed connection fails at the latest on the second try
+        trickle = socks[0]
+        # Closed while it still trickles (a byte every 0.2 s for 20 s): a timeout per read would never
+        # close it, aiohttp's default would after an hour. Sending into a closed connection fails at the
+        # latest on the second try.
+        with pytest.raises(OSError):
             for _ in range(100):
                 trickle.sendall(b"X")
                 time.sleep(0.2)
-        closed_after = time.monotonic() - start
         health = asyncio.run(get_status(server.base_url + "/health"))
         for sock in socks[1:]:
             assert sock.recv(4096) == b""  # closed by the server, not timed out here
@@ -432,7 +430,6 @@ def test_slow_header_connections_are_closed_at_the_header_timeout():
     finally:
         server.stop()
     assert health == 200
-    assert closed_after < 8, closed_after
 
 
 def test_clients_that_leave_before_the_first_byte_each_have_an_outcome():
