@@ -15,10 +15,14 @@ from typing import Any
 
 from harness.analysis.compare import Arm
 from harness.analysis.runs import RunEntry
+from harness.engine.config import EngineConfig
 from harness.engine.step_time import LINEAR, fixed_ms_of, step_time_model
+from harness.frontend.served import ServedSettings
+from harness.wire.declare import comparable
 
 # The flags of a run that change what it measures (workload, engine, load shape); a flag missing from
 # an older document is not compared, except block_size, whose absence meant sequential turns (0).
+# What is served says its own (harness.wire.declare); the load's and the block size are listed here.
 SETTINGS = (
     "dataset_name",
     "dataset_path",
@@ -35,25 +39,11 @@ SETTINGS = (
     "image_format",
     "endpoint",
     "seed",
-    "model_preset",
-    "device",
-    "dtype",
-    "output_codec",
-    "executor",
-    "sim_step_model",
-    "sim_step_fixed_ms",
-    "sim_step_per_token_ms",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "max_model_len",
-    "mm_payload",
-    "mm_tensor_size",
-    "mm_tensor_dtype",
+    *comparable(ServedSettings, EngineConfig),
     "burstiness",
     "max_concurrency",
     "block_size",
     "logprobs",
-    "output_stats",
 )
 DEFAULTS = {"block_size": 0}
 MACHINE = ("hostname", "machine", "cpu_model", "cpu_usable")  # from a run file's metadata, when both have it

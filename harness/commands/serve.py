@@ -22,13 +22,15 @@ from typing import Any
 from aiohttp import web
 
 from harness.analysis.documents import write_json
-from harness.engine.config import EngineConfig
+from harness.engine.config import EngineConfig, codec_spec
 from harness.experiment.server import ready_line
-from harness.experiment.server_flags import add_model_arguments, codec_spec
+from harness.experiment.server_flags import add_model_arguments
 from harness.frontend.engine_client import REQUEST_TIMEOUT_S, ZmqEngineClient
+from harness.frontend.served import ServedSettings
 from harness.frontend.settings import FrontendSettings
 from harness.frontend.shm_sender import ShmSender
 from harness.wire import curve, parent_watch, shm, transport
+from harness.wire.declare import from_args
 from harness.wire.heap import freeze_heap
 from harness.wire.spans import trace_events
 from harness.wire.transport import EngineAddresses, is_loopback, transport_refusal
@@ -189,29 +191,14 @@ def write_trace(path: str, client: ZmqEngineClient, engine_pid: int | None) -> N
 
 
 def engine_config_from_args(args: argparse.Namespace, tokenizer: Any) -> EngineConfig:
-    return EngineConfig(
+    """The engine's config from its declared flags, plus what serve's own flags and the tokenizer say."""
+    return from_args(
+        EngineConfig,
+        args,
         codec=args.codec,
-        output_codec=args.output_codec,
-        model_preset=args.model_preset,
-        device=args.device,
-        dtype=args.dtype,
         seed=args.seed,
         vocab_size=tokenizer.vocab_size,
         eos_token_id=tokenizer.eos_token_id,
-        num_threads=args.engine_threads,
-        executor=args.executor,
-        sim_step_model=args.sim_step_model,
-        sim_step_fixed_ms=args.sim_step_fixed_ms,
-        sim_step_per_token_ms=args.sim_step_per_token_ms,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        kv_cache_tokens=args.kv_cache_tokens,
-        image_tokens=args.image_tokens,
-        compile=args.compile,
-        output_stats=args.output_stats,
-        gc_freeze=not args.no_gc_freeze,
-        spans=not args.no_spans,
     )
 
 
@@ -312,7 +299,8 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
     from harness.frontend.app import build_app
     from harness.wire.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(args.tokenizer)
+    served = from_args(ServedSettings, args)
+    tokenizer = load_tokenizer(served.tokenizer)
     config = engine_config_from_args(args, tokenizer)
     for stale in transport.remove_stale_ipc_dirs():
         log.warning("removed %s, left by a process that is gone", stale)
@@ -357,14 +345,14 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
             args.codec,
             replace(addresses, curve=curve.for_frontend(addresses.curve)) if addresses.curve else addresses,
             output_codec=args.output_codec,
-            extra_cpu_us_per_token=args.frontend_cpu_us_per_token,
+            extra_cpu_us_per_token=served.frontend_cpu_us_per_token,
             heartbeat_timeout_s=args.engine_stall_timeout,
             request_timeout_s=args.request_timeout,
-            verify=args.verify,
+            verify=served.verify,
             shm=ShmSender(arena, args.shm_threshold) if arena is not None else None,
             is_process_alive=(process.is_alive if process else None),
             owns_engine=not args.frontend_only,
-            spans=not args.no_spans,
+            spans=config.spans,
         )
         ready_task = asyncio.ensure_future(
             client.wait_ready(ENGINE_READY_TIMEOUT_S, accept_heartbeat=args.frontend_only)
@@ -379,9 +367,9 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
         client.start()
         settings = FrontendSettings.from_engine_config(
             config,
-            mm_payload=args.mm_payload,
-            mm_tensor_size=args.mm_tensor_size,
-            mm_tensor_dtype=args.mm_tensor_dtype,
+            mm_payload=served.mm_payload,
+            mm_tensor_size=served.mm_tensor_size,
+            mm_tensor_dtype=served.mm_tensor_dtype,
             max_prompt_bytes=args.max_prompt_bytes,
             max_image_pixels=args.max_image_pixels,
             max_request_pixels=args.max_request_pixels,
@@ -397,8 +385,8 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
             max_stop_token_ids=args.max_stop_token_ids,
             max_logit_bias=args.max_logit_bias,
         )
-        if args.served_model_name:
-            settings = replace(settings, served_model_name=args.served_model_name)
+        if served.served_model_name:
+            settings = replace(settings, served_model_name=served.served_model_name)
         app = build_app(client, tokenizer, settings)
         runner = web.AppRunner(
             app,
@@ -410,7 +398,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
         await runner.setup()
         site = web.TCPSite(runner, args.host, args.port)
         await site.start()
-        if not args.no_gc_freeze:
+        if config.gc_freeze:
             freeze_heap()  # everything started: keep it out of full collections
         server = site._server
         port = server.sockets[0].getsockname()[1] if isinstance(server, asyncio.Server) else args.port

@@ -9,51 +9,116 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from harness.engine.step_time import STEP_MODELS
+from harness.wire.declare import flag_type, setting
+from wirecodecs import UnknownCodecError, check_codec_spec
+
+# argparse type of --codec and --output-codec: a codec ``get_codec`` accepts, options included.
+codec_spec = flag_type(check_codec_spec, UnknownCodecError)
+
 
 @dataclass
 class EngineConfig:
-    codec: str = "pickle"  # of requests, and of outputs unless output_codec is set
-    output_codec: str | None = None
+    """Every field with a ``setting`` is a ``bench serve`` flag (harness.wire.declare): its flag,
+    help and default are written here only. The others are filled in by the program."""
+
+    codec: str = "pickle"  # of requests, and of outputs unless output_codec is set (bench serve --codec)
+    output_codec: str | None = setting(
+        None,
+        flag="--output-codec",
+        type=codec_spec,
+        metavar="CODEC",
+        help="the codec of the engine's outputs, the same for every arm (default: each arm's --codec): "
+        "vLLM PR #10245 moved only requests to pickle, so its preset keeps outputs msgspec",
+        comparable=True,
+    )
     # Model
-    model_preset: str = "tiny"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
-    seed: int = 0
+    model_preset: str = setting("tiny", flag="--model-preset", comparable=True)
+    device: Literal["auto", "cpu", "cuda"] = setting(
+        "auto", flag="--device", choices=("auto", "cpu", "cuda"), comparable=True
+    )
+    dtype: str = setting("auto", flag="--dtype", help="auto: float32 on CPU, bfloat16 on CUDA", comparable=True)
+    seed: int = 0  # bench serve --seed; bench run's is the workload's, which the servers get
     vocab_size: int = 4096  # set from the tokenizer by the frontend
     eos_token_id: int | None = None
     # CPU threads for torch in the engine (so it does not starve the frontend).
-    num_threads: int = 1
-    # Executor: "torch" runs the model; "sim" models each step's time.
-    executor: Literal["torch", "sim"] = "torch"
+    num_threads: int = setting(1, flag="--engine-threads", help="torch CPU threads in the engine")
+    executor: Literal["torch", "sim"] = setting(
+        "torch",
+        flag="--executor",
+        choices=("torch", "sim"),
+        help="torch runs the model; sim models each step's time with no compute",
+        comparable=True,
+    )
     # sim: the step-time model (harness.engine.step_time) and its knobs; None takes the model's own.
-    sim_step_model: str = "linear"
-    sim_step_fixed_ms: float | None = None
-    sim_step_per_token_ms: float | None = None
+    sim_step_model: str = setting(
+        "linear",
+        flag="--sim-step-model",
+        choices=STEP_MODELS,
+        help="sim: how a step's GPU time is modelled: linear (fixed + per token), or llama8b-h100 "
+        "(Llama-3.1-8B on one H100 from public measurements, harness/engine/step_time.py)",
+        comparable=True,
+    )
+    sim_step_fixed_ms: float | None = setting(
+        None,
+        flag="--sim-step-fixed-ms",
+        type=float,
+        help="sim: fixed ms per step (default: the model's own)",
+        comparable=True,
+    )
+    sim_step_per_token_ms: float | None = setting(
+        None,
+        flag="--sim-step-per-token-ms",
+        type=float,
+        help="sim: ms per token (default: the model's own)",
+        comparable=True,
+    )
     # Scheduler limits
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    max_model_len: int = 2048
+    max_num_seqs: int = setting(64, flag="--max-num-seqs", comparable=True)
+    max_num_batched_tokens: int = setting(2048, flag="--max-num-batched-tokens", comparable=True)
+    max_model_len: int = setting(2048, flag="--max-model-len", comparable=True)
     # KV-cache tokens admission may reserve across running sequences (each
     # request reserves prompt + max_tokens). None: what the preallocated cache
     # holds, max_num_seqs x max_model_len (one slot of max_model_len per
     # sequence), so max_num_seqs is the only admission limit. A smaller value
     # admits fewer requests; the cache's memory does not change.
-    kv_cache_tokens: int | None = None
+    kv_cache_tokens: int | None = setting(
+        None,
+        flag="--kv-cache-tokens",
+        type=int,
+        help="KV tokens admission may reserve (prompt + max_tokens a request); default max-num-seqs x max-model-len",
+    )
     # Chunk prefills longer than this when other requests are running or
     # waiting; above the default sonnet prompt (~550 tokens plus the chat
     # template), so a prompt takes one pass. <= 0: no cap.
     long_prefill_token_threshold: int = 1024
     # Multimodal: embeddings each image occupies at its placeholder.
-    image_tokens: int = 16
+    image_tokens: int = setting(16, flag="--image-tokens", help="embeddings per image")
     # Record the engine's half of the request timelines (harness.wire.spans) and ship them as JSON.
-    spans: bool = True
+    spans: bool = setting(
+        True,
+        flag="--no-spans",
+        help="record no request timelines (GET /v1/wirebench/spans, the IPC budget): to measure what they cost",
+    )
     # torch.compile the dense parts of each layer (torch executor; compiles at start).
-    compile: bool = False
+    compile: bool = setting(False, flag="--compile", help="torch.compile each layer's dense parts (compiles at start)")
     # Attach the scheduler's state to every output batch (EngineCoreOutputs.scheduler_stats), as vLLM
     # does with stats logging on: heavier outputs for every codec.
-    output_stats: bool = False
-    # Freeze the heap once the model is loaded (harness.wire.heap), as vLLM's engine does.
-    gc_freeze: bool = True
+    output_stats: bool = setting(
+        False,
+        flag="--output-stats",
+        help="attach the scheduler's state (running, waiting, KV usage, step tokens) to every output batch, as "
+        "vLLM does with stats logging on (its default): outputs as heavy as a real server's, for every codec",
+        comparable=True,
+    )
+    # Freeze the heap once the model is loaded (harness.wire.heap), as vLLM's engine does; the frontend
+    # freezes its own by the same setting.
+    gc_freeze: bool = setting(
+        True,
+        flag="--no-gc-freeze",
+        help="leave the frontend's and engine's startup heaps to the garbage collector's full collections, "
+        "as vLLM did before 2025 (default: frozen once started, as vLLM's now are; scripts/gc_pauses.py)",
+    )
 
     @property
     def codec_of_outputs(self) -> str:
