@@ -142,13 +142,13 @@ def test_stale_segments_of_dead_processes_are_removed():
 @pytest.mark.parametrize("transport_name", ["zmq", "shm", "shm-inplace", "shm-bell"])
 def test_delivery_is_measured_between_two_processes(transport_name):
     before = set(shm.SHM_DIR.glob(f"{shm.PREFIX}{os.getpid()}-*"))
-    d = delivery.measure("msgspec-oob", transport_name, "tensor-fp16-336", PAYLOADS["tensor-fp16-336"](), iterations=5)
+    d = delivery.measure("msgspec-oob", transport_name, "tensor-fp16-336", PAYLOADS["tensor-fp16-336"](), iterations=1)
     # ok also says the receiver's digest of the decoded tensor matched the one sent (checked on warm-up sends)
-    assert d.status == "ok" and d.iterations == 5 and d.p50_us > 0, d.reason
+    assert d.status == "ok" and d.iterations == 1 and d.p50_us > 0, d.reason
     parts = d.parts_p50_us
     assert list(parts) == list(delivery.PARTS) and all(p >= 0 for p in parts.values())
-    # One send's parts add up to its delivery; p50s of parts add up to roughly the p50 of the total.
-    assert 0.5 * d.p50_us <= sum(parts.values()) <= 2 * d.p99_us
+    # One send's parts add up to its delivery (of one send, its p50 and p99 are that send's).
+    assert sum(parts.values()) == pytest.approx(d.p50_us) and d.p99_us == d.p50_us
     assert d.first_us > 0
     assert set(shm.SHM_DIR.glob(f"{shm.PREFIX}{os.getpid()}-*")) == before  # its arena is gone
     assert delivery.measure("pickle", "shm", "text-550", PAYLOADS["text-550"](), iterations=2).status == "unsupported"
