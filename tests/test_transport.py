@@ -1,14 +1,13 @@
 """Transport units: addresses, envelopes, the pickle-over-tcp guard."""
 
-import argparse
 import os
 import stat
 from pathlib import Path
 
 import pytest
 
-from harness.commands.serve import check_transport_safety, insecure_warnings
 from harness.wire import curve, transport
+from harness.wire.policy import LinkSettings, check_shm, check_transport_safety, insecure_warnings
 from harness.wire.transport import EngineAddresses
 
 
@@ -40,7 +39,7 @@ def test_is_loopback(address, expected):
 
 
 def _args(codec, allow=False, no_auth=False, remote_ok=False, output_codec=None):
-    return argparse.Namespace(
+    return LinkSettings(
         codec=codec,
         output_codec=output_codec,
         allow_insecure_pickle=allow,
@@ -128,3 +127,12 @@ def test_a_readable_secret_or_a_symlinked_folder_is_refused(tmp_path: Path) -> N
     link.symlink_to(folder)
     with pytest.raises(curve.KeyFolderError, match="symbolic link"):
         curve.create_or_load(link)
+
+
+def test_shm_needs_an_out_of_band_codec_and_the_engine_on_this_host():
+    local, remote = EngineAddresses.tcp("127.0.0.1", 6000), EngineAddresses.tcp("10.1.2.3", 6000)
+    assert check_shm(LinkSettings("msgspec-oob", transport="shm"), local) is None
+    assert "out-of-band" in check_shm(LinkSettings("msgspec", transport="shm"), local)
+    assert "another host" in check_shm(LinkSettings("msgspec-oob", transport="shm"), remote)
+    assert "frontend's choice" in check_shm(LinkSettings("msgspec-oob", transport="shm", engine_only=True), local)
+    assert check_shm(LinkSettings("msgspec"), remote) is None

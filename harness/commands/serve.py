@@ -29,12 +29,12 @@ from harness.frontend.engine_client import REQUEST_TIMEOUT_S, ZmqEngineClient
 from harness.frontend.served import ServedSettings
 from harness.frontend.settings import FrontendSettings
 from harness.frontend.shm_sender import ShmSender
-from harness.wire import curve, parent_watch, shm, transport
-from harness.wire.declare import from_args
+from harness.wire import curve, declare, parent_watch, shm, transport
 from harness.wire.heap import freeze_heap
+from harness.wire.policy import LinkSettings, check_shm, check_transport_safety, insecure_warnings
 from harness.wire.spans import trace_events
-from harness.wire.transport import EngineAddresses, is_loopback, transport_refusal
-from wirecodecs import codec_listing, unpickles_peer_data
+from harness.wire.transport import EngineAddresses
+from wirecodecs import codec_listing
 
 log = logging.getLogger("wirebench.serve")
 
@@ -72,31 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="tcp split: the engine's CURVE keys (created by --engine-only, read by --frontend-only; "
         "default ~/.wirebench/curve/engine-PORT)",
     )
-    t.add_argument(
-        "--no-auth",
-        action="store_true",
-        help="tcp without CURVE authentication and encryption (any local process can then talk to the engine)",
-    )
-    t.add_argument(
-        "--allow-remote-no-auth",
-        action="store_true",
-        help="with --no-auth, allow an engine address that is not loopback (every host that reaches it can "
-        "send the engine requests and read its outputs)",
-    )
-    t.add_argument(
-        "--allow-insecure-pickle",
-        action="store_true",
-        help="allow a pickle codec over tcp without authentication, or to another host (unpickling runs "
-        "code the peer chooses)",
-    )
-    t.add_argument(
-        "--transport",
-        choices=transport.TRANSPORTS,
-        default="zmq",
-        help="zmq: every frame through the socket; shm: frames of at least --shm-threshold bytes through a "
-        "shared-memory arena the frontend owns, handles through the socket (needs a codec with out-of-band "
-        "frames, and both processes on this host)",
-    )
+    declare.add_arguments(t, LinkSettings)  # --no-auth, --allow-remote-no-auth, --allow-insecure-pickle, --transport
     t.add_argument(
         "--shm-size",
         type=int,
@@ -192,7 +168,7 @@ def write_trace(path: str, client: ZmqEngineClient, engine_pid: int | None) -> N
 
 def engine_config_from_args(args: argparse.Namespace, tokenizer: Any) -> EngineConfig:
     """The engine's config from its declared flags, plus what serve's own flags and the tokenizer say."""
-    return from_args(
+    return declare.from_args(
         EngineConfig,
         args,
         codec=args.codec,
@@ -221,77 +197,11 @@ def _key_dir(args: argparse.Namespace) -> Path:
     return Path(args.curve_dir) if args.curve_dir else curve.default_dir(args.engine_port)
 
 
-def check_shm(args: argparse.Namespace, addresses: EngineAddresses) -> str | None:
-    """An error message when --transport shm cannot serve this codec or address (never a silent fallback)."""
-    if args.transport != "shm":
-        return None
-    refusal = transport_refusal(args.codec, args.transport)
-    if refusal:
-        return refusal
-    if args.engine_only:
-        return "--transport shm is the frontend's choice: start the engine without it"
-    if not all(a.startswith("ipc://") or is_loopback(a) for a in (addresses.input, addresses.output)):
-        return f"--transport shm needs the engine on this host: {addresses.input} is another host"
-    return None
-
-
-def check_transport_safety(args: argparse.Namespace, addresses: EngineAddresses) -> str | None:
-    """An error message when a codec that unpickles peer data would face a peer that may not be ours.
-
-    ipc: fine (a private 0700 directory). tcp: only when authenticated (CURVE) and on loopback;
-    otherwise only with --allow-insecure-pickle.
-    """
-    tcp = [a for a in (addresses.input, addresses.output) if not a.startswith(("ipc://", "inproc://"))]
-    if args.no_auth and tcp and not getattr(args, "allow_remote_no_auth", False):
-        remote = [a for a in tcp if not is_loopback(a)]
-        if remote:
-            return (
-                f"refusing --no-auth on non-loopback {remote[0]}: any host that reaches it could send the engine "
-                "requests and read every output. Drop --no-auth (CURVE), bind to loopback, or pass "
-                "--allow-remote-no-auth as well."
-            )
-    codec = unpickling_codec(args)
-    if codec is None or args.allow_insecure_pickle:
-        return None
-    for address in (addresses.input, addresses.output):
-        if address.startswith(("ipc://", "inproc://")):
-            continue
-        if not addresses.authenticated:
-            return (
-                f"refusing codec {codec!r} over unauthenticated tcp {address}: it unpickles frames, and any "
-                "local process could send one that runs its code. Drop --no-auth, use a msgspec codec, or pass "
-                "--allow-insecure-pickle."
-            )
-        if not is_loopback(address):
-            return (
-                f"refusing codec {codec!r} over non-loopback {address}: it unpickles "
-                "frames, which runs code chosen by the peer. Use a msgspec codec, or pass "
-                "--allow-insecure-pickle if every host on that network is trusted."
-            )
-    return None
-
-
-def unpickling_codec(args: argparse.Namespace) -> str | None:
-    """The codec, of requests or of outputs, that unpickles what its peer sends (None if neither does)."""
-    return next((c for c in (args.codec, args.output_codec) if c and unpickles_peer_data(c)), None)
-
-
-def insecure_warnings(args: argparse.Namespace, addresses: EngineAddresses) -> list[str]:
-    """What an insecure mode allows, said out loud every time it is on."""
-    tcp = [a for a in (addresses.input, addresses.output) if not a.startswith(("ipc://", "inproc://"))]
-    out = []
-    if args.no_auth and tcp:
-        out.append(
-            f"--no-auth: the engine's tcp sockets ({', '.join(tcp)}) are unauthenticated and unencrypted; "
-            "any process that reaches them can send requests, abort others' and read every output"
-        )
-    codec = unpickling_codec(args)
-    if args.allow_insecure_pickle and tcp and codec is not None:
-        out.append(
-            f"--allow-insecure-pickle: codec {codec!r} unpickles what arrives on {', '.join(tcp)}; "
-            "a peer that can send a frame can run code as this user"
-        )
-    return out
+def link_settings(args: argparse.Namespace) -> LinkSettings:
+    """The engine link's choices, as the rules of harness.wire.policy judge them."""
+    return declare.from_args(
+        LinkSettings, args, codec=args.codec, output_codec=args.output_codec, engine_only=args.engine_only
+    )
 
 
 async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) -> int:
@@ -299,7 +209,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
     from harness.frontend.app import build_app
     from harness.wire.tokenizer import load_tokenizer
 
-    served = from_args(ServedSettings, args)
+    served = declare.from_args(ServedSettings, args)
     tokenizer = load_tokenizer(served.tokenizer)
     config = engine_config_from_args(args, tokenizer)
     for stale in transport.remove_stale_ipc_dirs():
@@ -309,8 +219,9 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
     except (FileNotFoundError, curve.KeyFolderError) as exc:
         print(f"bench serve: {exc}", file=sys.stderr)
         return 2
-    error = check_transport_safety(args, addresses) or check_shm(args, addresses)
-    for warning in insecure_warnings(args, addresses):
+    link = link_settings(args)
+    error = check_transport_safety(link, addresses) or check_shm(link, addresses)
+    for warning in insecure_warnings(link, addresses):
         print(f"bench serve: WARNING: {warning}", file=sys.stderr)
     if error:
         print(f"bench serve: {error}", file=sys.stderr)
@@ -327,7 +238,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
     client: ZmqEngineClient | None = None
     runner: web.AppRunner | None = None
     try:
-        arena = shm.Arena(args.shm_size << 20) if args.transport == "shm" else None
+        arena = shm.Arena(args.shm_size << 20) if link.transport == "shm" else None
         if not args.frontend_only:
             ctx = multiprocessing.get_context("spawn")
             engine_addresses = (
@@ -403,7 +314,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
         server = site._server
         port = server.sockets[0].getsockname()[1] if isinstance(server, asyncio.Server) else args.port
         engine_desc = ", ".join(f"{k}={v}" for k, v in info.items() if k != "pid")
-        engine_desc = f"transport={args.transport}, {engine_desc}"
+        engine_desc = f"transport={link.transport}, {engine_desc}"
         host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 literal needs brackets in a URL
         print(ready_line(args.codec, f"http://{host}:{port}", engine_desc), flush=True)
         if ready is not None:
@@ -439,7 +350,7 @@ def main(args: argparse.Namespace) -> int:
         from harness.wire.tokenizer import load_tokenizer
 
         addresses = _addresses(args)
-        error = check_transport_safety(args, addresses)
+        error = check_transport_safety(link_settings(args), addresses)
         if error:
             print(f"bench serve: {error}", file=sys.stderr)
             return 2

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from harness.wire.transport import TRANSPORTS, transport_refusal
+from harness.wire.policy import transport_refusal
+from harness.wire.transport import TRANSPORTS
 from wirecodecs import UnknownCodecError, available_codecs, check_codec_spec
 
 T = TypeVar("T")

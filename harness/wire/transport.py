@@ -30,7 +30,7 @@ import zmq
 
 from harness.wire.curve import CurveKeys
 from harness.wire.messages import CodecStats
-from wirecodecs import Frame, codecs_out_of_band, sends_out_of_band
+from wirecodecs import Frame
 
 # Envelope kinds (first byte of frame 0).
 ADD = 0x00
@@ -45,17 +45,7 @@ RELEASE = 0x14  # shared-memory blocks the engine no longer views, JSON (harness
 # Flag on an ADD/ADD_SHM kind: the message's last frame is the request's digest (--verify, harness.wire.integrity).
 VERIFIED = 0x80
 
-TRANSPORTS = ("zmq", "shm")
-
-
-def transport_refusal(codec: str, transport: str) -> str | None:
-    """Why ``codec`` cannot use ``transport`` (said before any server starts), or None."""
-    if transport == "shm" and not sends_out_of_band(codec):
-        return (
-            f"--transport shm needs a codec with out-of-band frames, which sends big buffers as frames of their "
-            f"own ({', '.join(codecs_out_of_band())}); {codec!r} puts them in its body"
-        )
-    return None
+TRANSPORTS = ("zmq", "shm")  # which codec may use which: harness.wire.policy
 
 
 # The engine's output thread sends a heartbeat when it has been quiet this

@@ -1,0 +1,133 @@
+"""The rules of the engine link, checked before any server starts: which codec may use which transport,
+and when a codec that unpickles its peer's data, or an unauthenticated socket, would face a peer that
+may not be ours. Each check returns the message to refuse with (never a silent fallback), or None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.wire.declare import setting
+from harness.wire.transport import TRANSPORTS, EngineAddresses, is_loopback
+from wirecodecs import codecs_out_of_band, sends_out_of_band, unpickles_peer_data
+
+_LOCAL = ("ipc://", "inproc://")
+
+
+@dataclass(frozen=True)
+class LinkSettings:
+    """What the rules judge: the codecs, the transport and the security switches of one engine link.
+    The switches and --transport are ``bench serve`` flags (harness.wire.declare)."""
+
+    codec: str = "pickle"  # of requests (bench serve --codec)
+    output_codec: str | None = None  # of outputs; None: ``codec``
+    no_auth: bool = setting(
+        False,
+        flag="--no-auth",
+        help="tcp without CURVE authentication and encryption (any local process can then talk to the engine)",
+    )
+    allow_remote_no_auth: bool = setting(
+        False,
+        flag="--allow-remote-no-auth",
+        help="with --no-auth, allow an engine address that is not loopback (every host that reaches it can "
+        "send the engine requests and read its outputs)",
+    )
+    allow_insecure_pickle: bool = setting(
+        False,
+        flag="--allow-insecure-pickle",
+        help="allow a pickle codec over tcp without authentication, or to another host (unpickling runs "
+        "code the peer chooses)",
+    )
+    transport: str = setting(
+        "zmq",
+        flag="--transport",
+        choices=TRANSPORTS,
+        help="zmq: every frame through the socket; shm: frames of at least --shm-threshold bytes through a "
+        "shared-memory arena the frontend owns, handles through the socket (needs a codec with out-of-band "
+        "frames, and both processes on this host)",
+    )
+    engine_only: bool = False  # this process runs only the engine
+
+
+def transport_refusal(codec: str, transport: str) -> str | None:
+    """Why ``codec`` cannot use ``transport`` (said before any server starts), or None."""
+    if transport == "shm" and not sends_out_of_band(codec):
+        return (
+            f"--transport shm needs a codec with out-of-band frames, which sends big buffers as frames of their "
+            f"own ({', '.join(codecs_out_of_band())}); {codec!r} puts them in its body"
+        )
+    return None
+
+
+def check_shm(link: LinkSettings, addresses: EngineAddresses) -> str | None:
+    """An error message when --transport shm cannot serve this codec or address."""
+    if link.transport != "shm":
+        return None
+    refusal = transport_refusal(link.codec, link.transport)
+    if refusal:
+        return refusal
+    if link.engine_only:
+        return "--transport shm is the frontend's choice: start the engine without it"
+    if not all(a.startswith("ipc://") or is_loopback(a) for a in (addresses.input, addresses.output)):
+        return f"--transport shm needs the engine on this host: {addresses.input} is another host"
+    return None
+
+
+def _tcp(addresses: EngineAddresses) -> list[str]:
+    return [a for a in (addresses.input, addresses.output) if not a.startswith(_LOCAL)]
+
+
+def check_transport_safety(link: LinkSettings, addresses: EngineAddresses) -> str | None:
+    """An error message when a codec that unpickles peer data would face a peer that may not be ours.
+
+    ipc: fine (a private 0700 directory). tcp: only when authenticated (CURVE) and on loopback;
+    otherwise only with --allow-insecure-pickle.
+    """
+    if link.no_auth and not link.allow_remote_no_auth:
+        remote = [a for a in _tcp(addresses) if not is_loopback(a)]
+        if remote:
+            return (
+                f"refusing --no-auth on non-loopback {remote[0]}: any host that reaches it could send the engine "
+                "requests and read every output. Drop --no-auth (CURVE), bind to loopback, or pass "
+                "--allow-remote-no-auth as well."
+            )
+    codec = unpickling_codec(link)
+    if codec is None or link.allow_insecure_pickle:
+        return None
+    for address in _tcp(addresses):
+        if not addresses.authenticated:
+            return (
+                f"refusing codec {codec!r} over unauthenticated tcp {address}: it unpickles frames, and any "
+                "local process could send one that runs its code. Drop --no-auth, use a msgspec codec, or pass "
+                "--allow-insecure-pickle."
+            )
+        if not is_loopback(address):
+            return (
+                f"refusing codec {codec!r} over non-loopback {address}: it unpickles "
+                "frames, which runs code chosen by the peer. Use a msgspec codec, or pass "
+                "--allow-insecure-pickle if every host on that network is trusted."
+            )
+    return None
+
+
+def unpickling_codec(link: LinkSettings) -> str | None:
+    """The codec, of requests or of outputs, that unpickles what its peer sends (None if neither does)."""
+    return next((c for c in (link.codec, link.output_codec) if c and unpickles_peer_data(c)), None)
+
+
+def insecure_warnings(link: LinkSettings, addresses: EngineAddresses) -> list[str]:
+    """What an insecure mode allows, said out loud every time it is on."""
+    tcp = _tcp(addresses)
+    out = []
+    if link.no_auth and tcp:
+        out.append(
+            f"--no-auth: the engine's tcp sockets ({', '.join(tcp)}) are unauthenticated and unencrypted; "
+            "any process that reaches them can send requests, abort others' and read every output"
+        )
+    codec = unpickling_codec(link)
+    if link.allow_insecure_pickle and tcp and codec is not None:
+        out.append(
+            f"--allow-insecure-pickle: codec {codec!r} unpickles what arrives on {', '.join(tcp)}; "
+            "a peer that can send a frame can run code as this user"
+        )
+    return out
