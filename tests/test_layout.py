@@ -155,12 +155,26 @@ def test_no_argparse_internals_and_no_namespace_below_the_commands() -> None:
     """Flags become typed settings once (experiment/flags.py, LoadSettings.from_args, WorkloadSpec.from_args);
     nothing reaches into argparse's private attributes."""
     private = ("._actions", "._option_string_actions", "._action_groups", "_ActionsContainer", ".__class__ =")
-    for path in [*(ROOT / "harness").rglob("*.py"), *(ROOT / "scripts").glob("*.py")]:
+    for path in [*(ROOT / "harness").rglob("*.py"), *(ROOT / "scripts").rglob("*.py")]:
         text = path.read_text()
         assert not any(p in text for p in private), path
     for path in (ROOT / "harness" / "experiment").glob("*.py"):
         if path.name not in ("flags.py", "server_flags.py"):  # the two that define flags
             assert "import argparse" not in path.read_text(), path
+
+
+def test_no_product_code_or_product_test_loads_a_study() -> None:
+    """One-off studies live in scripts/studies/NAME/ with their own tests; harness/, codecs/ and tests/ may
+    name one in prose or help, never build a path to one (a study can change or go without breaking them)."""
+    me = Path(__file__).resolve()
+    for path in [*(ROOT / "harness").rglob("*.py"), *(ROOT / "codecs").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]:
+        if path.resolve() == me:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                value = node.value
+                assert value != "studies" and not (value.endswith(".py") and "studies/" in value), path
+    assert not list((ROOT / "scripts").glob("test_*.py")), "a study's tests go in its folder under scripts/studies/"
 
 
 def test_the_server_freezes_its_startup_heap_unless_told_not_to() -> None:

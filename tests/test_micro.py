@@ -293,25 +293,10 @@ def test_delivery_table_and_document_carry_the_cold_memcpy(tmp_path: Path, capsy
     assert row["status"] == "ok" and row["memcpy_cold_p50_us"] > 0 and row["memcpy_p50_us"] > 0
 
 
-def test_copy_after_idle_script_writes_every_gap_of_every_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import importlib.util
-    import sys
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "copy_after_idle.py"
-    spec = importlib.util.spec_from_file_location("copy_after_idle", path)
-    assert spec is not None and spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    out = tmp_path / "idle.json"
-    args = ["--mib", "1", "--gaps-ms", "0.1,0.5", "--copies", "5", "--runs", "2", "--out", str(out)]
-    monkeypatch.setattr(sys, "argv", ["copy_after_idle.py", *args])
-    script.main()
-    doc = json.loads(out.read_text())
-    assert doc["kind"] == "copy-after-idle" and doc["nbytes"] == 1 << 20 and len(doc["runs"]) == 2
-    for run in doc["runs"]:
-        assert list(run) == ["back_to_back", "sleep 0.1", "spin 0.1", "sleep 0.5", "spin 0.5"]
-        assert all(v > 0 for v in run.values())
-    printed = capsys.readouterr().out
-    assert "| spin 0.5 ms |" in printed and "| nothing (back to back) |" in printed
+def test_copies_after_a_pause_run_the_pause_outside_the_clock_and_warm_up_once() -> None:
+    src, dst = timing.copy_arrays(1 << 16)
+    calls: list[int] = []
+    after = timing.time_copies_after(src, dst, lambda: calls.append(1), iterations=4)
+    assert len(calls) == 5 and after.iterations == 4  # one untimed copy first, then the samples
+    assert np.array_equal(src, dst) and 0 < after.min_us <= after.p50_us <= after.p99_us
+    assert timing.time_copies_after(src, dst, None, iterations=2).iterations == 2

@@ -32,7 +32,7 @@ Schema history (``schema_version`` in every document):
   valgrind), ``cells``: one per codec × payload × op with ``instructions`` per call
   (``bench micro --count instructions``; ``harness.analysis.instruction_counts``).
 - gate-jobs 1: ``kind: "gate-jobs"``, the recipe, exit-code counts and per job the gate's
-  primary verdict, paired SD and wall time (``scripts/gate_rates.py``).
+  primary verdict, paired SD and wall time (``scripts/studies/gate_rates/``).
 - sweep 1: ``kind: "sweep"``, axes, payload bytes, the micro and e2e parts
   with per-point intervals and verdicts, crossings, plots
   (``harness/commands/sweep.py`` documents each field).

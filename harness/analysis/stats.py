@@ -21,7 +21,7 @@ detect four times in five, ``rounds_needed`` the rounds a new run needs to detec
 (the margin) four times in five. The equivalence margin is symmetric in log space.
 
 DEFAULT_ROUNDS, DEFAULT_MARGIN_PCT, ROUNDS_POWER and MIN_ROUNDS were chosen from simulated
-false-positive rates and power (``scripts/stats_calibration.py --simulations 10000 --seed 1``).
+false-positive rates and power (``scripts/studies/stats_calibration/``, ``--simulations 10000 --seed 1``).
 The procedure in full, those tables and the calibrations on real runs: docs/method.md
 (sections "Verdicts" and "Calibration: what this machine resolves").
 """

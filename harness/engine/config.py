@@ -117,7 +117,7 @@ class EngineConfig:
         True,
         flag="--no-gc-freeze",
         help="leave the frontend's and engine's startup heaps to the garbage collector's full collections, "
-        "as vLLM did before 2025 (default: frozen once started, as vLLM's now are; scripts/gc_pauses.py)",
+        "as vLLM did before 2025 (default: frozen once started, as vLLM's now are; scripts/studies/gc_pauses/)",
     )
 
     @property

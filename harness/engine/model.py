@@ -19,7 +19,7 @@ the decode rows together, each prefill chunk on its own (``harness.engine.attent
 everything the model needs to size its work is known on the host, so a step
 never reads a device value back (see ``harness.engine.opcount``).
 ``prefill`` and ``decode`` are one-sequence / one-token conveniences over
-``forward_step`` for tests and ``scripts/model_bench.py``.
+``forward_step`` for tests and ``scripts/studies/model_bench/``.
 
 ``enable_compile`` runs the dense parts of every layer (norm, QKV projection
 and rotary; output projection, residuals and MLP) through ``torch.compile``:

@@ -32,7 +32,7 @@ one read with the same time, so chunks of one read have equal chunk times
 (exactly: separate reads never share a perf_counter value). That costs
 nothing in the read loop and works on saved result files.
 
-Thresholds come from scripts/client_capacity.py against a server of known
+Thresholds come from scripts/studies/client_capacity/ against a server of known
 timing (TTFT 100 ms, 5 ms per token) on a 2-core VM: in runs within 2 % of
 the true TTFT, p99 schedule lag stayed below ~7 ms, loop lag below ~5 ms
 (idle baseline ~2 ms there) and coalescing below ~2.6 %; runs 3 % or more

@@ -115,8 +115,8 @@ def auto_workers(cpus: int | None = None, *, local_server: bool = True) -> int:
 
     Server on this host (a loopback URL): half the CPUs, since the server
     needs as much CPU as the client to stream the same chunks, and client
-    processes that take its cores slow it down (scripts/client_capacity.py on
-    this 2-core VM: one process stayed within 2 % of the true TTFT up to
+    processes that take its cores slow it down (scripts/studies/client_capacity/
+    on this 2-core VM: one process stayed within 2 % of the true TTFT up to
     60 req/s, two processes only up to 10 req/s). Server elsewhere: all CPUs
     but one, left to the parent and the OS.
     """

@@ -154,7 +154,7 @@ def time_memcpy_cold(nbytes: int, iterations: int) -> Timing:
     """``time_memcpy`` with neither array in cache: before each timed copy, a buffer of twice the
     last-level cache is written. A delivery's copy meets that state: on the development VM a 12.6 MB
     copy slows as if its arrays were evicted within 1-2 ms even while the process only spins (other
-    tenants, we infer; scripts/copy_after_idle.py), and a send's copy comes ~0.5 ms or more after the
+    tenants, we infer; scripts/studies/copy_after_idle/), and a send's copy comes ~0.5 ms or more after the
     last one ended. Repeated back to back, the copy keeps its arrays in the 32 MiB L3 and is up to ~2x faster."""
     src, dst = copy_arrays(nbytes)
     evict = np.zeros(2 * last_level_cache_bytes(), dtype=np.uint8)

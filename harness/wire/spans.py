@@ -270,7 +270,7 @@ def budget(timelines: Sequence[dict[str, Any]], loop_lag: dict[str, float] | Non
 # --- Chrome trace events (Perfetto, chrome://tracing) -----------------------------------------------
 
 FRONTEND_TID, ENGINE_INPUT_TID, ENGINE_LOOP_TID, ENGINE_OUTPUT_TID = 1, 1, 2, 3
-# Slices that readers of a trace look up by name (scripts/vllm_client_check.py).
+# Slices that readers of a trace look up by name (scripts/studies/vllm_client_check/).
 PREPARE_SLICE, FIRST_CHUNK_SLICE, STEP_SLICE = "prepare", "relay first chunk", "step"
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Run the CI gate's latency recipe as whole jobs, many times, and record what the gate said.
 
-    .venv/bin/python scripts/gate_rates.py --jobs 10 --out results/baselines/gate-aa.json
-    .venv/bin/python scripts/gate_rates.py --jobs 10 --inject request-delay=900us \\
+    .venv/bin/python scripts/studies/gate_rates/gate_rates.py --jobs 10 --out results/baselines/gate-aa.json
+    .venv/bin/python scripts/studies/gate_rates/gate_rates.py --jobs 10 --inject request-delay=900us \\
         --out results/baselines/gate-inject-10pct.json
 
 Each job is what ``scripts/ci_gate.sh`` runs for latency: one ``bench run`` with
@@ -30,7 +30,7 @@ from typing import Any
 
 from harness.analysis.documents import SCHEMAS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]  # the repository (this file is in scripts/studies/NAME/)
 RECIPE = "--executor sim --num-prompts 200 --block-size 20 --repeat 7"
 
 
@@ -109,7 +109,7 @@ def write(args: argparse.Namespace, jobs: list[dict[str, Any]]) -> None:
     doc = {
         "kind": "gate-jobs",
         "schema_version": SCHEMAS["gate-jobs"],
-        "command": "scripts/gate_rates.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "command": "scripts/studies/gate_rates/gate_rates.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         "recipe": args.recipe,
         "codec": args.codec,
         "inject": args.inject,

@@ -10,7 +10,8 @@ than bench micro's single-call ``perf_counter_ns`` samples), and runs
 same machine. It prints both figures and their ratio per payload and op, and
 writes them as JSON with ``--json``.
 
-    .venv/bin/python scripts/vllm_timing_check.py --rounds 3 --json results/micro/vllm-timing-check.json
+    .venv/bin/python scripts/studies/vllm_timing_check/vllm_timing_check.py --rounds 3 \\
+        --json results/micro/vllm-timing-check.json
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Our client against the seed's own: vLLM 0.6.4's benchmark_serving.py on the seed preset's server.
 
-    .venv/bin/python scripts/vllm_client_check.py --vllm-benchmarks DIR --vllm-python PY \\
+    .venv/bin/python scripts/studies/vllm_client_check/vllm_client_check.py --vllm-benchmarks DIR --vllm-python PY \\
         [--seeds 21,22,23,24] [--out results/baselines/seed-10245-vllm-client.json]
 
 DIR holds ``benchmark_serving.py`` and ``backend_request_func.py`` from vLLM's 0.6.4 source
@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]  # the repository (this file is in scripts/studies/NAME/)
 sys.path.insert(0, str(ROOT))
 
 from harness.experiment.presets import PRESETS, SEED_10245  # noqa: E402
@@ -243,7 +243,7 @@ def main() -> None:
             order = ("ours", "vllm") if i % 2 == 0 else ("vllm", "ours")
             rows += [one_run(args, client, seed, work, tok) for client in order]
     result = {
-        "command": "scripts/vllm_client_check.py " + " ".join(sys.argv[1:]),
+        "command": "scripts/studies/vllm_client_check/vllm_client_check.py " + " ".join(sys.argv[1:]),
         "vllm_client": "vLLM 0.6.4 sdist benchmarks/benchmark_serving.py, unmodified",
         **provenance(args),
         "preset": SEED_10245,

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """How much load can the client generate before it distorts what it measures?
 
-    .venv/bin/python scripts/client_capacity.py [--workers 1,2,auto] [--pin split|none] [--duration 8]
+    .venv/bin/python scripts/studies/client_capacity/client_capacity.py [--workers 1,2,auto] \\
+        [--pin split|none] [--duration 8]
 
 Runs ``run_benchmark`` (what ``bench load`` runs) against tests/fake_openai_server.py
 with a known timing — TTFT 100 ms, a token every 5 ms, 150 tokens — at rising
@@ -46,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]  # the repository (this file is in scripts/studies/NAME/)
 sys.path.insert(0, str(ROOT / "tests"))
 
 from harness.loadgen.runner import LoadSettings, run_benchmark  # noqa: E402

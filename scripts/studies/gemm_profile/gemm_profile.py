@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Time Llama-3.1-8B's per-step GPU work on this machine's GPU: a check of the ``llama8b-h100`` model.
 
-    python scripts/gemm_profile.py [--json PATH] [--quick]
+    python scripts/studies/gemm_profile/gemm_profile.py [--json PATH] [--quick]
 
 ``harness/engine/step_time.py`` models a step as fixed + dense(rows) + kv_read x cached tokens, its
 dense curve taken from Vidur's H100 profile of Llama-2-7B. This measures the same parts with torch

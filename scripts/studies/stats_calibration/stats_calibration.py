@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Measure the false-positive rate and power of harness/analysis/stats.py's verdicts by simulation.
 
-    .venv/bin/python scripts/stats_calibration.py [--simulations 1000] [--seed 1]
+    .venv/bin/python scripts/studies/stats_calibration/stats_calibration.py [--simulations 1000] [--seed 1]
 
 About a minute with the defaults; docs/method.md quotes a --simulations 10000 run.
 
@@ -20,7 +20,7 @@ ten are judged once it is resolved (``judge_gatekept``). Prints markdown tables:
 A/A false positives, power for a true change of 3 sigma on the primary figure,
 the share called "equivalent", and whether a new run of the rounds an
 inconclusive verdict promises finds a change of the margin's size 4 times in 5.
-The gate's own rates with the noise measured here: ``scripts/gate_power.py``.
+The gate's own rates with the noise measured here: ``scripts/studies/gate_rates/gate_power.py``.
 """
 
 from __future__ import annotations

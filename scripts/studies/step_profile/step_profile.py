@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Ops dispatched, host syncs and wall time of real engine steps (scheduler + torch executor).
 
-    .venv/bin/python scripts/step_profile.py --preset tiny --requests 64 --prompt-len 550
+    .venv/bin/python scripts/studies/step_profile/step_profile.py --preset tiny --requests 64 --prompt-len 550
 
 Three steps are measured, each as the scheduler builds it:
 - prefill: ``--prefill-batch`` new requests' prompts in one step;

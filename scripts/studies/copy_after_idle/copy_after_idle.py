@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """How fast is one copy of a big buffer after the copying process waited a while?
 
-    .venv/bin/python scripts/copy_after_idle.py [--mib 12.0] [--gaps-ms 0.25,0.5,1,2,5] [--copies 100] [--runs 3]
+    .venv/bin/python scripts/studies/copy_after_idle/copy_after_idle.py [--mib 12.0] [--gaps-ms 0.25,0.5,1,2,5] \\
+        [--copies 100] [--runs 3]
 
 ``bench micro --transport shm`` compares a delivery, whose sender copies the
 12.6 MB tensor into the arena once a send, with one memcpy timed back to back
@@ -87,7 +88,8 @@ def main() -> None:
     nbytes = int(args.mib * (1 << 20))
     doc = {
         "kind": "copy-after-idle",
-        "command": "scripts/copy_after_idle.py " + f"--mib {args.mib:g} --gaps-ms {args.gaps_ms} "
+        "command": "scripts/studies/copy_after_idle/copy_after_idle.py "
+        + f"--mib {args.mib:g} --gaps-ms {args.gaps_ms} "
         f"--copies {args.copies} --runs {args.runs}",
         "nbytes": nbytes,
         "last_level_cache_bytes": last_level_cache_bytes(),

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """The physical reference for the wire: a bare pyzmq send → receive of a message's frames between two processes.
 
-    .venv/bin/python scripts/zmq_reference.py [--codec msgspec-oob] [--payload tensor-fp32-1024] [--iterations 200]
+    .venv/bin/python scripts/studies/zmq_reference/zmq_reference.py [--codec msgspec-oob] \\
+        [--payload tensor-fp32-1024] [--iterations 200]
 
 The frames are what the codec makes of one of ``bench micro``'s payloads (by
 default the 1024×1024 fp32 pixel tensor request, 12.6 MB); a sender process

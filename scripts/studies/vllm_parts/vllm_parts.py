@@ -11,7 +11,7 @@ of 7 batches) on the same content as ``bench micro``'s payloads:
 - outputs-64-logprobs5 encode and decode, and the count of ``enc_hook`` calls
   (every small numpy array goes through a Python hook).
 
-    .venv/bin/python scripts/vllm_parts.py --json results/micro/vllm-parts.json
+    .venv/bin/python scripts/studies/vllm_parts/vllm_parts.py --json results/micro/vllm-parts.json
 """
 
 from __future__ import annotations

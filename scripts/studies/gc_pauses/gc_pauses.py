@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Garbage-collector pauses in the server's processes during a seed-preset run, heaps frozen or not.
 
-    .venv/bin/python scripts/gc_pauses.py [--repeat 2] [--out results/baselines/gc-pauses.json]
+    .venv/bin/python scripts/studies/gc_pauses/gc_pauses.py [--repeat 2] [--out results/baselines/gc-pauses.json]
 
 Runs ``bench run --preset seed-10245 --codec msgspec,msgspec --arm-flags 'msgspec#2=--no-gc-freeze'``
 with a probe on the Python path: a ``sitecustomize`` module that every process of the run imports at
@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]  # the repository (this file is in scripts/studies/NAME/)
 
 # Imported by every Python process started with the probe's folder on PYTHONPATH.
 PROBE = """
@@ -132,7 +132,7 @@ def main() -> int:
         ]
         print(f"| {run['file']} | {run['heaps']} | {cells[0]} | {cells[1]} |")
     if args.out is not None:
-        doc = {"command": " ".join(command), "script": "scripts/gc_pauses.py", "runs": runs}
+        doc = {"command": " ".join(command), "script": "scripts/studies/gc_pauses/gc_pauses.py", "runs": runs}
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 

@@ -10,8 +10,8 @@ window before and the window while it is handled: the slowest /health answer,
 the longest wait of any live stream for its next chunk, and the memory the
 server's processes held at their peak above what they held just before.
 
-    python scripts/hostile_costs.py --out results/baselines/hostile-costs.json
-    python scripts/hostile_costs.py --table results/baselines/hostile-costs.json   # the README's table
+    python scripts/studies/hostile_costs/hostile_costs.py --out results/baselines/hostile-costs.json
+    python scripts/studies/hostile_costs/hostile_costs.py --table results/baselines/hostile-costs.json  # README's table
 
 Only what the client sees and /proc says is recorded; the server is not
 instrumented. Bodies are built and JSON-encoded before the windows start.
@@ -316,7 +316,8 @@ def main() -> int:
     doc = {
         "kind": "hostile-costs",
         "schema_version": 1,
-        "command": "scripts/hostile_costs.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items() if v),
+        "command": "scripts/studies/hostile_costs/hostile_costs.py "
+        + " ".join(f"--{k} {v}" for k, v in vars(args).items() if v),
         "codec": args.codec,
         "live_streams": LIVE_STREAMS,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},

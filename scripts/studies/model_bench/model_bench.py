@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Time one prefill and one batched decode step of a model preset.
 
-    .venv/bin/python scripts/model_bench.py --preset tiny --prefill-len 550 --batch 64
+    .venv/bin/python scripts/studies/model_bench/model_bench.py --preset tiny --prefill-len 550 --batch 64
 
 Medians over ``--iters`` timed calls after three untimed ones; on CUDA each
 call is synchronized so the time covers the kernels, not just their launch.

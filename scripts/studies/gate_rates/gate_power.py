@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The CI gate's false-alarm rate and power at its defaults, simulated with the noise measured here.
 
-    .venv/bin/python scripts/gate_power.py [--jobs 20000] [--seed 1] [FILES...]
+    .venv/bin/python scripts/studies/gate_rates/gate_power.py [--jobs 20000] [--seed 1] [FILES...]
 
 The noise model is the paired one the gate tests: per round, the log ratio of
 head's to base's TTFT mean, with the SD measured on committed A/A runs of one
@@ -28,7 +28,7 @@ from harness.analysis import gate, stats
 from harness.analysis.compare import VerdictCell, common_rounds, load_any_compare
 from harness.analysis.figures import DETECTION_FIGURE
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]  # the repository (this file is in scripts/studies/NAME/)
 DEFAULT_FILES = sorted((ROOT / "results" / "baselines").glob("calibrate-sim-blocks*.json")) + sorted(
     (ROOT / "results" / "baselines").glob("aa-blocks-*.json")
 )
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         "--jobs-file",
         type=Path,
         default=None,
-        help="a gate-jobs document (scripts/gate_rates.py): its jobs' paired SDs (median and largest) instead",
+        help="a gate-jobs document (gate_rates.py, beside this): its jobs' paired SDs (median and largest) instead",
     )
     p.add_argument("--jobs", type=int, default=20000)
     p.add_argument("--rounds", type=int, default=stats.DEFAULT_ROUNDS)
