@@ -1,9 +1,10 @@
-"""The codec protocol, its errors, and helpers every codec shares."""
+"""The codec base class (its facts declared, typed), its errors, and helpers every codec shares."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, TypeVar
 
 import zmq
 
@@ -51,6 +52,7 @@ UNSUPPORTED_PAYLOAD = "unsupported_payload"
 
 # The kinds of multimodal value a message can carry, by the top-level package of their type.
 MULTIMODAL_KINDS = {"torch": "tensor", "numpy": "array", "PIL": "image"}
+ALL_MULTIMODAL_KINDS = frozenset(MULTIMODAL_KINDS.values())
 
 
 def multimodal_kind(obj: Any) -> str:
@@ -77,40 +79,47 @@ class UnsupportedPayloadError(EncodeError):
         )
 
 
-@runtime_checkable
-class Codec(Protocol):
-    """What the transport needs from a codec.
+class Codec(ABC):
+    """What the transport needs from a codec, and the facts the rest of wirebench reads from its class.
+
+    A codec subclasses this, sets ``name`` and the facts that differ from the
+    defaults below, and defines ``encode`` and ``decode``. The registry reads
+    the facts from the class without making an instance (a codec may import
+    something heavy when instantiated), and refuses a registered class that is
+    not a subclass or leaves ``encode``/``decode`` undefined.
 
     An instance is not safe for two concurrent ``encode`` calls (or two
     concurrent ``decode`` calls); one encode and one decode may run at once on
     different threads. ``get_codec`` returns a fresh instance per call.
-
-    Optional facts a codec class may state (the registry reads them with a default):
-
-    - ``out_of_band: ClassVar[bool]`` (default False): big buffers leave the
-      body as frames of their own (frame 1 on), which decode takes as views;
-      the shm transport needs it (it carries exactly those frames).
-    - ``packed_token_ids: ClassVar[bool]`` (default False): the codec wants
-      ``prompt_token_ids`` as a little-endian int32 numpy array (the frontend
-      converts before encoding) and decodes it as one.
-    - ``unpickles_peer_data: ClassVar[bool]`` (default False): decode runs
-      code the sender chooses (pickle), so the codec must never face an
-      untrusted peer; ``bench serve`` refuses it over non-loopback tcp.
-    - ``multimodal_kinds: ClassVar[frozenset[str]]`` (default: all of
-      "tensor", "array", "image" when it carries multimodal inputs): the kinds
-      it carries; it refuses the others with UnsupportedPayloadError.
-    - ``alternatives: Mapping[str, Sequence[str]]``: for a codec that refuses
-      some payloads, the codecs that carry each kind; ``get_codec`` fills it
-      in from the registry so the codec's error can name them.
     """
 
     name: ClassVar[str]
-    # True when images, tensors and arrays can travel in EngineCoreRequest.mm_inputs.
-    carries_multimodal: ClassVar[bool]
+    # Images, tensors and arrays can travel in EngineCoreRequest.mm_inputs; a codec without
+    # it refuses them with UnsupportedPayloadError.
+    carries_multimodal: ClassVar[bool] = False
+    # Of those, the kinds it carries ("tensor", "array", "image"); it refuses the others.
+    multimodal_kinds: ClassVar[frozenset[str]] = ALL_MULTIMODAL_KINDS
+    # Big buffers leave the body as frames of their own (frame 1 on), which decode takes as
+    # views: the shm transports need it, they carry exactly those frames.
+    out_of_band: ClassVar[bool] = False
+    # It wants prompt_token_ids as a little-endian int32 numpy array (the frontend converts
+    # before encoding) and decodes them as one.
+    packed_token_ids: ClassVar[bool] = False
+    # Decode runs code the sender chooses (pickle), so it must never face an untrusted peer:
+    # bench serve refuses it over non-loopback tcp.
+    unpickles_peer_data: ClassVar[bool] = False
 
-    def encode(self, msg: Any) -> Frames: ...
+    # For a codec that refuses some multimodal kinds: the codecs that carry each kind, for
+    # its refusal to name. get_codec fills it in from the registry.
+    alternatives: Mapping[str, Sequence[str]] = {}
 
-    def decode(self, frames: Sequence[Frame], msg_type: type[T]) -> T: ...
+    @abstractmethod
+    def encode(self, msg: Any) -> Frames:
+        """The message as frames: frame 0 the body, later frames out-of-band buffers."""
+
+    @abstractmethod
+    def decode(self, frames: Sequence[Frame], msg_type: type[T]) -> T:
+        """The message of type ``msg_type`` in ``frames``; DecodeError for anything else."""
 
 
 class CodecCalls:

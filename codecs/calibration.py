@@ -61,18 +61,26 @@ def spin_ns(ns: int) -> None:
         pass
 
 
-class DelayedCodec:
-    """``inner`` plus a fixed busy-waited cost per encode and decode of the chosen message types."""
+class DelayedCodec(Codec):
+    """``inner`` plus a fixed busy-waited cost per encode and decode of the chosen message types.
+
+    Never registered: ``get_codec`` wraps the codec named before the ``+``, and the registry
+    reads a spec's facts from that codec's class. An instance repeats them for whoever holds it.
+    """
 
     name: ClassVar[str] = "delayed"  # per instance: the full spec, e.g. "pickle+request-delay=500us"
-    carries_multimodal: ClassVar[bool] = True
 
     def __init__(self, inner: Codec, spec: str, delays_ns: dict[str, int]) -> None:
         self.inner = inner
-        self.name = spec  # type: ignore[misc]  # an instance's name is its spec
-        self.carries_multimodal = inner.carries_multimodal  # type: ignore[misc]
-        self.unpickles_peer_data = bool(getattr(inner, "unpickles_peer_data", False))
         self.delays_ns = dict(delays_ns)
+        # The class's facts are declared ClassVars; a wrapper's are its inner codec's, per instance.
+        self.name = spec  # type: ignore[misc]
+        self.carries_multimodal = inner.carries_multimodal  # type: ignore[misc]
+        self.multimodal_kinds = inner.multimodal_kinds  # type: ignore[misc]
+        self.out_of_band = inner.out_of_band  # type: ignore[misc]
+        self.packed_token_ids = inner.packed_token_ids  # type: ignore[misc]
+        self.unpickles_peer_data = inner.unpickles_peer_data  # type: ignore[misc]
+        self.alternatives = inner.alternatives
 
     def encode(self, msg: Any) -> Frames:
         frames = self.inner.encode(msg)

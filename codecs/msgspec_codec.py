@@ -12,7 +12,7 @@ Encoders and one typed decoder per message type are built once per instance.
 from __future__ import annotations
 
 import binascii
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import msgspec
@@ -21,6 +21,7 @@ from PIL import Image
 
 from .base import (
     INLINE_THRESHOLD,
+    Codec,
     DecodeError,
     EncodeError,
     Frame,
@@ -45,11 +46,8 @@ def is_multimodal(obj: Any) -> bool:
     return is_tensor(obj) or isinstance(obj, (np.ndarray, Image.Image))
 
 
-class _MsgspecBase:
+class _MsgspecBase(Codec):
     """Shared encode/decode plumbing; subclasses say how multimodal values travel."""
-
-    name: ClassVar[str]
-    carries_multimodal: ClassVar[bool]
 
     def __init__(self) -> None:
         self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
@@ -103,8 +101,6 @@ class MsgspecCodec(_MsgspecBase):
 
     name: ClassVar[str] = "msgspec"
     carries_multimodal: ClassVar[bool] = False
-    # Named in the refusal (the capable codecs per kind); get_codec fills it in from the registry.
-    alternatives: Mapping[str, Sequence[str]] = {}
 
     def _enc_hook(self, obj: Any) -> Any:
         if is_multimodal(obj):

@@ -16,6 +16,7 @@ from PIL import Image
 
 from .base import (
     INLINE_THRESHOLD,
+    Codec,
     DecodeError,
     EncodeError,
     Frame,
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     import torch
 
 
-class PickleCodec:
+class PickleCodec(Codec):
     """The whole message pickled with the highest protocol into one frame."""
 
     name: ClassVar[str] = "pickle"
@@ -91,7 +92,7 @@ class _OutOfBandPickler(pickle.Pickler):
         return NotImplemented
 
 
-class PickleOobCodec:
+class PickleOobCodec(Codec):
     """Pickle protocol 5 with tensor, array and image buffers as separate frames."""
 
     name: ClassVar[str] = "pickle-oob"

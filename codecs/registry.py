@@ -5,8 +5,14 @@ A third-party package adds a codec by declaring, in its pyproject.toml::
     [project.entry-points."wirebench.codecs"]
     my-codec = "my_package.my_module:MyCodec"
 
-The class needs ``name``, ``carries_multimodal``, ``encode`` and ``decode``
-and may state ``unpickles_peer_data`` (see ``wirecodecs.base.Codec``).
+The class subclasses ``wirecodecs.Codec``: it sets ``name``, defines
+``encode`` and ``decode``, and declares the facts where it differs from the
+defaults (``carries_multimodal``, ``multimodal_kinds``, ``out_of_band``,
+``packed_token_ids``, ``unpickles_peer_data``), which the registry reads from
+the class. A registered class that is not a Codec, leaves ``encode`` or
+``decode`` abstract, or names an unknown multimodal kind is refused with an
+error naming its entry point.
+
 Built-ins are imported lazily by name. A name may carry calibration options
 after ``+`` (``pickle+request-delay=500us``, see ``wirecodecs.calibration``).
 """
@@ -15,10 +21,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 from functools import cache
 from importlib.metadata import entry_points
+from typing import Any
 
-from .base import MULTIMODAL_KINDS, Codec
+from .base import ALL_MULTIMODAL_KINDS, Codec
 
 ENTRY_POINT_GROUP = "wirebench.codecs"
 
@@ -81,10 +89,35 @@ def codec_class(name: str) -> type[Codec]:
         raise UnknownCodecError(f"unknown codec {name!r}; available: {', '.join(available_codecs())}")
     module_name, _, attr = target.partition(":")
     try:
-        cls = getattr(importlib.import_module(module_name), attr)
+        found = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise UnknownCodecError(f"codec {name!r} is registered as {target!r} but cannot be loaded: {exc}") from exc
-    return cls
+        raise UnknownCodecError(f"codec {name!r} is registered as {where(name)} but cannot be loaded: {exc}") from exc
+    problem = _codec_class_problem(found)
+    if problem:
+        raise UnknownCodecError(f"codec {name!r} is registered as {where(name)}, which {problem}")
+    return found
+
+
+def where(name: str) -> str:
+    """How a codec is registered, for an error: its entry point, or the built-in's class."""
+    target = _registered()[name]
+    if name in _BUILTIN:
+        return f"the built-in {target!r}"
+    return f"entry point '{name} = {target}' (group {ENTRY_POINT_GROUP!r})"
+
+
+def _codec_class_problem(found: Any) -> str:
+    """Why ``found`` cannot serve as a codec class (empty when it can)."""
+    if not (isinstance(found, type) and issubclass(found, Codec)):
+        return f"is {found!r}, not a subclass of wirecodecs.Codec"
+    if inspect.isabstract(found):
+        return f"does not define {' and '.join(sorted(found.__abstractmethods__))}"
+    if not isinstance(getattr(found, "name", None), str):
+        return "sets no name (a str class attribute)"
+    unknown = set(found.multimodal_kinds) - ALL_MULTIMODAL_KINDS
+    if unknown:
+        return f"declares unknown multimodal kinds {sorted(unknown)} (known: {sorted(ALL_MULTIMODAL_KINDS)})"
+    return ""
 
 
 def split_spec(spec: str) -> tuple[str, list[str]]:
@@ -101,8 +134,8 @@ def get_codec(name: str) -> Codec:
     """
     base, options = split_spec(name)
     codec = codec_class(base)()
-    if hasattr(codec, "alternatives"):
-        codec.alternatives = {kind: codecs_that_carry_multimodal(kind) for kind in MULTIMODAL_KINDS.values()}
+    if multimodal_kinds(base) != ALL_MULTIMODAL_KINDS:  # it refuses some kinds: its error names who carries them
+        codec.alternatives = {kind: codecs_that_carry_multimodal(kind) for kind in sorted(ALL_MULTIMODAL_KINDS)}
     if options:
         from .calibration import DelayedCodec, parse_options
 
@@ -121,8 +154,8 @@ def check_codec_spec(name: str) -> str:
 
 
 def sends_out_of_band(name: str) -> bool:
-    """Whether the codec sends big buffers as frames of their own (its class says; default False)."""
-    return bool(getattr(codec_class(split_spec(name)[0]), "out_of_band", False))
+    """Whether the codec sends big buffers as frames of their own (its class says)."""
+    return codec_class(split_spec(name)[0]).out_of_band
 
 
 def codecs_out_of_band() -> list[str]:
@@ -130,21 +163,19 @@ def codecs_out_of_band() -> list[str]:
 
 
 def packs_token_ids(name: str) -> bool:
-    """Whether the codec wants prompt token ids as an int32 array (its class says; default False)."""
-    return bool(getattr(codec_class(split_spec(name)[0]), "packed_token_ids", False))
+    """Whether the codec wants prompt token ids as an int32 array (its class says)."""
+    return codec_class(split_spec(name)[0]).packed_token_ids
 
 
 def unpickles_peer_data(name: str) -> bool:
-    """Whether the codec's decode runs code the sender chooses (its class says; default False)."""
-    return bool(getattr(codec_class(split_spec(name)[0]), "unpickles_peer_data", False))
+    """Whether the codec's decode runs code the sender chooses (its class says)."""
+    return codec_class(split_spec(name)[0]).unpickles_peer_data
 
 
 def multimodal_kinds(name: str) -> frozenset[str]:
     """The kinds of multimodal value ("tensor", "array", "image") the codec carries (its class says)."""
     cls = codec_class(split_spec(name)[0])
-    if not cls.carries_multimodal:
-        return frozenset()
-    return frozenset(getattr(cls, "multimodal_kinds", MULTIMODAL_KINDS.values()))
+    return cls.multimodal_kinds if cls.carries_multimodal else frozenset()
 
 
 def codecs_that_carry_multimodal(kind: str | None = None) -> list[str]:

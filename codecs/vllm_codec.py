@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, ClassVar
 
-from .base import DecodeError, EncodeError, Frame, Frames, T, UnsupportedPayloadError, as_buffer, require_frames
+from .base import Codec, DecodeError, EncodeError, Frame, Frames, T, UnsupportedPayloadError, as_buffer, require_frames
 
 _warned_version = False
 
@@ -46,14 +46,12 @@ def _load() -> ModuleType:
     return vm
 
 
-class VllmCodec:
+class VllmCodec(Codec):
     name: ClassVar[str] = "vllm"
     carries_multimodal: ClassVar[bool] = True
     out_of_band: ClassVar[bool] = True
     # vLLM's multimodal items hold processed tensors; PIL images and numpy arrays are refused.
     multimodal_kinds: ClassVar[frozenset[str]] = frozenset({"tensor"})
-    # Named when an image or array is refused; get_codec fills it in from the registry.
-    alternatives: Mapping[str, Sequence[str]] = {}
 
     def __init__(self) -> None:
         from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder

@@ -42,7 +42,9 @@ def expectation(name: str) -> CodecExpectation:
     if name in EXPECTATIONS:
         return EXPECTATIONS[name]
     cls = wirecodecs.registry.codec_class(name)
-    return CodecExpectation(cls.carries_multimodal, out_of_band=False, family=name)
+    return CodecExpectation(
+        cls.carries_multimodal, out_of_band=cls.out_of_band, family=name, kinds=cls.multimodal_kinds
+    )
 
 
 def roundtrip(name: str, msg: Any) -> Any:
@@ -101,6 +103,10 @@ def test_codec_matches_expectations(name: str) -> None:
     assert isinstance(codec, wirecodecs.Codec)
     assert codec.name == name
     assert codec.carries_multimodal is expectation(name).carries_multimodal
+    # The facts its class declares, as the registry reads them, are the ones the table promises.
+    assert wirecodecs.sends_out_of_band(name) is expectation(name).out_of_band
+    carried = expectation(name).kinds if expectation(name).carries_multimodal else frozenset()
+    assert wirecodecs.registry.multimodal_kinds(name) == carried
 
 
 def test_capable_codecs_listed() -> None:

@@ -37,14 +37,14 @@ pytestmark = pytest.mark.timeout(60)
 
 CODECS = wirecodecs.available_codecs()
 CAPABLE = wirecodecs.codecs_that_carry_multimodal()
-OOB = [n for n in CODECS if n in EXPECTATIONS and EXPECTATIONS[n].out_of_band]
+OOB = wirecodecs.codecs_out_of_band()
 MSG_TYPES = [EngineCoreRequest, EngineCoreOutputs, EngineCoreAbort]
 # Index of EngineCoreRequest.mm_inputs in its msgpack array (array_like Struct).
 MM_INDEX = EngineCoreRequest.__struct_fields__.index("mm_inputs")
 
 
 def carries_images(name: str) -> bool:
-    return name not in EXPECTATIONS or EXPECTATIONS[name].carries("image")
+    return "image" in wirecodecs.registry.multimodal_kinds(name)
 
 
 def mm_request(name: str) -> EngineCoreRequest:
@@ -478,7 +478,7 @@ def _expect_refused(name: str, msg: EngineCoreRequest, kind: str) -> None:
     float8/uint16/complex32 tensors), decode must still fail cleanly.
     """
     codec = wirecodecs.get_codec(name)
-    if name not in CAPABLE or (name in EXPECTATIONS and not EXPECTATIONS[name].carries(kind)):
+    if kind not in wirecodecs.registry.multimodal_kinds(name):
         with pytest.raises(wirecodecs.UnsupportedPayloadError):
             codec.encode(msg)
     elif name not in EXPECTATIONS or kind in EXPECTATIONS[name].rawbuf:

@@ -1,8 +1,9 @@
 """The codec registry: names, fresh instances, and third-party codecs by entry point.
 
-The entry-point test installs a real (tiny) distribution: a ``*.dist-info``
-folder with ``entry_points.txt`` next to a module, on ``sys.path``, so
-``importlib.metadata`` finds it exactly as it would a pip-installed package.
+The entry-point tests install a real (tiny) distribution from outside the
+project: a ``*.dist-info`` folder with ``entry_points.txt`` next to a module, in
+a temporary folder put on ``sys.path``, so ``importlib.metadata`` finds it
+exactly as it would a pip-installed package.
 """
 
 from __future__ import annotations
@@ -13,29 +14,35 @@ import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 import wirecodecs
+from harness.wire.policy import LinkSettings, transport_refusal, unpickling_codec
 from wirecodecs import registry
 
-from wire_samples import assert_wire_equal, multimodal_request, text_messages
+from wire_samples import assert_wire_equal, multimodal_request, output_batch, text_messages
 
-BUILTINS = ["pickle", "pickle-oob", "msgspec", "msgspec-b64", "msgspec-oob", "msgspec-packed"]
+# The built-ins this install has (vllm needs its own setup), in the registry's order.
+BUILTINS = [name for name in registry._BUILTIN if name not in wirecodecs.unavailable_codecs()]
 
 PLUGIN_MODULE = "wirebench_test_plugin_codec"
 PLUGIN_SOURCE = '''
-"""A third-party codec: JSON via msgspec, text only."""
+"""A third party's codecs: each a wirecodecs.Codec subclass that declares its facts."""
+import pickle
 from typing import Any, ClassVar, Sequence
 
 import msgspec
 
-from wirecodecs import DecodeError, EncodeError
+from wirecodecs import Codec, DecodeError, EncodeError
 
 
-class JsonCodec:
+class JsonCodec(Codec):
+    """JSON via msgspec, text only: every fact at its default."""
+
     name: ClassVar[str] = "plugin-json"
-    carries_multimodal: ClassVar[bool] = False
 
     def encode(self, msg: Any) -> list[bytes]:
         try:
@@ -50,6 +57,56 @@ class JsonCodec:
             return msgspec.json.decode(frames[0], type=msg_type)
         except msgspec.DecodeError as exc:
             raise DecodeError(str(exc)) from exc
+
+
+class ArrayPickleCodec(Codec):
+    """Pickle protocol 5 with numpy arrays' buffers as frames of their own."""
+
+    name: ClassVar[str] = "plugin-arrays"
+    carries_multimodal: ClassVar[bool] = True
+    multimodal_kinds: ClassVar[frozenset[str]] = frozenset({"array"})
+    out_of_band: ClassVar[bool] = True
+    unpickles_peer_data: ClassVar[bool] = True
+
+    def encode(self, msg: Any) -> list[Any]:
+        frames: list[Any] = [b""]
+        frames[0] = pickle.dumps(msg, protocol=5, buffer_callback=lambda buf: frames.append(buf.raw()))
+        return frames
+
+    def decode(self, frames: Sequence[Any], msg_type: type) -> Any:
+        try:
+            msg = pickle.loads(frames[0], buffers=frames[1:])
+        except Exception as exc:
+            raise DecodeError(str(exc)) from exc
+        if type(msg) is not msg_type:
+            raise DecodeError(f"expected {msg_type.__name__}, got {type(msg).__name__}")
+        return msg
+
+
+class DuckCodec:
+    """Has everything a codec has except the base class."""
+
+    name = "plugin-duck"
+    carries_multimodal = False
+
+    def encode(self, msg: Any) -> list[bytes]:
+        return [b""]
+
+    def decode(self, frames: Sequence[Any], msg_type: type) -> Any:
+        return msg_type()
+
+
+class EncodeOnlyCodec(Codec):
+    name: ClassVar[str] = "plugin-encode-only"
+
+    def encode(self, msg: Any) -> list[bytes]:
+        return [b""]
+
+
+class MistypedKindsCodec(JsonCodec):
+    name: ClassVar[str] = "plugin-mistyped"
+    carries_multimodal: ClassVar[bool] = True
+    multimodal_kinds: ClassVar[frozenset[str]] = frozenset({"images"})
 '''
 
 
@@ -60,8 +117,8 @@ def _clear_registry() -> None:
 
 
 @pytest.fixture
-def install_plugin(tmp_path: Path) -> Iterator[Callable[[str], None]]:
-    """Returns ``install(entry_points_txt)``; everything is undone afterwards."""
+def install_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
+    """Returns ``install(entry_points_txt)``: the plugin distribution on sys.path; undone afterwards."""
 
     def install(entry_points: str) -> None:
         (tmp_path / f"{PLUGIN_MODULE}.py").write_text(PLUGIN_SOURCE)
@@ -69,16 +126,13 @@ def install_plugin(tmp_path: Path) -> Iterator[Callable[[str], None]]:
         dist_info.mkdir()
         (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: wirebench-test-plugin\nVersion: 0.1\n")
         (dist_info / "entry_points.txt").write_text(textwrap.dedent(entry_points))
-        sys.path.insert(0, str(tmp_path))
+        monkeypatch.syspath_prepend(str(tmp_path))
         _clear_registry()
 
-    try:
-        yield install
-    finally:
-        if str(tmp_path) in sys.path:
-            sys.path.remove(str(tmp_path))
-        sys.modules.pop(PLUGIN_MODULE, None)
-        _clear_registry()
+    yield install
+    monkeypatch.undo()  # sys.path first, so the registry cannot find the plugin again
+    sys.modules.pop(PLUGIN_MODULE, None)
+    _clear_registry()
 
 
 # --- names -------------------------------------------------------------------------
@@ -107,7 +161,7 @@ def test_names_are_exact(bad: str) -> None:
         wirecodecs.get_codec(bad)
 
 
-@pytest.mark.parametrize("name", BUILTINS)
+@pytest.mark.parametrize("name", wirecodecs.available_codecs())
 def test_get_codec_returns_fresh_instances(name: str) -> None:
     first, second = wirecodecs.get_codec(name), wirecodecs.get_codec(name)
     assert first is not second
@@ -143,6 +197,73 @@ def test_entry_point_codec_is_discovered(install_plugin: Callable[[str], None]) 
     assert "plugin-json" not in info.value.capable
 
 
+def test_entry_point_codec_declares_its_facts_and_the_rules_read_them(
+    install_plugin: Callable[[str], None],
+) -> None:
+    install_plugin(f"""
+        [wirebench.codecs]
+        plugin-arrays = {PLUGIN_MODULE}:ArrayPickleCodec
+    """)
+    assert "plugin-arrays" in wirecodecs.available_codecs()
+
+    # A request whose array leaves the body as a frame of its own, and a step's outputs, both round-trip.
+    codec = wirecodecs.get_codec("plugin-arrays")
+    request = multimodal_request([{"pixel_values": np.arange(4096, dtype=np.float32).reshape(64, 64)}])
+    frames = codec.encode(request)
+    assert len(frames) == 2
+    assert_wire_equal(request, wirecodecs.get_codec("plugin-arrays").decode(frames, type(request)))
+    outputs = output_batch(8)
+    assert_wire_equal(outputs, wirecodecs.get_codec("plugin-arrays").decode(codec.encode(outputs), type(outputs)))
+
+    # What the class declares is what the registry's readers see.
+    assert wirecodecs.sends_out_of_band("plugin-arrays")
+    assert "plugin-arrays" in wirecodecs.codecs_out_of_band()
+    assert transport_refusal("plugin-arrays", "shm") is None
+    refusal = transport_refusal("msgspec-b64", "shm")
+    assert refusal is not None and "plugin-arrays" in refusal  # named among the codecs that can
+    assert wirecodecs.unpickles_peer_data("plugin-arrays")
+    assert unpickling_codec(LinkSettings(codec="msgspec", output_codec="plugin-arrays")) == "plugin-arrays"
+    assert not wirecodecs.packs_token_ids("plugin-arrays")
+    assert "plugin-arrays" in wirecodecs.codecs_that_carry_multimodal()
+    assert "plugin-arrays" in wirecodecs.codecs_that_carry_multimodal("array")
+    assert "plugin-arrays" not in wirecodecs.codecs_that_carry_multimodal("image")
+    # The text-only codec's refusal names it for an array, not for an image.
+    text_only = wirecodecs.get_codec("msgspec")
+    with pytest.raises(wirecodecs.UnsupportedPayloadError) as info:
+        text_only.encode(multimodal_request([{"x": np.zeros(2)}]))
+    assert "plugin-arrays" in info.value.capable
+    with pytest.raises(wirecodecs.UnsupportedPayloadError) as info:
+        text_only.encode(multimodal_request([Image.new("RGB", (2, 2))]))
+    assert "plugin-arrays" not in info.value.capable
+
+
+@pytest.mark.parametrize(
+    ("cls", "problem"),
+    [
+        ("DuckCodec", "not a subclass of wirecodecs.Codec"),
+        ("EncodeOnlyCodec", "does not define decode"),
+        ("MistypedKindsCodec", "unknown multimodal kinds ['images']"),
+    ],
+)
+def test_a_registered_class_that_is_not_a_codec_is_refused(
+    install_plugin: Callable[[str], None], cls: str, problem: str
+) -> None:
+    carried = wirecodecs.codecs_that_carry_multimodal()
+    install_plugin(f"""
+        [wirebench.codecs]
+        plugin-bad = {PLUGIN_MODULE}:{cls}
+    """)
+    assert "plugin-bad" in wirecodecs.available_codecs()  # listed: a name is all the listing reads
+    with pytest.raises(wirecodecs.UnknownCodecError) as info:
+        wirecodecs.get_codec("plugin-bad")
+    message = str(info.value)
+    assert f"entry point 'plugin-bad = {PLUGIN_MODULE}:{cls}' (group 'wirebench.codecs')" in message
+    assert problem in message
+    with pytest.raises(wirecodecs.UnknownCodecError, match="plugin-bad"):
+        wirecodecs.sends_out_of_band("plugin-bad")
+    assert wirecodecs.codecs_that_carry_multimodal() == carried
+
+
 def test_plugin_cannot_shadow_a_builtin(install_plugin: Callable[[str], None]) -> None:
     install_plugin(f"""
         [wirebench.codecs]
@@ -153,6 +274,7 @@ def test_plugin_cannot_shadow_a_builtin(install_plugin: Callable[[str], None]) -
 
 
 def test_broken_entry_point_is_a_clear_error(install_plugin: Callable[[str], None]) -> None:
+    carried = wirecodecs.codecs_that_carry_multimodal()
     install_plugin(f"""
         [wirebench.codecs]
         plugin-missing-module = wirebench_no_such_module:Codec
@@ -167,14 +289,7 @@ def test_broken_entry_point_is_a_clear_error(install_plugin: Callable[[str], Non
             wirecodecs.get_codec(name)
         assert name in str(info.value) and culprit in str(info.value)
     # One broken plugin must not break the capability listing of the others.
-    assert wirecodecs.codecs_that_carry_multimodal() == [
-        "pickle",
-        "pickle-oob",
-        "msgspec-b64",
-        "msgspec-oob",
-        "msgspec-packed",
-        *(["vllm"] if "vllm" in wirecodecs.available_codecs() else []),
-    ]
+    assert wirecodecs.codecs_that_carry_multimodal() == carried
 
 
 def test_a_codec_whose_package_is_missing_is_listed_with_its_install_command(
