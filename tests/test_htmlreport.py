@@ -98,7 +98,8 @@ def check_self_contained(text: str) -> Page:
                 assert ok, f"<{tag} {name}={value[:80]!r}> points outside the file"
     assert "url(" not in text and "@import" not in text  # CSS that would fetch
     ids = [attrs.get("id") for attrs in page.of("section")]
-    assert ids == list(htmlreport.SECTIONS)
+    assert ids == [s.id for s in htmlreport.SECTIONS]
+    assert [a.get("href") for a in page.of("a")][: len(ids)] == [f"#{i}" for i in ids]  # the navigation
     for attrs in page.of("img"):
         kind, data = decode_image(attrs["src"] or "")
         if kind == "image/png":
@@ -210,6 +211,23 @@ def test_cli_writes_the_page_and_reports_bad_input(
     assert [p.name for p, _ in inputs.sweeps] == ["sweep-20260101-000000.json"] and not inputs.runs
     assert bench(["report", str(tmp_path / "missing.json"), "-o", str(out)]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_a_section_added_to_the_list_is_rendered_with_its_title_and_in_the_nav(
+    results: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def render_run_count(ctx: htmlreport.ReportContext) -> str:
+        return f"<p>{len(ctx.entries)} runs of {htmlreport.esc(', '.join(ctx.codecs))}</p>"
+
+    added = htmlreport.Section("run-count", "Runs counted", render_run_count)
+    monkeypatch.setattr(htmlreport, "SECTIONS", (*htmlreport.SECTIONS, added))
+    out = tmp_path / "report.html"
+    assert bench(["report", str(results["compare"]), "-o", str(out)]) == 0
+    text = out.read_text()
+    page = check_self_contained(text)  # its id among the sections, its link in the navigation, in order
+    assert '<nav><a href="#summary">Summary</a>' in text and '<a href="#run-count">Runs counted</a></nav>' in text
+    assert '<section id="run-count">\n<h2>Runs counted</h2>\n<p>6 runs of pickle, msgspec</p>\n</section>' in text
+    assert "Run metadata" in page.all_text  # the others are still there
 
 
 def _chromium() -> str | None:

@@ -26,6 +26,12 @@ Sections, and how each is made:
   where each codec crosses the reference, in words.
 - **Run metadata**: machine, versions, git revision and the flags (those that
   differ between runs listed apart).
+
+The sections are one ordered tuple, ``SECTIONS``, of ``Section(id, title,
+render)``: ``render`` takes the ``ReportContext`` (the inputs, read once, and
+what several sections share) and returns the section's HTML body. A new section
+is a render function and one entry there; the page adds its heading and its
+link in the navigation.
 """
 
 from __future__ import annotations
@@ -34,8 +40,9 @@ import html
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +67,6 @@ VERDICT_CLASS = {
     "equivalent": "equivalent",
     "inconclusive": "inconclusive",
 }
-# Section ids, in page order (the tests look for them).
-SECTIONS = ("summary", "comparison", "distributions", "budget", "timeline", "sweeps", "metadata")
-
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1250px;
        padding: 0 1em; color: #1d1d1f; background: #fff; line-height: 1.4; }
@@ -319,6 +323,139 @@ def _short_value(value: Any, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+# --- the sections ---------------------------------------------------------------------------------
+
+
+class ReportContext:
+    """What every section renders from: the RESULTS arguments read once, and what several sections share."""
+
+    def __init__(self, inputs: Inputs, fmt: str, margin_pct: float) -> None:
+        self.inputs = inputs
+        self.fmt = fmt
+        self.margin_pct = margin_pct
+
+    @cached_property
+    def entries(self) -> list[RunEntry]:
+        return self.inputs.entries()
+
+    @cached_property
+    def codecs(self) -> list[str]:
+        return list(dict.fromkeys(e.codec for e in self.entries))
+
+    @cached_property
+    def comparisons(self) -> list[tuple[str, str]]:
+        """(html, summary line): one per compare file, then one for the runs given directly."""
+        out = [
+            comparison_html(Path(item).name, arms_by_label(self.inputs.runs[item]), self.margin_pct)
+            for item in self.inputs.compares
+        ]
+        if self.inputs.direct:
+            name = "runs given directly: " + ", ".join(Path(d).name for d in self.inputs.direct)
+            out.append(comparison_html(name, arms_by_label(self.inputs.entries(self.inputs.direct)), self.margin_pct))
+        return out
+
+
+@dataclass(frozen=True)
+class Section:
+    """One section of the page: its anchor, its heading, and the function that writes its body."""
+
+    id: str
+    title: str
+    render: Callable[[ReportContext], str]
+
+
+NO_RUNS = '<p class="note">No run files given.</p>'
+
+
+def render_summary(ctx: ReportContext) -> str:
+    lines = [line for _, line in ctx.comparisons]
+    for p, d in ctx.inputs.sweeps:
+        crossings = [c for c in d.get("crossings") or () if c.get("verdict")]
+        plural = "s" if len(crossings) != 1 else ""
+        lines.append(f"{p.name}: {len(crossings)} crossing{plural} (Holm-adjusted verdicts)")
+    if not lines:
+        return '<p class="note">Nothing to summarise.</p>'
+    return "<ul>" + "".join(f"<li>{esc(s)}</li>" for s in lines) + "</ul>"
+
+
+def render_comparison(ctx: ReportContext) -> str:
+    return "\n".join(body for body, _ in ctx.comparisons) or '<p class="note">No compare or run files given.</p>'
+
+
+def render_distributions(ctx: ReportContext) -> str:
+    from harness.analysis.frames import requests_frame
+
+    if not ctx.entries:
+        return NO_RUNS
+    fig = cdf_figure(requests_frame(ctx.entries), ctx.codecs)
+    if fig is None:
+        return '<p class="note">No per-request records.</p>'
+    return img(
+        figure_uri(fig, ctx.fmt),
+        "CDF of TTFT and TPOT per codec",
+        "Empirical CDF of each successful request's TTFT (send → first output chunk) and TPOT "
+        "((E2EL − TTFT) / (output tokens − 1)), every round pooled; dotted lines at p50 and p99. "
+        "From harness.analysis.frames.requests_frame.",
+    )
+
+
+def render_budget(ctx: ReportContext) -> str:
+    from harness.analysis.frames import runs_frame
+
+    if not ctx.entries:
+        return NO_RUNS
+    fig = budget_figure(runs_frame(ctx.entries), ctx.codecs)
+    if fig is None:
+        bars = '<p class="note">No codec figures (a server without wirebench /metrics).</p>'
+    else:
+        bars = img(
+            figure_uri(fig, ctx.fmt),
+            "codec and IPC budget per codec",
+            "Left: codec µs per message per direction and operation from the server's /metrics "
+            "(runs_frame; median over runs, whiskers min–max). Right: the IPC budget on a request's "
+            "first-token path, p50 of each span (encode, wire = send → receive, decode, queues) from the "
+            "run's request timelines, median over rounds.",
+        )
+    return bars + ipc_table(arms_by_label(ctx.entries))
+
+
+def render_timeline(ctx: ReportContext) -> str:
+    if not ctx.entries:
+        return NO_RUNS
+    fig = timeline_figure(send_times(ctx.entries), ctx.codecs)
+    if fig is None:
+        return '<p class="note">No per-request send times (files without records).</p>'
+    return img(
+        figure_uri(fig, ctx.fmt),
+        "TTFT over the course of each run",
+        "Each request's TTFT against its send time since the run's first request, rounds overlaid, "
+        "with a running median: a falling start is warm-up, a slope is drift.",
+    )
+
+
+def render_sweeps(ctx: ReportContext) -> str:
+    if not ctx.inputs.sweeps:
+        return '<p class="note">No sweep document given (bench sweep writes sweep-*.json).</p>'
+    return "\n".join(sweep_html(p, d, ctx.fmt) for p, d in ctx.inputs.sweeps)
+
+
+def render_metadata(ctx: ReportContext) -> str:
+    return metadata_html(ctx.entries, ctx.inputs.sweeps)
+
+
+# The page's sections, in order. A new section is a render function and one entry here; it gets
+# its heading and its link in the page's navigation.
+SECTIONS: tuple[Section, ...] = (
+    Section("summary", "Summary", render_summary),
+    Section("comparison", "Comparison and verdicts", render_comparison),
+    Section("distributions", "Latency distributions", render_distributions),
+    Section("budget", "Codec and IPC budget", render_budget),
+    Section("timeline", "TTFT over the run", render_timeline),
+    Section("sweeps", "Sweeps", render_sweeps),
+    Section("metadata", "Run metadata", render_metadata),
+)
+
+
 # --- the page -------------------------------------------------------------------------------------
 
 
@@ -330,103 +467,15 @@ def build_report(
     margin_pct: float = stats.DEFAULT_MARGIN_PCT,
 ) -> str:
     """The whole page as a string; ResultsError when the inputs cannot be read."""
-    from harness.analysis.frames import requests_frame, runs_frame
-
     if fmt not in IMAGE_FORMATS:
         raise ValueError(f"image format must be one of {', '.join(IMAGE_FORMATS)}")
-    inputs = classify(results)
-    entries = inputs.entries()
-    codecs = list(dict.fromkeys(e.codec for e in entries))
-    sections: dict[str, str] = {}
-    summaries: list[str] = []
-
-    comp_parts = []
-    for item in inputs.compares:
-        body, line = comparison_html(Path(item).name, arms_by_label(inputs.runs[item]), margin_pct)
-        comp_parts.append(body)
-        summaries.append(line)
-    if inputs.direct:
-        name = "runs given directly: " + ", ".join(Path(d).name for d in inputs.direct)
-        body, line = comparison_html(name, arms_by_label(inputs.entries(inputs.direct)), margin_pct)
-        comp_parts.append(body)
-        summaries.append(line)
-    sections["comparison"] = "\n".join(comp_parts) or '<p class="note">No compare or run files given.</p>'
-
-    if entries:
-        runs = runs_frame(entries)
-        requests = requests_frame(entries)
-        fig = cdf_figure(requests, codecs)
-        sections["distributions"] = (
-            img(
-                figure_uri(fig, fmt),
-                "CDF of TTFT and TPOT per codec",
-                "Empirical CDF of each successful request's TTFT (send → first output chunk) and TPOT "
-                "((E2EL − TTFT) / (output tokens − 1)), every round pooled; dotted lines at p50 and p99. "
-                "From harness.analysis.frames.requests_frame.",
-            )
-            if fig is not None
-            else '<p class="note">No per-request records.</p>'
-        )
-        fig = budget_figure(runs, codecs)
-        budget = (
-            img(
-                figure_uri(fig, fmt),
-                "codec and IPC budget per codec",
-                "Left: codec µs per message per direction and operation from the server's /metrics "
-                "(runs_frame; median over runs, whiskers min–max). Right: the IPC budget on a request's "
-                "first-token path, p50 of each span (encode, wire = send → receive, decode, queues) from the "
-                "run's request timelines, median over rounds.",
-            )
-            if fig is not None
-            else '<p class="note">No codec figures (a server without wirebench /metrics).</p>'
-        )
-        sections["budget"] = budget + ipc_table(arms_by_label(entries))
-        fig = timeline_figure(send_times(entries), codecs)
-        sections["timeline"] = (
-            img(
-                figure_uri(fig, fmt),
-                "TTFT over the course of each run",
-                "Each request's TTFT against its send time since the run's first request, rounds overlaid, "
-                "with a running median: a falling start is warm-up, a slope is drift.",
-            )
-            if fig is not None
-            else '<p class="note">No per-request send times (files without records).</p>'
-        )
-    for key in ("distributions", "budget", "timeline"):
-        sections.setdefault(key, '<p class="note">No run files given.</p>')
-
-    sections["sweeps"] = (
-        "\n".join(sweep_html(p, d, fmt) for p, d in inputs.sweeps)
-        if inputs.sweeps
-        else '<p class="note">No sweep document given (bench sweep writes sweep-*.json).</p>'
-    )
-    for p, d in inputs.sweeps:
-        crossings = [c for c in d.get("crossings") or () if c.get("verdict")]
-        plural = "s" if len(crossings) != 1 else ""
-        summaries.append(f"{p.name}: {len(crossings)} crossing{plural} (Holm-adjusted verdicts)")
-    sections["metadata"] = metadata_html(entries, inputs.sweeps)
-    sections["summary"] = (
-        "<ul>" + "".join(f"<li>{esc(s)}</li>" for s in summaries) + "</ul>"
-        if summaries
-        else '<p class="note">Nothing to summarise.</p>'
-    )
-    return page(title, [str(r) for r in results], sections)
+    ctx = ReportContext(classify(results), fmt, margin_pct)
+    return page(title, [str(r) for r in results], [(section, section.render(ctx)) for section in SECTIONS])
 
 
-TITLES = {
-    "summary": "Summary",
-    "comparison": "Comparison and verdicts",
-    "distributions": "Latency distributions",
-    "budget": "Codec and IPC budget",
-    "timeline": "TTFT over the run",
-    "sweeps": "Sweeps",
-    "metadata": "Run metadata",
-}
-
-
-def page(title: str, results: Sequence[str], sections: dict[str, str]) -> str:
-    nav = "".join(f'<a href="#{s}">{esc(TITLES[s])}</a>' for s in SECTIONS)
-    body = "\n".join(f'<section id="{s}">\n<h2>{esc(TITLES[s])}</h2>\n{sections[s]}\n</section>' for s in SECTIONS)
+def page(title: str, results: Sequence[str], sections: Sequence[tuple[Section, str]]) -> str:
+    nav = "".join(f'<a href="#{s.id}">{esc(s.title)}</a>' for s, _ in sections)
+    body = "\n".join(f'<section id="{s.id}">\n<h2>{esc(s.title)}</h2>\n{html}\n</section>' for s, html in sections)
     made = time.strftime("%Y-%m-%d %H:%M:%S")
     return f"""<!DOCTYPE html>
 <html lang="en">
@@ -445,6 +494,3 @@ Self-contained: no script, no network.</p>
 </body>
 </html>
 """
-
-
-# --- command --------------------------------------------------------------------------------------
