@@ -14,19 +14,19 @@ from PIL import Image
 
 from harness.frontend.images import decode_data_url
 from harness.wire.tokenizer import TextTokenizer, load_tokenizer
-from harness.workloads.datasets import (
+from harness.workloads.chat import chat_prompt_len
+from harness.workloads.datasets import add_dataset_arguments, build_workload
+from harness.workloads.images import synthetic_image, to_data_url
+from harness.workloads.random_dataset import RandomOptions, sample_random_requests
+from harness.workloads.sample import SampleRequest
+from harness.workloads.sonnet import (
     EMBEDDED_SONNETS,
     SONNET_BASE_PROMPT,
-    add_dataset_arguments,
-    build_workload,
-    chat_prompt_len,
+    SonnetOptions,
     plan_sonnet,
     read_poem_lines,
-    sample_random_requests,
     sample_sonnet_requests,
 )
-from harness.workloads.images import synthetic_image, to_data_url
-from harness.workloads.sample import SampleRequest
 from harness.workloads.spec import WorkloadSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -273,11 +273,28 @@ def test_decode_data_url_limits() -> None:
 def test_cli_defaults_build_a_sonnet_workload(tok: TextTokenizer) -> None:
     args = parse("--num-prompts", "4")
     assert (args.dataset_name, args.seed, args.images_per_request) == ("sonnet", 0, 0)
-    assert (args.sonnet_input_len, args.sonnet_output_len, args.sonnet_prefix_len) == (550, 150, 200)
-    assert (args.random_input_len, args.random_output_len, args.random_range_ratio) == (1024, 128, 0.0)
+    assert args.options == SonnetOptions(sonnet_input_len=550, sonnet_output_len=150, sonnet_prefix_len=200)
+    assert parse("--dataset-name", "random").options == RandomOptions(
+        random_input_len=1024, random_output_len=128, random_range_ratio=0.0
+    )
     assert len(build_workload(args, tok)) == 4
     rand = build_workload(parse("--dataset-name", "random", "--num-prompts", "2", "--random-input-len", "64"), tok)
     assert len(rand) == 2 and all(abs(r.prompt_len - 64) <= 2 for r in rand)
+
+
+def test_a_workload_records_the_flat_keys_of_its_flags() -> None:
+    """Run files keep one flat key per flag (metadata.flags), a dataset's own among them."""
+    record = parse("--sonnet-input-len", "300", "--seed", "2").record()
+    assert record == {
+        **{"dataset_name": "sonnet", "dataset_path": None, "num_prompts": 1000, "images_per_request": 0},
+        **{"image_width": 512, "image_height": 512, "image_format": "png", "seed": 2, "tokenizer": None},
+        **{"sonnet_input_len": 300, "sonnet_output_len": 150, "sonnet_prefix_len": 200},
+    }
+    assert parse("--dataset-name", "random").record()["random_range_ratio"] == 0.0
+    with pytest.raises(ValueError, match="random_input_len"):
+        parse().with_options(random_input_len=5)
+    with pytest.raises(ValueError, match="RandomOptions"):
+        WorkloadSpec(options=RandomOptions())  # sonnet's spec with random's settings
 
 
 @pytest.mark.parametrize(

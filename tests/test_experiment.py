@@ -19,6 +19,7 @@ from harness.experiment.settings import AUTO, Experiment, RunPlan, ServerSetting
 from harness.experiment.sweep import at_point
 from harness.loadgen.client import CHAT_COMPLETIONS
 from harness.loadgen.runner import LoadSettings
+from harness.workloads.sonnet import SonnetOptions
 from harness.workloads.spec import WorkloadSpec
 
 
@@ -67,7 +68,7 @@ def test_bad_settings_are_refused_before_any_server_starts() -> None:
 def test_the_flow_runs_two_arms_in_blocks_from_typed_settings(tmp_path: Path) -> None:
     exp = Experiment(
         arms=(ArmSpec("pickle", "pickle"), ArmSpec("msgspec", "msgspec")),
-        workload=WorkloadSpec(num_prompts=6, sonnet_output_len=8),
+        workload=WorkloadSpec(num_prompts=6, options=SonnetOptions(sonnet_output_len=8)),
         load=LoadSettings(warmup_requests=1, progress=False),
         server=ServerSettings(flags=("--seed", "0", "--executor", "sim")),
         plan=RunPlan(repeat=3, block_size=3, request_rate=20.0, result_dir=str(tmp_path)),

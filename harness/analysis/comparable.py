@@ -19,32 +19,21 @@ from harness.engine.config import EngineConfig
 from harness.engine.step_time import LINEAR, fixed_ms_of, step_time_model
 from harness.frontend.served import ServedSettings
 from harness.wire.declare import comparable
+from harness.workloads.registry import datasets
+from harness.workloads.spec import WorkloadSpec
 
-# The flags of a run that change what it measures (workload, engine, load shape); a flag missing from
-# an older document is not compared, except block_size, whose absence meant sequential turns (0).
-# What is served says its own (harness.wire.declare); the load's and the block size are listed here.
-SETTINGS = (
-    "dataset_name",
-    "dataset_path",
-    "num_prompts",
-    "sonnet_input_len",
-    "sonnet_output_len",
-    "sonnet_prefix_len",
-    "random_input_len",
-    "random_output_len",
-    "random_range_ratio",
-    "images_per_request",
-    "image_width",
-    "image_height",
-    "image_format",
-    "endpoint",
-    "seed",
-    *comparable(ServedSettings, EngineConfig),
-    "burstiness",
-    "max_concurrency",
-    "block_size",
-    "logprobs",
-)
+# The load's flags that change what a run measures; a flag missing from an older document is not
+# compared, except block_size, whose absence meant sequential turns (0).
+LOAD_SETTINGS = ("endpoint", "burstiness", "max_concurrency", "logprobs", "block_size")
+
+
+def compared_settings() -> tuple[str, ...]:
+    """The flags of a run that change what it measures: the workload's and every registered dataset's,
+    what is served (each declared with its setting, harness.wire.declare), and the load's."""
+    workload = comparable(WorkloadSpec, *(d.options for d in datasets()))
+    return (*workload, *comparable(ServedSettings, EngineConfig), *LOAD_SETTINGS)
+
+
 DEFAULTS = {"block_size": 0}
 MACHINE = ("hostname", "machine", "cpu_model", "cpu_usable")  # from a run file's metadata, when both have it
 
@@ -55,7 +44,7 @@ def run_settings(entry: RunEntry) -> dict[str, Any]:
         return {}
     meta = entry.doc.get("metadata") or {}
     flags = meta.get("flags") or {}
-    out = {key: flags.get(key, DEFAULTS.get(key)) for key in SETTINGS if key in flags or key in DEFAULTS}
+    out = {key: flags.get(key, DEFAULTS.get(key)) for key in compared_settings() if key in flags or key in DEFAULTS}
     rate = flags.get("request_rate")
     if rate is not None:
         out["request_rate"] = rate

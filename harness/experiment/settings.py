@@ -7,7 +7,7 @@ a sweep point is ``dataclasses.replace`` of these, never a mutated namespace.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from harness.analysis.stats import DEFAULT_MARGIN_PCT
@@ -86,7 +86,7 @@ class Experiment:
         """The flags as this experiment ran them, for result documents."""
         return {
             **self.flags,
-            **asdict(self.workload),
+            **self.workload.record(),
             "endpoint": self.load.endpoint,
             "request_rate": self.plan.request_rate,
             "repeat": self.plan.repeat,

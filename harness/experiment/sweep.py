@@ -190,7 +190,7 @@ def at_point(exp: Experiment, at: dict[str, float], folder: Path) -> Experiment:
         side = int(at[IMAGE_SIDE])
         workload = replace(workload, images_per_request=1, image_width=side, image_height=side)
     if PROMPT_LEN in at:
-        workload = replace(workload, sonnet_input_len=int(at[PROMPT_LEN]))
+        workload = workload.with_options(sonnet_input_len=int(at[PROMPT_LEN]))  # --prompt-lens sets sonnet's
     if REQUEST_RATE in at:
         plan = replace(plan, request_rate=float(at[REQUEST_RATE]))
     return replace(exp, workload=workload, plan=plan)

@@ -1,6 +1,10 @@
 """Workloads: what the load generator sends, built before the clock starts.
 
-sample    SampleRequest, one prepared request
-datasets  sonnet (benchmark_serving's semantics) and random prompts, the flags that choose them
-images    deterministic synthetic images and their data URLs
+spec            WorkloadSpec, the workload as one frozen value (common settings + the dataset's own)
+base            the Dataset protocol, the Sampling each dataset is given, shared flag checks
+registry        dataset names to datasets: built-ins, register_dataset, the wirebench.datasets entry points
+sonnet          sonnet prompts (benchmark_serving's semantics); random_dataset: random prompts
+datasets        the workload flags, build_workload, load_workload
+chat, images    a request's chat message and its token count; synthetic images and their data URLs
+sample          SampleRequest, one prepared request
 """

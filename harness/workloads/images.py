@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import base64
 import io
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
@@ -59,3 +62,38 @@ def to_data_url(img: Image.Image, fmt: str = "png") -> str:
     else:
         img.save(buf, format="PNG")
     return f"data:{mime};base64,{base64.b64encode(buf.getvalue()).decode('ascii')}"
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """Synthetic images attached to every request (the workload's --images-per-request and --image-*)."""
+
+    per_request: int
+    width: int
+    height: int
+    fmt: str
+
+
+def make_image_urls(spec: ImageSpec | None, num_requests: int, seed: int) -> list[tuple[str, ...]]:
+    """Per request, ``spec.per_request`` data URLs of distinct deterministic images."""
+    if spec is None or spec.per_request == 0:
+        return [() for _ in range(num_requests)]
+    if spec.per_request < 0:
+        raise ValueError(f"--images-per-request must be >= 0, got {spec.per_request}")
+    if spec.width <= 0 or spec.height <= 0:
+        raise ValueError(f"--image-width/--image-height must be positive, got {spec.width}x{spec.height}")
+    if spec.fmt.lower() not in FORMATS:
+        raise ValueError(f"--image-format must be png or jpeg, got {spec.fmt!r}")
+
+    def one(job: tuple[int, int]) -> str:
+        # Each image's seed depends on (seed, request, image) only, so the
+        # result is the same whatever the thread scheduling.
+        image_seed = int(np.random.SeedSequence([seed, *job]).generate_state(1)[0])
+        return to_data_url(synthetic_image(spec.width, spec.height, image_seed), spec.fmt)
+
+    jobs = [(i, j) for i in range(num_requests) for j in range(spec.per_request)]
+    # numpy and zlib/libjpeg release the GIL, so threads do speed this up.
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        flat = list(pool.map(one, jobs))
+    k = spec.per_request
+    return [tuple(flat[i * k : (i + 1) * k]) for i in range(num_requests)]

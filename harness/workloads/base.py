@@ -1,0 +1,63 @@
+"""What a dataset is: the ``Dataset`` protocol, the ``Sampling`` every dataset is given, and the checks
+the datasets' flags share. One module per dataset (``sonnet``, ``random_dataset``); the registry
+(``harness.workloads.registry``) lists them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from harness.wire.tokenizer import TextTokenizer
+from harness.workloads.images import ImageSpec
+from harness.workloads.sample import SampleRequest
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What every dataset samples with, from the workload's common flags."""
+
+    num_requests: int  # --num-prompts
+    seed: int = 0  # --seed: the same seed gives the same requests, byte for byte
+    dataset_path: str | None = None  # --dataset-path, for a dataset that reads a file
+    images: ImageSpec | None = None  # only given to a dataset that takes images
+
+
+class Dataset(Protocol):
+    """One workload to replay.
+
+    ``options`` is a frozen dataclass of the dataset's own settings, each declared with
+    ``harness.wire.declare.setting``: its flags (named after the dataset, e.g. ``--sonnet-input-len``),
+    defaults and help, the keys a run file records, and which make two runs incomparable.
+    """
+
+    name: str  # its --dataset-name
+    options: type[Any]
+    takes_images: bool  # whether --images-per-request applies to it
+
+    def sample(self, tokenizer: TextTokenizer, options: Any, sampling: Sampling) -> list[SampleRequest]:
+        """``sampling.num_requests`` requests, counted with the server's ``tokenizer``; ValueError on bad
+        settings. The same arguments must give the same requests."""
+        ...
+
+
+def check_counts(num_requests: int, output_len: int, output_flag: str) -> None:
+    if num_requests < 1:
+        raise ValueError(f"--num-prompts must be >= 1, got {num_requests}")
+    if output_len < 1:
+        raise ValueError(f"{output_flag} must be >= 1, got {output_len}")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
