@@ -1,4 +1,4 @@
-"""harness.analysis.frames and scripts/plot_results.py (the gate: tests/test_gate.py).
+"""harness.analysis.frames and bench report --png (the gate: tests/test_gate.py).
 
 The files are produced by the project's own writers: run files by
 ``documents.save_run`` on hand-built BenchmarkResults, compare files by
@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import subprocess
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -31,9 +29,6 @@ from harness.loadgen.metrics import compute_metrics
 from harness.loadgen.runner import BenchmarkResult, LoadSettings
 from harness.loadgen.serverstats import CodecFigures, DirectionFigures
 from harness.wire import prom
-
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-
 
 # ------------------------------------------------------------------ builders
 
@@ -284,22 +279,25 @@ def test_bad_input_raises_clear_errors(tmp_path: Path, compare_file: Path) -> No
         runs_frame(moved)
 
 
-# ------------------------------------------------------------------ scripts
+# ------------------------------------------------------------------ bench report --png
 
 
-def _script(name: str, *args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPTS / name), *map(str, args)], capture_output=True, text=True, timeout=60
-    )
+def test_report_png_draws_one_png_and_no_page_unless_asked(
+    tmp_path: Path, compare_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness import cli
 
-
-def test_plot_results_writes_a_png(tmp_path: Path, compare_file: Path) -> None:
+    monkeypatch.chdir(tmp_path)
     target = tmp_path / "out" / "plot.png"
-    out = _script("plot_results.py", compare_file, "--out", target)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == str(target)
+    assert cli.main(["report", str(compare_file), "--png", str(target)]) == 0
+    assert capsys.readouterr().out.strip() == f"Plot written to {target}"
     data = target.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
+    assert not (tmp_path / "report.html").exists()  # --png alone: the PNG only
 
-    missing = _script("plot_results.py", tmp_path / "nothing.json")
-    assert missing.returncode == 2 and "no such file" in missing.stderr
+    page = tmp_path / "page.html"
+    assert cli.main(["report", str(compare_file), "--png", str(target), "--log-scale", "-o", str(page)]) == 0
+    assert page.read_text().startswith("<!DOCTYPE html>") and target.read_bytes() != data
+
+    assert cli.main(["report", str(tmp_path / "nothing.json"), "--png", str(target)]) == 2
+    assert "no such file" in capsys.readouterr().err

@@ -3,7 +3,7 @@
 The one owner of what a result file holds. ``bench load``/``bench run`` write
 run documents, ``bench run``/``bench compare`` compare documents, ``bench
 micro --json`` micro documents, ``bench sweep`` sweep documents; ``harness.analysis.frames`` (pandas frames), ``bench
-compare``, the CI gate and ``scripts/plot_results.py`` read them through here.
+compare``, the CI gate and ``bench report`` read them through here.
 
 Schema history (``schema_version`` in every document):
 

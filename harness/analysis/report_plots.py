@@ -61,12 +61,37 @@ def cdf_figure(requests: Any, codecs: Sequence[str]) -> Any | None:
     return fig
 
 
+def codec_columns(runs: Any) -> list[str]:
+    """The codec figures (µs per message per direction) that some run of the frame carries."""
+    return [f.key for f in CODEC_FIGURES if f.key in runs and runs[f.key].notna().any()]
+
+
+def draw_codec_bars(ax: Any, runs: Any, codecs: Sequence[str], columns: Sequence[str]) -> None:
+    """Codec µs per message per direction on ``ax``: per arm the median over runs, whiskers min to max."""
+    labels = {f.key: f.long_label for f in CODEC_FIGURES}
+    width = 0.8 / len(columns)
+    for j, column in enumerate(columns):
+        mids, lows, highs = [], [], []
+        for codec in codecs:
+            values = runs.loc[runs["codec"] == codec, column].dropna()
+            mid = float(values.median()) if len(values) else math.nan
+            mids.append(mid)
+            lows.append(mid - float(values.min()) if len(values) else 0.0)
+            highs.append(float(values.max()) - mid if len(values) else 0.0)
+        xs = [i + (j - (len(columns) - 1) / 2) * width for i in range(len(codecs))]
+        ax.bar(xs, mids, width, yerr=[lows, highs], capsize=3, label=labels[column])
+    ax.set_xticks(range(len(codecs)), codecs, rotation=15)
+    ax.set_ylabel("µs per message")
+    ax.set_title("Codec cost per message (server /metrics)")
+    ax.legend(fontsize=7)
+    ax.grid(axis="y", alpha=0.3)
+
+
 def budget_figure(runs: Any, codecs: Sequence[str]) -> Any | None:
     """Codec µs per direction (median over runs, min–max whiskers) and the IPC budget per arm (stacked p50s)."""
     import numpy as np
 
-    codec_bars = {f.key: f.long_label for f in CODEC_FIGURES}
-    codec_cols = [c for c in codec_bars if c in runs and runs[c].notna().any()]
+    codec_cols = codec_columns(runs)
     ipc_cols = [f.key for f in IPC_SPAN_FIGURES if f.key in runs and runs[f.key].notna().any()]
     if not codec_cols and not ipc_cols:
         return None
@@ -75,24 +100,8 @@ def budget_figure(runs: Any, codecs: Sequence[str]) -> Any | None:
     fig, axes = plt.subplots(1, panels, figsize=(6.2 * panels, 4.4), squeeze=False)
     col = 0
     if codec_cols:
-        ax = axes[0][col]
+        draw_codec_bars(axes[0][col], runs, codecs, codec_cols)
         col += 1
-        width = 0.8 / len(codec_cols)
-        for j, column in enumerate(codec_cols):
-            mids, lows, highs = [], [], []
-            for codec in codecs:
-                values = runs.loc[runs["codec"] == codec, column].dropna()
-                mid = float(values.median()) if len(values) else math.nan
-                mids.append(mid)
-                lows.append(mid - float(values.min()) if len(values) else 0.0)
-                highs.append(float(values.max()) - mid if len(values) else 0.0)
-            xs = [i + (j - (len(codec_cols) - 1) / 2) * width for i in range(len(codecs))]
-            ax.bar(xs, mids, width, yerr=[lows, highs], capsize=3, label=codec_bars[column])
-        ax.set_xticks(range(len(codecs)), codecs, rotation=15)
-        ax.set_ylabel("µs per message")
-        ax.set_title("Codec cost per message (server /metrics)")
-        ax.legend(fontsize=7)
-        ax.grid(axis="y", alpha=0.3)
     if ipc_cols:
         ax = axes[0][col]
         labels = {f.key: f.long_label for f in IPC_SPAN_FIGURES}
