@@ -806,7 +806,7 @@ async def test_openai_client_streams_completion_and_chat():
             await api.close()
 
 
-# --- bounds checked before the work they bound (issue 21) ----------------------------------------
+# --- hostile input: bounds checked before the work they bound ------------------------------------
 
 _IMAGE_PART = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
 BOUNDS = [

@@ -285,7 +285,7 @@ def test_ctrl_c_in_blocks_stops_every_server_and_accounts_for_every_request(tmp_
 
 
 def test_vllm_codec_runs_beside_ours_with_verdicts_logprobs_and_its_adapter_apart(tmp_path):
-    """vLLM's own serializer as an arm (issue 22's CI run): verdicts against msgspec-oob, logprobs on
+    """vLLM's own serializer as an arm, as CI runs it: verdicts against msgspec-oob, logprobs on
     the wire, and the adapter's time (our messages to vLLM's) reported apart from codec time."""
     done = bench_run(
         tmp_path,

@@ -94,7 +94,7 @@ def test_envelope_round_trip():
         transport.open_envelope(b"")
 
 
-# --- CURVE key folders: only this user's private ones are trusted (issue 21) -----------------------
+# --- CURVE key folders: only this user's private ones are trusted (not another local user's) -------
 
 
 def test_key_folders_are_created_private_and_reused(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """One load worker's job, and splitting a run's schedule across many workers.
 
-When one asyncio process is not enough (issue 13), the precomputed schedule
+When one asyncio process cannot keep up with the schedule, the precomputed schedule
 and the pre-encoded bodies are dealt round-robin to N workers (so every
 worker's slice spans the whole run at 1/N of the rate), each worker sends
 its slice at the planned offsets from a start instant it shares with the

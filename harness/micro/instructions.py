@@ -1,5 +1,6 @@
 """Instructions per codec call, counted by valgrind's callgrind: a figure that repeats whatever else
-the machine is doing, for CI gates on shared runners (issue 20; SQLite and iai-callgrind do the same).
+the machine is doing, for CI gates on shared runners whose wall clock moves with the neighbours
+(SQLite and iai-callgrind do the same).
 
 Each count runs a child Python under ``valgrind --tool=callgrind --collect-atstart=no
 --toggle-collect=functools_reduce``: the child builds the payload, warms the call up, then
