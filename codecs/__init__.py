@@ -14,6 +14,7 @@ from .base import (
     Frame,
     Frames,
     UnsupportedPayloadError,
+    as_buffer,
 )
 from .registry import (
     ENTRY_POINT_GROUP,
@@ -42,6 +43,7 @@ __all__ = [
     "Frames",
     "UnknownCodecError",
     "UnsupportedPayloadError",
+    "as_buffer",
     "available_codecs",
     "codec_listing",
     "unavailable_codecs",

@@ -24,7 +24,6 @@ import importlib.util
 import inspect
 from functools import cache
 from importlib.metadata import entry_points
-from typing import Any
 
 from .base import ALL_MULTIMODAL_KINDS, Codec
 
@@ -92,10 +91,13 @@ def codec_class(name: str) -> type[Codec]:
         found = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise UnknownCodecError(f"codec {name!r} is registered as {where(name)} but cannot be loaded: {exc}") from exc
-    problem = _codec_class_problem(found)
-    if problem:
-        raise UnknownCodecError(f"codec {name!r} is registered as {where(name)}, which {problem}")
-    return found
+    if isinstance(found, type) and issubclass(found, Codec):
+        problem = _codec_class_problem(found)
+        if not problem:
+            return found
+    else:
+        problem = f"is {found!r}, not a wirecodecs.Codec subclass"
+    raise UnknownCodecError(f"codec {name!r} is registered as {where(name)}, which {problem}")
 
 
 def where(name: str) -> str:
@@ -106,15 +108,13 @@ def where(name: str) -> str:
     return f"entry point '{name} = {target}' (group {ENTRY_POINT_GROUP!r})"
 
 
-def _codec_class_problem(found: Any) -> str:
-    """Why ``found`` cannot serve as a codec class (empty when it can)."""
-    if not (isinstance(found, type) and issubclass(found, Codec)):
-        return f"is {found!r}, not a subclass of wirecodecs.Codec"
-    if inspect.isabstract(found):
-        return f"does not define {' and '.join(sorted(found.__abstractmethods__))}"
-    if not isinstance(getattr(found, "name", None), str):
+def _codec_class_problem(cls: type[Codec]) -> str:
+    """Why a Codec subclass cannot be used (empty when it can)."""
+    if inspect.isabstract(cls):
+        return f"does not define {' and '.join(sorted(cls.__abstractmethods__))}"
+    if not isinstance(getattr(cls, "name", None), str):
         return "sets no name (a str class attribute)"
-    unknown = set(found.multimodal_kinds) - ALL_MULTIMODAL_KINDS
+    unknown = set(cls.multimodal_kinds) - ALL_MULTIMODAL_KINDS
     if unknown:
         return f"declares unknown multimodal kinds {sorted(unknown)} (known: {sorted(ALL_MULTIMODAL_KINDS)})"
     return ""

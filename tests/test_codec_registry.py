@@ -240,7 +240,7 @@ def test_entry_point_codec_declares_its_facts_and_the_rules_read_them(
 @pytest.mark.parametrize(
     ("cls", "problem"),
     [
-        ("DuckCodec", "not a subclass of wirecodecs.Codec"),
+        ("DuckCodec", "DuckCodec'>, not a wirecodecs.Codec subclass"),
         ("EncodeOnlyCodec", "does not define decode"),
         ("MistypedKindsCodec", "unknown multimodal kinds ['images']"),
     ],
