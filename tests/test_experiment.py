@@ -35,13 +35,14 @@ def test_flags_become_one_frozen_experiment_and_the_namespace_is_left_alone() ->
     exp = experiment_from_args(args)
     assert vars(args) == before  # read once, never written back
     assert [a.label for a in exp.arms] == ["pickle", "msgspec"]
-    assert exp.workload.num_prompts == 9 and exp.plan.block_size == 3 and exp.plan.request_rate == AUTO
+    assert exp.workload.num_prompts == 9 and exp.plan.block_size == 3 and exp.request_rate == AUTO
     assert exp.load.request_rate == math.inf  # checked at rate inf until the probe fixes it
     assert "--executor" in exp.server.flags and exp.server.served_model == "wirebench-tiny"
+    assert exp.server.engine.executor == "sim" and exp.server.engine.max_num_seqs == 64  # read from the flags
     with pytest.raises(AttributeError):
         exp.plan.repeat = 3  # type: ignore[misc]
     fixed = exp.at_rate(12.5)
-    assert fixed.load.request_rate == fixed.plan.request_rate == 12.5 and exp.plan.request_rate == AUTO
+    assert fixed.load.request_rate == fixed.request_rate == 12.5 and exp.request_rate == AUTO
     assert fixed.record()["request_rate"] == 12.5 and fixed.record()["num_prompts"] == 9
 
 
@@ -49,10 +50,10 @@ def test_a_sweep_point_is_a_replaced_experiment() -> None:
     exp = experiment_from_args(parsed("--codec", "pickle", "--request-rate", "5"))
     point = at_point(exp, {IMAGE_SIDE: 64, REQUEST_RATE: 20}, Path("out/p1"))
     assert point.workload.images_per_request == 1 and point.workload.image_width == 64
-    assert point.plan.request_rate == 20 and point.plan.result_dir == "out/p1"
+    assert point.request_rate == point.load.request_rate == 20 and point.plan.result_dir == "out/p1"
     moved, changed = point.with_images_on_chat()
     assert changed and moved.load.endpoint == CHAT_COMPLETIONS
-    assert exp.workload.images_per_request == 0 and exp.plan.request_rate == 5  # the original is untouched
+    assert exp.workload.images_per_request == 0 and exp.request_rate == 5  # the original is untouched
     assert Axis(IMAGE_SIDE, (64.0,)).text(64) == "image 64 px"
 
 
@@ -69,9 +70,9 @@ def test_the_flow_runs_two_arms_in_blocks_from_typed_settings(tmp_path: Path) ->
     exp = Experiment(
         arms=(ArmSpec("pickle", "pickle"), ArmSpec("msgspec", "msgspec")),
         workload=WorkloadSpec(num_prompts=6, options=SonnetOptions(sonnet_output_len=8)),
-        load=LoadSettings(warmup_requests=1, progress=False),
+        load=LoadSettings(request_rate=20.0, warmup_requests=1, progress=False),
         server=ServerSettings(flags=("--seed", "0", "--executor", "sim")),
-        plan=RunPlan(repeat=3, block_size=3, request_rate=20.0, result_dir=str(tmp_path)),
+        plan=RunPlan(repeat=3, block_size=3, auto_rate=False, result_dir=str(tmp_path)),
     )
     result = run_experiment(prepare(exp))
     assert result is not None and not result.interrupted and not result.any_failed

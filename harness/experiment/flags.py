@@ -112,13 +112,12 @@ def experiment_from_args(args: argparse.Namespace, arms: list[ArmSpec] | None = 
         arm_flags={k: (*build_flags.get(k, ()), *arm_flags.get(k, ())) for k in {*build_flags, *arm_flags}},
         log_path=args.server_log,
         trace_file=args.trace_file,
-        max_num_seqs=args.max_num_seqs,
     )
     plan = RunPlan(
         repeat=args.repeat,
         block_size=args.block_size,
         margin_pct=args.margin_pct,
-        request_rate=rate,
+        auto_rate=rate == AUTO,
         save_result=args.save_result,
         result_dir=args.result_dir,
     )

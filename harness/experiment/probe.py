@@ -20,7 +20,7 @@ def untimed(exp: Experiment) -> Experiment:
 
 def probe_capacity(exp: Experiment, arm: ArmSpec, workload: Workload, tokenizer_id: str) -> float:
     """Completed requests per second of a burst (rate inf) against ``arm``'s server: its capacity."""
-    n = min(len(workload), max(64, 2 * exp.server.max_num_seqs))
+    n = min(len(workload), max(64, 2 * exp.server.engine.max_num_seqs))
     print(f"\n[probe] {arm.label}: {n} requests at rate inf to measure capacity for --request-rate auto", flush=True)
     outcome = run_one(untimed(exp.at_rate(math.inf)), arm, -1, workload[:n], tokenizer_id)
     if outcome.result is None or not outcome.result.metrics.completed:
@@ -31,7 +31,7 @@ def probe_capacity(exp: Experiment, arm: ArmSpec, workload: Workload, tokenizer_
 def resolve_rate(exp: Experiment, workload: Workload, tokenizer_id: str) -> tuple[Experiment, dict[str, Any]] | None:
     """The experiment at a fixed rate, and a note of how it was fixed; with auto, from a capacity
     probe of the first arm that can serve the workload. None (said on stderr) when no arm could."""
-    rate = exp.plan.request_rate
+    rate = exp.request_rate
     if rate != AUTO:
         return exp.at_rate(float(rate)), {"rate": float(rate), "auto": False}
     errors = []

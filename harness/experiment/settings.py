@@ -11,7 +11,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from harness.analysis.stats import DEFAULT_MARGIN_PCT
+from harness.engine.config import EngineConfig
 from harness.experiment.arms import ArmSpec
+from harness.experiment.server_flags import engine_of
 from harness.loadgen.client import CHAT_COMPLETIONS, COMPLETIONS
 from harness.loadgen.runner import LoadSettings
 from harness.workloads.spec import WorkloadSpec
@@ -30,18 +32,23 @@ class ServerSettings:
     arm_flags: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # label → extra flags
     log_path: str | None = None  # append every server's output here
     trace_file: str | None = None  # each server writes Chrome trace JSON (PATH-<arm>-r<round>)
-    max_num_seqs: int = 64  # the engine's batch limit: sizes the capacity probe
     ready_timeout_s: float = SERVER_READY_TIMEOUT_S
+
+    @property
+    def engine(self) -> EngineConfig:
+        """The engine settings ``flags`` give every arm's server (an arm's own flags aside)."""
+        return engine_of(self.flags)
 
 
 @dataclass(frozen=True)
 class RunPlan:
-    """How the arms are run and judged: rounds, blocks, the rate (a number or 'auto'), where results go."""
+    """How the arms are run and judged: rounds, blocks, whether a probe fixes the rate, where results go."""
 
     repeat: int = 1
     block_size: int = 0  # 0: each arm serves the whole workload in turn
     margin_pct: float = DEFAULT_MARGIN_PCT
-    request_rate: float | str = AUTO
+    # --request-rate auto: a capacity probe fixes the load's rate before the rounds (harness.experiment.probe).
+    auto_rate: bool = True
     save_result: bool = True
     result_dir: str = "results"
 
@@ -79,8 +86,14 @@ class Experiment:
             return replace(self, load=replace(self.load, endpoint=CHAT_COMPLETIONS)), True
         return self, False
 
+    @property
+    def request_rate(self) -> float | str:
+        """The load's rate, or 'auto' while a probe has yet to fix it."""
+        return AUTO if self.plan.auto_rate else self.load.request_rate
+
     def at_rate(self, rate: float) -> Experiment:
-        return replace(self, plan=replace(self.plan, request_rate=rate), load=replace(self.load, request_rate=rate))
+        """This experiment at a fixed rate (no probe)."""
+        return replace(self, plan=replace(self.plan, auto_rate=False), load=replace(self.load, request_rate=rate))
 
     def record(self) -> dict[str, Any]:
         """The flags as this experiment ran them, for result documents."""
@@ -88,7 +101,7 @@ class Experiment:
             **self.flags,
             **self.workload.record(),
             "endpoint": self.load.endpoint,
-            "request_rate": self.plan.request_rate,
+            "request_rate": self.request_rate,
             "repeat": self.plan.repeat,
             "block_size": self.plan.block_size,
             "result_dir": self.plan.result_dir,

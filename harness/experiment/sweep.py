@@ -185,15 +185,14 @@ def _micro_line(where: str, nbytes: int, memcpy: list[float], per: dict[str, dic
 
 def at_point(exp: Experiment, at: dict[str, float], folder: Path) -> Experiment:
     """The experiment of one grid point: its payload, its rate, its own result folder."""
-    workload, plan = exp.workload, replace(exp.plan, result_dir=str(folder))
+    workload = exp.workload
     if IMAGE_SIDE in at:
         side = int(at[IMAGE_SIDE])
         workload = replace(workload, images_per_request=1, image_width=side, image_height=side)
     if PROMPT_LEN in at:
         workload = workload.with_options(sonnet_input_len=int(at[PROMPT_LEN]))  # --prompt-lens sets sonnet's
-    if REQUEST_RATE in at:
-        plan = replace(plan, request_rate=float(at[REQUEST_RATE]))
-    return replace(exp, workload=workload, plan=plan)
+    point = replace(exp, workload=workload, plan=replace(exp.plan, result_dir=str(folder)))
+    return point.at_rate(float(at[REQUEST_RATE])) if REQUEST_RATE in at else point
 
 
 def run_e2e_point(
