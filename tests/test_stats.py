@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from harness.analysis.figures import Figure
 from harness.analysis.stats import (
@@ -24,9 +25,9 @@ from harness.analysis.stats import (
     power,
     rounds_needed,
 )
-from harness.analysis.student_t import t_ppf, t_sf
+from harness.analysis.student_t import ncp_for_power, t_ppf, t_sf, t_test_power
 
-# --- Student t ------------------------------------------------------------------------------------
+# --- Student t (thin wrappers over scipy.special: checked against scipy.stats, the documented API) -----
 
 
 @pytest.mark.parametrize(
@@ -48,22 +49,22 @@ def test_t_ppf_matches_table_values(q: float, df: int, expected: float) -> None:
     assert t_ppf(1 - q, df) == pytest.approx(-expected, abs=6e-4)
 
 
-def test_t_sf_known_values_and_closed_forms() -> None:
-    assert t_sf(2.0, 10) == pytest.approx(0.036694017385370, rel=1e-10)
+def test_t_sf_closed_forms() -> None:
     assert t_sf(0.0, 3) == 0.5
-    assert t_sf(math.inf, 3) == 0.0
+    assert t_sf(math.inf, 3) == 0.0 and t_sf(-math.inf, 3) == 1.0
+    assert math.isnan(t_sf(math.nan, 3))
     for x in (0.1, 1.0, 3.0, 40.0):
         assert t_sf(x, 1) == pytest.approx(0.5 - math.atan(x) / math.pi, rel=1e-10)  # Cauchy
         assert t_sf(x, 2) == pytest.approx(0.5 - x / (2 * math.sqrt(2 + x * x)), rel=1e-10)
         assert t_sf(-x, 7) == pytest.approx(1 - t_sf(x, 7), rel=1e-12)
 
 
-@pytest.mark.parametrize("df", [0.7, 1.0, 2.5, 3.0, 7.3, 15.8, 60.0, 1e4])
-def test_t_ppf_inverts_t_sf_for_any_df(df: float) -> None:
+@pytest.mark.parametrize("df", [0.7, 1.0, 2.5, 3.0, 7.3, 15.8, 60.0, 1e4, 1e9])
+def test_t_sf_and_t_ppf_are_scipys(df: float) -> None:
+    for x in (-8.0, -1.5, 0.3, 2.0, 5.0, 30.0):
+        assert t_sf(x, df) == pytest.approx(scipy_stats.t.sf(x, df), rel=1e-9, abs=0)
     for q in (1e-6, 0.01, 0.2, 0.6, 0.975, 0.9977, 1 - 1e-7):
-        x = t_ppf(q, df)
-        tail = t_sf(-x, df) if q < 0.5 else t_sf(x, df)
-        assert tail == pytest.approx(min(q, 1 - q), rel=1e-9)
+        assert t_ppf(q, df) == pytest.approx(scipy_stats.t.ppf(q, df), rel=1e-9, abs=0)
 
 
 def test_t_ppf_edges_and_large_df() -> None:
@@ -75,6 +76,33 @@ def test_t_ppf_edges_and_large_df() -> None:
         t_ppf(0.9, 0)
     with pytest.raises(ValueError):
         t_ppf(1.5, 3)
+    with pytest.raises(ValueError):
+        t_sf(1.0, math.nan)
+
+
+@pytest.mark.parametrize(("df", "level"), [(2.0, 0.05), (6.0, 0.05 / 3), (6.37, 0.04), (19.0, 0.01), (1998.0, 1e-4)])
+def test_t_test_power_is_the_noncentral_t_tails(df: float, level: float) -> None:
+    crit = scipy_stats.t.ppf(1 - level / 2, df)
+    assert t_test_power(0.0, df, level) == pytest.approx(level, rel=1e-9)
+    for ncp in (0.5, 1.0, 2.5, 4.0):
+        expected = scipy_stats.nct.sf(crit, df, ncp) + scipy_stats.nct.cdf(-crit, df, ncp)
+        assert t_test_power(ncp, df, level) == pytest.approx(expected, rel=1e-9)
+
+
+def test_t_test_power_where_scipys_noncentral_t_answers_nan() -> None:
+    # scipy's noncentral t CDF is NaN here (its far lower tail, below 1e-13): the power is the upper tail alone.
+    df, level, ncp = 6.0, 0.04 / 3, 8.0
+    crit = scipy_stats.t.ppf(1 - level / 2, df)
+    got = t_test_power(ncp, df, level)
+    assert got == pytest.approx(scipy_stats.nct.sf(crit, df, ncp), rel=1e-9)
+    assert ncp_for_power(df, level, 0.8) < ncp
+
+
+@pytest.mark.parametrize(("df", "level", "target"), [(2.0, 0.05, 0.8), (6.0, 0.05 / 3, 0.8), (12.74, 0.01, 0.9)])
+def test_ncp_for_power_delivers_its_power(df: float, level: float, target: float) -> None:
+    assert t_test_power(ncp_for_power(df, level, target), df, level) == pytest.approx(target, abs=1e-9)
+    with pytest.raises(ValueError):
+        ncp_for_power(df, level, level / 2)  # power never falls below the level
 
 
 # --- Holm -----------------------------------------------------------------------------------------
@@ -106,9 +134,9 @@ def test_paired_ratio_ci_and_p_value() -> None:
     assert (s.n_a, s.n_b, s.df, s.paired) == (5, 5, 4.0, True)
     assert s.ratio == pytest.approx(math.exp(mean))
     assert s.sd_log == pytest.approx(sd)
-    half = 2.776445105 * sd / math.sqrt(5)
-    assert (s.ci_low, s.ci_high) == pytest.approx((math.exp(mean - half), math.exp(mean + half)))
-    assert s.p_value == pytest.approx(2 * t_sf(mean / (sd / math.sqrt(5)), 4))
+    half = scipy_stats.t.ppf(0.975, 4) * sd / math.sqrt(5)
+    assert (s.ci_low, s.ci_high) == pytest.approx((math.exp(mean - half), math.exp(mean + half)), rel=1e-9)
+    assert s.p_value == pytest.approx(scipy_stats.ttest_rel(np.log(b), np.log(a)).pvalue, rel=1e-9)
 
 
 def test_paired_needs_equal_lengths() -> None:
@@ -126,6 +154,10 @@ def test_welch_on_logs() -> None:
     assert s.df == pytest.approx((va + vb) ** 2 / (va**2 / 5 + vb**2 / 8))
     assert 5 < s.df < 13
     assert s.ratio == pytest.approx(math.exp(np.mean(np.log(b)) - np.mean(np.log(a))))
+    welch = scipy_stats.ttest_ind(np.log(b), np.log(a), equal_var=False)
+    assert (s.p_value, s.df) == pytest.approx((welch.pvalue, welch.df), rel=1e-9)
+    ci = welch.confidence_interval(0.95)
+    assert (s.ci_low, s.ci_high) == pytest.approx((math.exp(ci.low), math.exp(ci.high)), rel=1e-9)
     # Equal n and equal spread: Welch df is the pooled 2n - 2.
     same = compare_arms([1.0, 2.0, 3.0], [2.0, 4.0, 6.0], paired=False)
     assert same.df == pytest.approx(4.0)

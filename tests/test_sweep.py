@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scipy import stats as scipy_stats
 
 from harness.analysis import sweep_grid, sweep_plots, sweep_stats
 from harness.analysis.documents import SWEEP_SCHEMA, write_json
 from harness.analysis.figures import E2E_FIGURES, MICRO_FIGURES
-from harness.analysis.student_t import interval, t_ppf
+from harness.analysis.student_t import interval
 from harness.analysis.sweep_grid import IMAGE_SIDE, REQUEST_RATE, Axis
 from harness.cli import build_parser
 from harness.commands import sweep
@@ -164,15 +165,15 @@ def test_help_prints(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_interval_is_the_t_interval_of_the_rounds() -> None:
     got = interval([1.0, 2.0, 3.0])
-    half = t_ppf(0.975, 2) * 1.0 / math.sqrt(3)
     assert got["mean"] == pytest.approx(2.0) and got["sd"] == pytest.approx(1.0)
-    assert (got["ci_low"], got["ci_high"]) == pytest.approx((2.0 - half, 2.0 + half))
+    low, high = scipy_stats.t.interval(0.95, 2, loc=2.0, scale=1.0 / math.sqrt(3))
+    assert (got["ci_low"], got["ci_high"]) == pytest.approx((low, high), rel=1e-9)
     logs = [0.0, math.log(2.0), math.log(3.0)]
-    g_half = t_ppf(0.975, 2) * statistics.stdev(logs) / math.sqrt(3)
-    assert got["gmean"] == pytest.approx(6 ** (1 / 3))
-    assert (got["gci_low"], got["gci_high"]) == pytest.approx(
-        (6 ** (1 / 3) / math.exp(g_half), 6 ** (1 / 3) * math.exp(g_half))
+    g_low, g_high = scipy_stats.t.interval(
+        0.95, 2, loc=math.fsum(logs) / 3, scale=statistics.stdev(logs) / math.sqrt(3)
     )
+    assert got["gmean"] == pytest.approx(6 ** (1 / 3))
+    assert (got["gci_low"], got["gci_high"]) == pytest.approx((math.exp(g_low), math.exp(g_high)), rel=1e-9)
     one = interval([5.0, math.nan])
     assert one["n"] == 1 and math.isnan(one["ci_low"])
 
