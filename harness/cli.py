@@ -1,9 +1,10 @@
-"""``bench``: the command-line entry point.
+"""The bench command: one subcommand per module under harness/commands/.
 
-Each subcommand lives in its own module under ``harness/commands/`` with
-``add_arguments(parser)``, ``main(args) -> int`` and optionally ``PRESETS``;
-modules are imported only when their command runs, so ``bench micro`` does not
-pay for aiohttp and ``bench load`` not for torch.
+A command module has ``add_arguments(parser)`` and ``main(args) -> int``, and
+may have ``DESCRIPTION`` and ``EPILOG`` (what its --help says above and below
+the flags; plain text, wrapped as it should print) and ``PRESETS`` /
+``NAMED_PRESETS``. Modules are imported only when their command runs, so
+``bench micro`` does not pay for aiohttp and ``bench load`` not for torch.
 """
 
 from __future__ import annotations
@@ -14,30 +15,42 @@ import sys
 
 from harness.wire import parent_watch
 
+DESCRIPTION = """\
+Measure what it costs an LLM server to pass messages between its API process
+and its engine process: how each codec serializes them and each transport
+moves them, from single calls timed against a memcpy to a served model under
+load, with arms compared in interleaved rounds and judged statistically."""
+
+EPILOG = """\
+Start with 'bench micro' (the codecs alone, no server) or 'bench run --codec
+pickle,msgspec --repeat 7' (a served comparison with verdicts). Every command
+has its own --help."""
+
+# Each command's module and the one sentence the command list shows for it.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "micro": ("harness.commands.micro", "time each codec on fixed payloads against one memcpy"),
-    "serve": ("harness.commands.serve", "start the OpenAI-compatible frontend and the engine"),
-    "load": ("harness.commands.load", "replay a workload against an OpenAI-compatible server"),
-    "run": ("harness.commands.run", "for each codec: start a server, load it, report side by side with verdicts"),
-    "compare": (
-        "harness.commands.compare",
-        "verdicts over saved results; with --baseline, the CI regression gate",
-    ),
-    "calibrate": ("harness.commands.calibrate", "what this machine can resolve: an A/A run and injected known costs"),
-    "sweep": ("harness.commands.sweep", "codecs over a grid of payload sizes and request rates: crossover curves"),
-    "report": ("harness.commands.report", "one self-contained HTML file: tables, verdicts, CDFs, budgets, sweeps"),
+    "micro": ("harness.commands.micro", "Time each codec on fixed payloads against a memcpy."),
+    "serve": ("harness.commands.serve", "Start the OpenAI-compatible API server and its engine."),
+    "load": ("harness.commands.load", "Replay a workload against an OpenAI-compatible server."),
+    "run": ("harness.commands.run", "Serve and load each codec in rounds; judge them side by side."),
+    "compare": ("harness.commands.compare", "Judge saved results; with --gate, the CI regression gate."),
+    "calibrate": ("harness.commands.calibrate", "Find the smallest cost this machine can detect."),
+    "sweep": ("harness.commands.sweep", "Find where codecs cross over payload sizes and rates."),
+    "report": ("harness.commands.report", "Write saved results as one self-contained HTML page."),
 }
 
 
 def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
-    parser = argparse.ArgumentParser(prog="bench", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    raw = argparse.RawDescriptionHelpFormatter  # descriptions and epilogs print as written
+    parser = argparse.ArgumentParser(prog="bench", description=DESCRIPTION, epilog=EPILOG, formatter_class=raw)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     wanted = next((a for a in argv if not a.startswith("-")), None)
-    for name, (module, help_text) in COMMANDS.items():
-        cmd = sub.add_parser(name, help=help_text, description=help_text)
-        # Only the chosen command's module is imported to add its flags.
+    for name, (module, summary) in COMMANDS.items():
+        cmd = sub.add_parser(name, help=summary, description=summary, formatter_class=raw)
+        # Only the chosen command's module is imported to add its flags and its help text.
         if name == wanted:
             command = importlib.import_module(module)
+            cmd.description = getattr(command, "DESCRIPTION", summary)
+            cmd.epilog = getattr(command, "EPILOG", None)
             command.add_arguments(cmd)
             # A preset flag (sweep's --quick, run's --preset NAME) changes defaults before parsing, so
             # flags given still win.

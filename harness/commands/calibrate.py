@@ -35,6 +35,21 @@ from harness.experiment.probe import probe_mean_ttft, resolve_rate
 from harness.experiment.rounds import run_rounds
 from harness.loadgen.runner import BenchmarkError
 
+DESCRIPTION = """\
+Find the smallest per-request cost this machine can detect at these settings.
+One bench run with the codec twice (an A/A pair: any verdict between them is a
+false positive) and, for each --costs-pct P, the codec plus a busy-waited cost
+of P% of the mean TTFT that a short probe run measures first. It prints the
+comparison and, for each injected cost, whether mean TTFT was found slower."""
+
+EPILOG = """\
+example:
+  bench calibrate --codec pickle --costs-pct 1,2,5 --repeat 7
+
+exit codes: 0 calibrated; 1 the probe or an arm failed; 2 bad flags;
+130 interrupted."""
+
+
 JUDGED_FOR_DETECTION = DETECTION_FIGURE.key
 CALIBRATE_BLOCK_SIZE = 20
 

@@ -29,6 +29,26 @@ from harness.analysis.compare import (
 from harness.analysis.documents import ResultsError, write_json
 from harness.analysis.exports import write_exports
 
+DESCRIPTION = """\
+Judge saved results against each other. The arms are those of a compare file,
+or one per SOURCE (a run file, a folder of run files, or a compare file with
+one arm); the first is the reference. Each figure's change is read from the
+per-round ratios (paired where the rounds match) with a 95% confidence
+interval: slower, faster, equivalent within --margin-pct, or inconclusive.
+
+With --gate the arms, measured in one job (base and head of a pull request as
+two arms of bench run), decide a CI check on the primary figure."""
+
+EPILOG = """\
+examples:
+  bench compare results/compare-X.json
+  bench compare main=results/main/ branch=results/branch/
+  bench compare results/compare-X.json --gate --markdown summary.md
+
+exit codes: 0 judged (with --gate: no regression); 2 unusable input, or
+--baseline given. With --gate: 1 a regression, 3 cannot say (too noisy, or
+runs left out)."""
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(

@@ -43,6 +43,22 @@ __all__ = [
     "LoadSettings",
 ]
 
+DESCRIPTION = """\
+Replay a workload against an OpenAI-compatible server (this project's bench
+serve or any other) at a chosen request rate, then print TTFT, TPOT, ITL,
+end-to-end latency and throughput, with the server's codec figures when its
+/metrics has them, and save the run as a JSON file."""
+
+EPILOG = """\
+example:
+  bench load --base-url http://127.0.0.1:8000 --num-prompts 200 --request-rate 20
+
+exit codes: 0 every request succeeded; 1 some failed (the partial result is
+still printed and saved); 2 bad flags, an unreachable server or a failed
+warmup; 4 with --strict-client, the client rather than the server limited the
+run; 130 interrupted (what finished is saved)."""
+
+
 EXIT_FAILED_REQUESTS = 1
 EXIT_USAGE = 2
 EXIT_CLIENT_LIMITED = 4

@@ -51,6 +51,27 @@ from harness.micro.token_path import PATH_PAYLOADS
 # --- the tables --------------------------------------------------------------
 
 
+DESCRIPTION = """\
+Time each codec's encode and decode on fixed payloads (a prompt, output
+batches, images, tensors) against one memcpy of the same bytes. One row per
+codec and payload: encode and decode p50 and p99, the wire bytes and frames of
+one encode, the memcpy and the ratio (encode p50 + decode p50) / memcpy p50.
+--transport adds delivery to another process. --count instructions counts each
+call's instructions under valgrind instead of timing it (counts stay the same
+on a busy machine, times do not), and --baseline gates those counts."""
+
+EPILOG = """\
+examples:
+  bench micro
+  bench micro --codec pickle,msgspec --payload text-550,outputs-64
+  bench micro --payload image-1024 --transport zmq,shm
+  bench micro --count instructions --json counts.json
+
+exit codes: 0 measured; 2 bad flags. With --baseline: 1 a count rose by more
+than --threshold-pct, 2 the baseline is unusable or not comparable, 3 a
+baseline cell was not counted."""
+
+
 def _us(x: float) -> str:
     return f"{x:,.2f}" if x < 100 else f"{x:,.1f}" if x < 10_000 else f"{x:,.0f}"
 

@@ -12,6 +12,18 @@ from harness.analysis.documents import ResultsError
 from harness.analysis.html_report import IMAGE_FORMATS, build_report
 from harness.analysis.summary_plot import save_summary_png
 
+DESCRIPTION = """\
+Write one self-contained HTML page (no script, no network) of saved results:
+comparison tables and verdicts, latency distributions, codec and IPC budgets,
+TTFT over each run, sweep curves and the runs' metadata. The results are
+compare files, run files, folders of run files and sweep documents. --png
+draws one PNG of the runs at a glance, instead of the page or beside it."""
+
+EPILOG = """\
+examples:
+  bench report results/compare-X.json -o report.html
+  bench report results/compare-X.json --png runs.png"""
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("results", nargs="+", help="compare files, run files, folders of run files, sweep-*.json")

@@ -25,6 +25,26 @@ from harness.experiment.flags import add_experiment_arguments, experiment_from_a
 from harness.experiment.flow import prepare, run_experiment
 from harness.loadgen.runner import BenchmarkError
 
+DESCRIPTION = """\
+Compare codecs, transports or builds end to end. For every arm, start a fresh
+bench serve with the same model, seed, limits and workload, load it and read
+its figures; with --repeat N the arms run in N interleaved rounds whose order
+changes from round to round. The table shows each figure's median over rounds,
+and the verdicts judge every arm against the first from paired per-round
+ratios: slower, faster, equivalent or inconclusive."""
+
+EPILOG = """\
+examples:
+  bench run --codec pickle,msgspec --repeat 7
+  bench run --codec pickle,pickle --repeat 7      (an A/A run: expect no difference)
+  bench run --codec msgspec-oob --transport zmq,shm --repeat 5
+  bench run --arm base='--python ../base/.venv/bin/python' \\
+            --arm head='--python .venv/bin/python' --repeat 7
+
+exit codes: 0 every run succeeded; 1 a run failed; 2 bad flags or settings;
+130 interrupted (the finished rounds are still judged and saved)."""
+
+
 # bench's parser applies the chosen preset's defaults before parsing (harness.cli). Not named PRESETS:
 # that name holds flag presets (sweep's --quick), which apply whenever the flag's text is in argv.
 NAMED_PRESETS = {"--preset": presets.PRESETS}

@@ -38,6 +38,20 @@ from wirecodecs import codec_listing
 
 log = logging.getLogger("wirebench.serve")
 
+DESCRIPTION = """\
+Start an OpenAI-compatible server (/v1/completions, /v1/chat/completions,
+/v1/models, /metrics) whose API process passes each request to an engine
+process with the chosen codec and transport. By default the API process
+starts the engine and the two talk over ipc sockets in a private folder;
+--engine-only and --frontend-only split them over tcp, so they can run on
+two hosts."""
+
+EPILOG = """\
+examples:
+  bench serve --codec msgspec --port 8000
+  bench serve --codec msgspec-oob --transport shm --executor sim"""
+
+
 ENGINE_READY_TIMEOUT_S = 300.0  # an 8B model with random weights takes a while on a GPU
 
 

@@ -81,6 +81,24 @@ from harness.loadgen.runner import BenchmarkError
 from harness.loadgen.sysinfo import collect_sysinfo
 from harness.micro.payloads import payload_nbytes
 
+DESCRIPTION = """\
+Find where codecs cross: a grid over payload size (--image-sides or
+--prompt-lens) and/or request rate (--rates), the first codec the reference.
+The micro part times each codec's cost and delivery against payload bytes; the
+e2e part runs bench run at every grid point. Each part is drawn in a PNG, the
+first point where a codec turns slower or faster than the reference is said
+in words, and everything is saved in one sweep document."""
+
+EPILOG = """\
+examples:
+  bench sweep --parts micro --codec pickle,msgspec-b64,msgspec-oob --image-sides 64,256,1024
+  bench sweep --codec pickle,msgspec --rates 5,10,20,40 --repeat 3
+  bench sweep --quick      (a tiny sweep, to see it work)
+
+exit codes: 0 done; 1 a point failed; 2 bad flags; 130 interrupted (what
+finished is saved)."""
+
+
 DEFAULT_CODECS = "pickle,msgspec-b64,msgspec-oob"
 QUICK_IMAGE_SIDES = "64,128"  # --quick's axis when no axis is given
 # --quick: the defaults it sets (harness.cli applies them before parsing, so flags given win).
