@@ -61,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="pickle",
         type=codec_spec,
         help=f"wire codec of requests, and of outputs unless --output-codec: {codec_listing()}; options "
-        "after + inject a known cost (pickle+request-delay=500us, see wirecodecs.calibration)",
+        "after + inject a known cost, e.g. pickle+request-delay=500us",
     )
     p.add_argument("--host", default="127.0.0.1", help="HTTP host")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (0 = any free port)")

@@ -150,8 +150,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--delivery",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="micro: also time delivery (encode → ZeroMQ ipc → decode in another process) where "
-        "harness.micro.delivery is there (default yes)",
+        help="micro: also time delivery (encode → ZeroMQ ipc → decode in another process) (default yes)",
     )
     g.add_argument(
         "--quick",
