@@ -63,14 +63,16 @@ def test_interleaved_repeats_compare_two_codecs(tmp_path):
     engine = result["metadata"]["engine"]  # the engine's account of itself and of this run's steps
     assert engine["device"] == "cpu" and engine["preset"] == "tiny"
     assert engine["steps"] >= 20 and set(engine["steps_waiting"]) == {"kv_cache", "max_num_seqs", "token_budget"}
-    assert "Serving Benchmark Result" in done.stdout and "Codec comparison" in done.stdout
-    assert "too few rounds for a verdict (2 < 3)" in done.stdout  # two rounds: figures, never a verdict
+    assert "Codec comparison" in done.stdout  # the report was printed; what it reports is read from the files
+    # Two rounds: figures, never a verdict.
+    verdicts = summary["comparison"]["verdicts"]["msgspec"]
+    assert verdicts["mean_ttft_ms"]["verdict"] == "too few rounds"
+    assert {v["verdict"] for v in verdicts.values()} <= {"too few rounds", "not judged"}
     # Which process spent what: the client, the server's frontend and its engine, each measured.
     cpu = result["process_cpu"]
     assert set(cpu["roles"]) == {"client", "frontend", "engine"} and cpu["busiest"] in cpu["roles"]
     for role in cpu["roles"].values():
         assert role["cpu_s"] > 0 and role["ms_per_request"] > 0 and role["us_per_output_token"] > 0
-    assert "Process CPU" in done.stdout and "µs CPU/output token" in done.stdout
 
 
 def test_an_aa_run_labels_the_second_arm_and_judges_it(tmp_path):
@@ -217,7 +219,6 @@ def test_calibrate_runs_an_aa_arm_and_a_known_cost(tmp_path):
     assert injected["cost_pct_of_measured_ttft"] == pytest.approx(100 * injected["cost_ms"] / ref_ttft)
     assert doc["metadata"]["request_rate"] == {"rate": 20.0, "auto": False}
     assert doc["metadata"]["flags"]["block_size"] == 20  # calibrate takes turns in blocks by default
-    assert "A/A (pickle vs pickle#2)" in done.stdout
 
 
 def test_block_size_lets_the_arms_take_turns_within_a_round(tmp_path):
@@ -335,14 +336,12 @@ def test_the_seed_preset_runs_a_modelled_gpu_and_sets_itself_beside_the_seed(tmp
     # The PR's arm: requests in pickle, outputs still msgspec, as the preset sets.
     done = bench_run(tmp_path, "--preset", "seed-10245", "--num-prompts", "40", "--codec", "pickle")
     assert done.returncode == 0, done.stderr[-3000:]
-    out = done.stdout
-    assert "sim executor, no model: each step's GPU time is modelled" in out
-    assert "Modelled step time:" in out and "llama8b-h100" in out
-    assert "Beside the seed (vLLM PR #10245" in out and "TTFT mean (ms)" in out
-    assert "outputs in msgspec in every arm" in out
+    assert "Beside the seed (vLLM PR #10245" in done.stdout  # the table was printed (tests/test_seed_preset.py)
     doc = comparison(tmp_path)
     run = doc["runs"][0]
     assert run["codec"] == "pickle" and run["figures"]["completed"] == 40
     result = json.loads((tmp_path / run["result_file"]).read_text())
-    assert result["metadata"]["engine"]["output_codec"] == "msgspec"  # what the engine itself used
+    engine = result["metadata"]["engine"]  # the engine's account of itself: no model, a modelled GPU step
+    assert engine["executor"] == "sim" and engine["sim_step"].startswith("llama8b-h100: ")
+    assert engine["output_codec"] == "msgspec"  # what the engine itself used
     assert result["metadata"]["flags"]["output_codec"] == "msgspec"
