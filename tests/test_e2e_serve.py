@@ -494,3 +494,33 @@ def test_request_timelines_are_ordered_add_up_and_make_a_trace(tmp_path):
         "output decode",
     } <= slices
     assert all(e["dur"] >= 0 and e["ts"] > 0 for e in events if e["ph"] == "X")
+
+
+# Loaded first by every Python started with this folder on PYTHONPATH (the server and its spawned
+# engine alike): each process that calls gc.freeze leaves a file named by its pid in FOLDER.
+FREEZE_RECORDER = """\
+import gc, os
+_freeze = gc.freeze
+def _recorded_freeze():
+    open(os.path.join(FOLDER, str(os.getpid())), "w").close()
+    _freeze()
+gc.freeze = _recorded_freeze
+"""
+
+
+def test_both_processes_freeze_their_startup_heap_unless_told_not_to(tmp_path, monkeypatch):
+    """The frontend and the engine move their startup heap out of full collections (harness.wire.heap)
+    before they say they are ready; --no-gc-freeze leaves both heaps alone."""
+    hook, frozen = tmp_path / "hook", tmp_path / "frozen"
+    hook.mkdir()
+    frozen.mkdir()
+    (hook / "sitecustomize.py").write_text(f"FOLDER = {str(frozen)!r}\n" + FREEZE_RECORDER)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])))
+    for flags, freezes in (((), True), (("--no-gc-freeze",), False)):
+        server = start_serve("--executor", "sim", *flags, codec="msgspec")
+        try:
+            servers = {server.proc.pid, server.engine_pid}
+        finally:
+            assert server.stop() == 0
+        callers = {int(p.name) for p in frozen.iterdir()} & servers
+        assert callers == (servers if freezes else set()), flags
