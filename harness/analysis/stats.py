@@ -22,8 +22,8 @@ detect four times in five, ``rounds_needed`` the rounds a new run needs to detec
 
 DEFAULT_ROUNDS, DEFAULT_MARGIN_PCT, ROUNDS_POWER and MIN_ROUNDS were chosen from simulated
 false-positive rates and power (``scripts/studies/stats_calibration/``, ``--simulations 10000 --seed 1``).
-The procedure in full, those tables and the calibrations on real runs: docs/method.md
-(sections "Verdicts" and "Calibration: what this machine resolves").
+The procedure in full and those tables: docs/method.md (section "Verdicts"); the calibrations on
+real runs: docs/results.md (section "What the machine resolves (calibration)").
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # Shorter rounds than bench run's defaults: calibration runs many of them. The rate stays
     # bench run's auto (half the probed capacity): a fixed one may be a queue on a slower machine.
     # Blocks of 20 by default: on a shared machine they resolve 3-5x finer than whole-run turns
-    # (docs/method.md); --block-size 0 calibrates bench run's default instead.
+    # (measured: docs/results.md); --block-size 0 calibrates bench run's default instead.
     p.set_defaults(repeat=stats.DEFAULT_ROUNDS, num_prompts=200, block_size=CALIBRATE_BLOCK_SIZE)
 
 
