@@ -1,4 +1,5 @@
-"""The docs hold together: every relative link and image resolves, and the README stays short.
+"""The docs hold together and read easily: every relative link and image resolves, prose is
+wrapped, and the README stays a newcomer's page.
 
 Checks README.md, docs/*.md and results/README.md, offline: a link's file must exist, and a
 link to a Markdown file with an #anchor must name a heading of that file (GitHub's slugs).
@@ -12,7 +13,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-README_MAX_LINES = 300
+README_MAX_WORDS = 1200  # outside code blocks: what a newcomer reads before trying it
+PROSE_LINE_MAX = 100  # characters of a prose line; code blocks and table rows may be longer
+GENERATED = ("docs/cli.md",)  # the parsers' own help, written by scripts/cli_reference.py
 
 # [text](target) and ![alt](target); the target ends at whitespace or ")" (an optional "title" follows).
 LINK = re.compile(r"!?\[(?:[^\]\\]|\\.)*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -71,9 +74,43 @@ def test_every_relative_link_resolves(path: Path) -> None:
     assert broken_links(path) == []
 
 
+def long_prose_lines(text: str) -> list[str]:
+    """Lines over PROSE_LINE_MAX characters outside fenced code and tables (a row starts with '|')."""
+    prose = FENCE.sub("", text)
+    return [line for line in prose.splitlines() if len(line) > PROSE_LINE_MAX and not line.lstrip().startswith("|")]
+
+
+def prose_words(text: str) -> int:
+    """Words outside fenced code blocks."""
+    return len(FENCE.sub("", text).split())
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in _docs() if str(p.relative_to(ROOT)) not in GENERATED],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_prose_is_wrapped(path: Path) -> None:
+    assert long_prose_lines(path.read_text(encoding="utf-8")) == []
+
+
 def test_the_readme_is_short() -> None:
-    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
-    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; move detail into docs/"
+    words = prose_words((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert words <= README_MAX_WORDS, f"README.md has {words} words outside code; move detail into docs/"
+
+
+def test_the_readme_names_no_history() -> None:
+    """A newcomer's page: no commit hashes or issue numbers of this project."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert re.findall(r"\b(?:issue|task) #?\d+", text, re.IGNORECASE) == []
+    commit = r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b"  # hex with a letter and a digit
+    assert re.findall(commit, _prose(text)) == []
+
+
+def test_the_prose_checks_count_what_they_should() -> None:
+    text = "short line\n" + "x" * 101 + "\n| " + "y" * 200 + " |\n```\n" + "z" * 300 + "\n```\n"
+    assert long_prose_lines(text) == ["x" * 101]
+    assert prose_words("one two\n```\nthree four five\n```\nsix\n") == 3
 
 
 def test_the_checks_would_catch_a_broken_link(tmp_path: Path) -> None:
