@@ -13,6 +13,7 @@ Error policy (all bodies are ``{"error": {message, type, param, code}}``):
     and a request the codec cannot carry (``RequestRejectedError``; its
     machine-readable kind, e.g. ``unsupported_payload``, is the error's type);
   * 404 unknown model (as OpenAI does) and unknown routes; 413 body too large;
+    415 a body that is not JSON or is compressed (``Content-Encoding``: refused before it is read);
   * engine failures as ``ENGINE_ERRORS`` says (500 failed serving, 503 engine
     dead). Before the response started they are the response's status; once an
     SSE stream has started an error becomes one ``data: {"error": {...}}`` event
@@ -323,6 +324,27 @@ async def metrics_handler(request: web.Request) -> web.Response:
 
 
 @web.middleware
+async def refuse_compressed_bodies(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """415 for a request body with a Content-Encoding other than identity, before any byte of it is read.
+
+    aiohttp would inflate it while reading, ahead of the body limit and on the event loop (a 1 MB gzip
+    body can become 1 GiB). No LLM API client compresses its requests by default, so none is accepted.
+    The connection is closed after the answer, so the rest of the body is not read (and inflated) either.
+    """
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding in ("", "identity") or not request.body_exists:
+        return await handler(request)
+    response = error_response(
+        f"compressed request bodies are not accepted (Content-Encoding: {encoding[:40]}); send the body uncompressed",
+        415,
+    )
+    response.force_close()
+    return response
+
+
+@web.middleware
 async def json_errors(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
@@ -343,7 +365,9 @@ async def json_errors(
 
 def build_app(engine: EngineClient, tokenizer: TextTokenizer, settings: FrontendSettings) -> web.Application:
     """The frontend app. The caller owns the engine client's lifecycle (start/shutdown)."""
-    app = web.Application(client_max_size=settings.max_request_bytes, middlewares=[json_errors])
+    app = web.Application(
+        client_max_size=settings.max_request_bytes, middlewares=[refuse_compressed_bodies, json_errors]
+    )
     app[ENGINE] = engine
     app[TOKENIZER] = tokenizer
     app[SETTINGS] = settings
