@@ -13,6 +13,8 @@ import zlib
 import aiohttp
 import pytest
 
+from harness.wire.messages import EngineCoreOutputs, EngineCoreRequest, FinishReason, SamplingParams
+
 from serve_process import start_serve
 
 MODEL = "wirebench-tiny"
@@ -86,3 +88,132 @@ def test_compressed_bodies_are_refused_unread_and_identity_is_served():
     assert identity[0] == 200, identity
     assert worst_health_s < 0.5, worst_health_s
     assert peak[0] - before < 64, (before, peak[0])
+
+
+# --- the engine re-checks the bounds on what it decodes ----------------------------------------
+
+
+def _engine_request(rid: str, max_tokens: int = 3, **sampling: object) -> EngineCoreRequest:
+    return EngineCoreRequest(
+        request_id=rid,
+        prompt=None,
+        prompt_token_ids=[5, 6, 7],
+        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling),  # type: ignore[arg-type]
+        eos_token_id=1,
+        arrival_time=time.time(),
+    )
+
+
+OVERSIZE = {  # each one over a default bound, as a peer that skips the frontend could send it
+    "stop-ids": ({"stop_token_ids": [5] * 2_000_000, "min_tokens": 1000}, "--max-stop-token-ids"),
+    "logit-bias": ({"logit_bias": {i: 1.0 for i in range(2_000)}}, "--max-logit-bias"),
+    "stop-strings": ({"stop": ["x"] * 17}, "--max-stop-strings"),
+    "stop-chars": ({"stop": ["x" * 5_000]}, "--max-stop-chars"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OVERSIZE))
+def test_the_scheduler_refuses_what_the_frontend_would(name):
+    from harness.engine.config import EngineConfig
+    from harness.engine.scheduler import Scheduler
+
+    fields, flag = OVERSIZE[name]
+    scheduler = Scheduler(EngineConfig(executor="sim", vocab_size=4096))
+    with pytest.raises(ValueError, match=flag):
+        scheduler.add_request(_engine_request(name, max_tokens=1000, **fields))
+    assert not scheduler.requests
+
+
+def test_the_engines_bounds_are_the_ones_serve_was_given():
+    from harness.engine.config import EngineConfig
+    from harness.engine.scheduler import Scheduler
+    from harness.wire.limits import RequestLimits
+
+    config = EngineConfig(executor="sim", vocab_size=4096, request_limits=RequestLimits(max_stop_token_ids=100))
+    scheduler = Scheduler(config)
+    scheduler.add_request(_engine_request("raised", stop_token_ids=[5] * 100))
+    with pytest.raises(ValueError, match="--max-stop-token-ids"):
+        scheduler.add_request(_engine_request("over", stop_token_ids=[5] * 101))
+
+
+@pytest.mark.slow
+def test_an_oversize_request_from_the_peer_fails_alone():
+    """Straight onto a real engine's socket: each oversize request gets an error output of its own,
+    and a normal request sent after them all completes."""
+    import multiprocessing
+
+    import zmq
+
+    from harness.engine.config import EngineConfig
+    from harness.engine.process import run_engine
+    from harness.wire import transport
+    from harness.wire.transport import EngineAddresses
+    from wirecodecs import get_codec
+
+    from serve_process import free_port_pair
+
+    addrs = EngineAddresses.tcp("127.0.0.1", free_port_pair())
+    config = EngineConfig(codec="msgspec", executor="sim", sim_step_fixed_ms=0.5, vocab_size=4096, eos_token_id=1)
+    proc = multiprocessing.get_context("spawn").Process(target=run_engine, args=(config, addrs, "CRITICAL", True))
+    proc.start()
+    codec = get_codec("msgspec")
+    ctx: zmq.Context = zmq.Context()
+    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    try:
+        push.connect(addrs.input)
+        pull.connect(addrs.output)
+        pull.setsockopt(zmq.RCVTIMEO, 20_000)
+        for name, (fields, _) in OVERSIZE.items():
+            req = _engine_request(name, max_tokens=1000, **fields)
+            push.send_multipart([transport.envelope(transport.ADD, name), *codec.encode(req)])
+        push.send_multipart([transport.envelope(transport.ADD, "good"), *codec.encode(_engine_request("good", 20))])
+        errors: dict[str, str] = {}
+        good: list[int] = []
+        finished = False
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (len(errors) == len(OVERSIZE) and finished):
+            frames = pull.recv_multipart()
+            kind, _ = transport.open_envelope(frames[0])
+            if kind != transport.OUTPUTS:
+                continue
+            for out in codec.decode(frames[1:], EngineCoreOutputs).outputs:
+                if out.request_id == "good":
+                    good += out.new_token_ids
+                    finished = out.finished
+                elif out.finished:
+                    assert out.finish_reason == FinishReason.REJECTED, out
+                    errors[out.request_id] = out.error or ""
+        assert {name: flag in errors.get(name, "") for name, (_, flag) in OVERSIZE.items()} == dict.fromkeys(
+            OVERSIZE, True
+        ), errors
+        assert len(good) == 20 and finished
+        assert proc.is_alive()
+    finally:
+        push.send(transport.envelope(transport.SHUTDOWN))
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()
+        push.close(linger=0)
+        pull.close(linger=0)
+        ctx.term()
+
+
+@pytest.mark.slow
+def test_a_raised_bound_reaches_the_engine():
+    """`bench serve --max-stop-token-ids 100` raises the engine's bound too: 100 ids are served, 101 refused."""
+    server = start_serve("--max-stop-token-ids", "100", codec="msgspec")
+
+    async def post(n: int) -> tuple[int, dict]:
+        body = {"model": MODEL, "prompt": "hello", "max_tokens": 2, "stop_token_ids": [4000] * n}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{server.base_url}/v1/completions", json=body) as resp,
+        ):
+            return resp.status, await resp.json(content_type=None)
+
+    try:
+        served, refused = asyncio.run(post(100)), asyncio.run(post(101))
+    finally:
+        server.stop()
+    assert served[0] == 200, served
+    assert refused[0] == 400 and "--max-stop-token-ids" in refused[1]["error"]["message"], refused

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from harness.engine.step_time import STEP_MODELS
 from harness.wire.declare import flag_type, setting
+from harness.wire.limits import DEFAULT_LIMITS, RequestLimits
 from wirecodecs import UnknownCodecError, check_codec_spec
 
 # argparse type of --codec and --output-codec: a codec ``get_codec`` accepts, options included.
@@ -92,6 +93,9 @@ class EngineConfig:
     # waiting; above the default sonnet prompt (~550 tokens plus the chat
     # template), so a prompt takes one pass. <= 0: no cap.
     long_prefill_token_threshold: int = 1024
+    # The per-request bounds the frontend checks (bench serve --max-stop-token-ids ...), checked again on
+    # every request the engine decodes: a peer that ignores them gets an error output, not a slow engine.
+    request_limits: RequestLimits = DEFAULT_LIMITS
     # Multimodal: embeddings each image occupies at its placeholder.
     image_tokens: int = setting(16, flag="--image-tokens", help="embeddings per image")
     # Record the engine's half of the request timelines (harness.wire.spans) and ship them as JSON.

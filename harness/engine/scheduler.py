@@ -44,6 +44,7 @@ import numpy as np
 from harness.engine.config import EngineConfig
 from harness.engine.step import ModelRunnerOutput, NewRequest, ScheduledChunk, SchedulerOutput
 from harness.engine.vision import check_mm_input
+from harness.wire.limits import check_sampling_bounds
 from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, validate_sampling_params
 
 BLOCKED_BY = ("kv_cache", "max_num_seqs", "token_budget")
@@ -206,6 +207,7 @@ class Scheduler:
             raise ValueError(f"prompt token id {bad} outside the vocabulary [0, {cfg.vocab_size})")
         if sp.min_tokens < 0 or sp.min_tokens > max_tokens:
             raise ValueError(f"min_tokens must be in [0, max_tokens={max_tokens}], got {sp.min_tokens}")
+        check_sampling_bounds(sp, cfg.request_limits)  # lengths first: validation walks the lists
         validate_sampling_params(sp)
         self._validate_mm(req, n)
         return max_tokens
@@ -215,6 +217,10 @@ class Scheduler:
         ranges = req.mm_placeholders or []
         if len(items) != len(ranges):
             raise ValueError(f"{len(items)} multimodal inputs but {len(ranges)} placeholder ranges")
+        if len(ranges) * self.config.image_tokens > prompt_len:  # before they are sorted and walked
+            raise ValueError(
+                f"{len(ranges)} images of {self.config.image_tokens} tokens do not fit a {prompt_len}-token prompt"
+            )
         prev_end = 0
         for item, pr in sorted(zip(items, ranges, strict=True), key=lambda pair: pair[1].offset):
             if pr.length != self.config.image_tokens:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from harness.wire.limits import DEFAULT_LIMITS, RequestLimits, over_limit
 from harness.wire.messages import MAX_LOGPROBS, SamplingParams, SamplingParamsError, validate_sampling_params
 
 # --- errors -------------------------------------------------------------------
@@ -60,27 +61,13 @@ def error_body(message: str, status: int, param: str | None = None, kind: str | 
 
 
 # --- limits -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RequestLimits:
-    """Per-request bounds, each checked by a length before any element is walked, each refusal a 400
-    naming the `bench serve` flag that sets it (a 20 M-id prompt must cost a len(), not a loop)."""
-
-    max_prompt_tokens: int = 2_048  # token-id prompts: the context length
-    max_messages: int = 1_024
-    max_stop_strings: int = 16
-    max_stop_chars: int = 4_096
-    max_stop_token_ids: int = 64
-    max_logit_bias: int = 1_024
-
-
-DEFAULT_LIMITS = RequestLimits()
+# The bounds are harness.wire.limits' (the engine checks the same ones again): each checked by a
+# length before any element is walked, each refusal a 400 naming the `bench serve` flag that sets it.
 
 
 def _bound(n: int, limit: int, what: str, flag: str, param: str) -> None:
-    if n > limit:
-        raise ProtocolError(f"{what}: {n} is over the limit of {limit} (bench serve {flag})", param=param)
+    if (message := over_limit(n, limit, what, flag)) is not None:
+        raise ProtocolError(message, param=param)
 
 
 # --- typed field readers --------------------------------------------------------

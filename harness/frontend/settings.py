@@ -7,7 +7,7 @@ from typing import Any
 
 from harness.engine.config import EngineConfig
 from harness.frontend.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_PIXELS, MM_PAYLOADS, TENSOR_DTYPES, MmPayload
-from harness.frontend.protocol import DEFAULT_LIMITS, RequestLimits
+from harness.wire.limits import DEFAULT_LIMITS, RequestLimits
 
 
 def default_model_name(preset: str) -> str:
