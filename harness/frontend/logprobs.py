@@ -5,26 +5,41 @@ Completions (``logprobs: K``) carry parallel lists per chunk: ``tokens``,
 Chat (``logprobs: true, top_logprobs: K``) carries ``content``: one entry per
 token with its text, logprob, UTF-8 bytes and its own ``top_logprobs`` list.
 Each token id is decoded on its own, as vLLM does; ids repeat a lot across a
-stream, so one request keeps the texts it has decoded.
+stream and across requests, so the texts decoded are kept once per tokenizer (at most
+its vocabulary), not per request.
+
+A streamed response sends each chunk's logprobs and forgets them: a stream of any
+length holds one chunk's. Only a response built at the end (not streamed) keeps
+every token's, in ``all``.
 """
 
 from __future__ import annotations
 
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from harness.wire.messages import Logprobs
 from harness.wire.tokenizer import TextTokenizer
 
+# Token id -> its text, per tokenizer: bounded by the vocabulary, shared by every request.
+_TOKEN_TEXTS: WeakKeyDictionary[TextTokenizer, dict[int, str]] = WeakKeyDictionary()
+
 
 class LogprobsRenderer:
-    """One request's logprobs, chunk by chunk, in the completions or the chat shape."""
+    """One request's logprobs, chunk by chunk, in the completions or the chat shape.
 
-    def __init__(self, tokenizer: TextTokenizer, chat: bool) -> None:
+    ``keep_all``: keep every chunk's entries in ``all`` for a response built at the end;
+    a streamed one passes False, so nothing outlives the chunk it was sent in.
+    """
+
+    def __init__(self, tokenizer: TextTokenizer, chat: bool, keep_all: bool = True) -> None:
         self._tokenizer = tokenizer
         self._chat = chat
-        self._texts: dict[int, str] = {}
+        self._texts = _TOKEN_TEXTS.setdefault(tokenizer, {})
         self.offset = 0  # completions' text_offset: characters of text before the token
-        self.all: dict[str, list[Any]] = {"content": []} if chat else _empty_completion()
+        self.all: dict[str, list[Any]] | None = None
+        if keep_all:
+            self.all = {"content": []} if chat else _empty_completion()
 
     def _text(self, token_id: int) -> str:
         text = self._texts.get(token_id)
@@ -33,7 +48,7 @@ class LogprobsRenderer:
         return text
 
     def render(self, lp: Logprobs | None) -> dict[str, list[Any]] | None:
-        """This chunk's logprobs object (None when the engine sent none); kept for the whole response too."""
+        """This chunk's logprobs object (None when the engine sent none); kept in ``all`` if asked."""
         if lp is None:
             return None
         out: dict[str, list[Any]] = {"content": []} if self._chat else _empty_completion()
@@ -48,8 +63,9 @@ class LogprobsRenderer:
                 out["top_logprobs"].append(dict(zip(texts[1:], values[1:], strict=True)))
                 out["text_offset"].append(self.offset)
                 self.offset += len(texts[0])
-        for key, values in out.items():
-            self.all[key].extend(values)
+        if self.all is not None:
+            for key, values in out.items():
+                self.all[key].extend(values)
         return out
 
 

@@ -6,6 +6,12 @@ only knows token ids). ``stream`` yields one SSE chunk per engine output and
 ``collect`` builds the whole non-streaming response; both raise the engine
 client's errors and leave turning them into HTTP statuses or SSE error
 events to the app (``harness.frontend.app``), which holds the one table.
+
+A stream keeps only what it has still to send: each chunk's text and logprobs
+are dropped once yielded, the stop-string filter holds only the unsent tail and
+the detokenizer a short window, so its memory does not grow with its length.
+Only ``collect``, which builds the response at the end, keeps the whole text
+and every token's logprobs.
 """
 
 from __future__ import annotations
@@ -91,19 +97,34 @@ class StopStringFilter:
     the stop string follows; ``final=True`` releases it. The text stops where the first
     stop string to be completed ends (the longest, so the earliest starting, of those that
     end there); it is cut before that string and ``stopped`` names it.
+
+    ``keep_text=False`` (a stream) forgets text once it is sent: only the held-back
+    tail stays, at most as long as the longest stop string, and ``text`` is unavailable.
     """
 
-    def __init__(self, stops: list[str]) -> None:
+    def __init__(self, stops: list[str], keep_text: bool = True) -> None:
         self._stops = [s for s in stops if s]
         self._matcher = StopMatcher(self._stops) if self._stops else None
-        self._text = ""
+        self._keep = keep_text
+        self._text = ""  # what is held back, after the sent text when it is kept
         self._sent = 0
         self.stopped: str | None = None
 
     @property
     def text(self) -> str:
         """Everything sent so far (the final output once finished)."""
+        if not self._keep:
+            raise RuntimeError("this filter forgets sent text (keep_text=False)")
         return self._text[: self._sent]
+
+    def _send(self, end: int) -> str:
+        """The text up to ``end`` not sent yet; marks it sent (and forgets it when not kept)."""
+        out = self._text[self._sent : end]
+        if self._keep:
+            self._sent = end
+        else:
+            self._text, self._sent = self._text[end:], 0
+        return out
 
     def push(self, new_text: str, final: bool = False) -> str:
         if self.stopped is not None:
@@ -116,18 +137,15 @@ class StopStringFilter:
                 length = matcher.feed(ch)
                 if length:
                     end = start + i + 1
+                    # The stop string is still held back (the matcher's partial tail), so not yet forgotten.
                     self.stopped = self._text[end - length : end]
                     self._text = self._text[: end - length]
-                    out = self._text[self._sent :]
-                    self._sent = len(self._text)
-                    return out
+                    return self._send(len(self._text))
         if final or matcher is None:
             end = len(self._text)
         else:
             end = max(self._sent, len(self._text) - matcher.partial)
-        out = self._text[self._sent : end]
-        self._sent = end
-        return out
+        return self._send(end)
 
 
 # --- responses ---------------------------------------------------------------------------
@@ -244,14 +262,16 @@ class Relay:
     """Engine outputs in, text pieces out: detokenize, apply stop strings, count tokens."""
 
     def __init__(self, tokenizer: TextTokenizer, prep: Prepared) -> None:
+        # Only a response built at the end needs the whole text and every token's logprobs.
+        keep = not prep.stream
         self.detok = tokenizer.incremental()
-        self.filter = StopStringFilter(prep.stops)
+        self.filter = StopStringFilter(prep.stops, keep_text=keep)
         self.prompt_tokens = len(prep.request.prompt_token_ids)
         self.completion_tokens = 0
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         asked = prep.request.sampling_params.logprobs is not None
-        self.logprobs = LogprobsRenderer(tokenizer, prep.chat) if asked else None
+        self.logprobs = LogprobsRenderer(tokenizer, prep.chat, keep_all=keep) if asked else None
         self.chunk_logprobs: dict | None = None  # the last output's, in the response's shape
 
     def add(self, out: EngineCoreOutput) -> str:

@@ -58,6 +58,9 @@ _REPLACEMENT = "\ufffd"
 # character boundary at all, the U+FFFDs are invalid bytes (a random-weight
 # model emits those), and holding them longer would only stall the stream.
 _MAX_HELD_TOKENS = 8
+# Ids before the decoding window are never decoded again: dropped once this many have
+# gathered, so a stream's detokenizer holds a bounded window whatever its length.
+_DROP_DECODED_AFTER = 256
 
 
 # Prompt token ids as the packed codecs carry them: a little-endian int32 array.
@@ -214,6 +217,7 @@ class IncrementalDetokenizer:
 
     @property
     def token_ids(self) -> list[int]:
+        """The ids still in the window (earlier ones are dropped once decoded)."""
         return self._ids
 
     def _decode(self, start: int, end: int | None = None) -> str:
@@ -221,6 +225,10 @@ class IncrementalDetokenizer:
 
     def add(self, new_ids: Sequence[int]) -> str:
         """Append ``new_ids`` and return the newly completed text (maybe '')."""
+        if self._prefix_offset >= _DROP_DECODED_AFTER:
+            del self._ids[: self._prefix_offset]
+            self._read_offset -= self._prefix_offset
+            self._prefix_offset = 0
         self._ids.extend(new_ids)
         end = len(self._ids)
         if end == self._read_offset:
