@@ -1,12 +1,46 @@
-"""Shared test fixtures: kept minimal on purpose."""
+"""Shared test fixtures: kept minimal on purpose.
+
+The optional parts (markers registered in pyproject.toml): a test marked ``vllm``, ``ray``,
+``chromium`` or ``valgrind`` is skipped, with the way to get the part, on a machine without it.
+Cases of a test parametrized with the ``vllm`` codec are marked ``vllm`` here, so
+``-m "not vllm"`` leaves out everything that imports vLLM.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import shutil
 import uuid
 from collections.abc import Iterator
 
 import pytest
 import zmq
+
+import wirecodecs
+
+CHROMIUM_BINARIES = ("chromium", "chromium-browser", "google-chrome")
+
+
+def chromium_binary() -> str | None:
+    """The first headless-capable browser on PATH (tests/test_htmlreport.py renders the report in it)."""
+    return next((b for b in CHROMIUM_BINARIES if shutil.which(b)), None)
+
+
+def missing_parts() -> dict[str, str]:
+    """Optional part (its marker) → why its tests skip here; only the parts this machine lacks."""
+    reasons = {
+        "vllm": "vLLM not installed (scripts/setup.sh --with-vllm)",
+        "ray": "Ray not installed (scripts/setup.sh --test installs it)",
+        "chromium": "no chromium binary (Debian: apt-get install -y chromium)",
+        "valgrind": "no valgrind (Debian: apt-get install -y valgrind)",
+    }
+    present = {
+        "vllm": "vllm" in wirecodecs.available_codecs(),  # finds the package without importing it
+        "ray": importlib.util.find_spec("ray") is not None,
+        "chromium": chromium_binary() is not None,
+        "valgrind": shutil.which("valgrind") is not None,
+    }
+    return {part: why for part, why in reasons.items() if not present[part]}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -14,6 +48,17 @@ def pytest_configure(config: pytest.Config) -> None:
     # torch warns (once per process) when it wraps such a buffer. rawbuf
     # silences it at import, but pytest resets filters around each test.
     config.addinivalue_line("filterwarnings", "ignore:The given buffer is not writable:UserWarning")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    missing = missing_parts()
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and any(isinstance(v, str) and v == "vllm" for v in callspec.params.values()):
+            item.add_marker(pytest.mark.vllm)
+        for part, why in missing.items():
+            if item.get_closest_marker(part) is not None:
+                item.add_marker(pytest.mark.skip(reason=why))
 
 
 @pytest.fixture

@@ -40,7 +40,8 @@ def test_the_workflow_checks_out_the_base_sets_up_both_and_gates() -> None:
     assert any(r.strip().startswith("scripts/ci_gate.sh ../base") for r in runs)
 
 
-@pytest.mark.e2e
+@pytest.mark.slow  # a clone, two venvs and the gate: 8 min on 2 cores
+@pytest.mark.valgrind  # the gate's instruction counts
 @pytest.mark.timeout(1500)
 def test_the_workflow_steps_run_here(tmp_path: Path) -> None:
     head = tmp_path / "head"

@@ -230,7 +230,7 @@ def engine_made_outputs(draw: st.DrawFn) -> EngineCoreOutput:
     )
 
 
-@pytest.mark.skipif("vllm" not in CODECS, reason="vLLM not installed (scripts/setup.sh --with-vllm)")
+@pytest.mark.vllm
 @PROPERTY
 @given(
     outputs=st.lists(engine_made_outputs(), max_size=20),

@@ -23,8 +23,6 @@ from wirecodecs import get_codec
 
 from serve_process import free_port_pair, pid_alive
 
-pytestmark = pytest.mark.e2e
-
 
 @pytest.fixture
 def engine():
@@ -96,6 +94,7 @@ def test_bad_frames_never_kill_the_engine(engine):
     assert proc.is_alive()
 
 
+@pytest.mark.slow  # a parent process, its engine, and the wait for the engine to notice
 def test_engine_stops_when_its_frontend_dies(tmp_path):
     # A parent process that spawns an engine and is then SIGKILLed: the
     # orphaned engine must notice and exit by itself.

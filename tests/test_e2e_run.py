@@ -16,8 +16,6 @@ from harness.experiment.server import READY_LINE
 from harness.loadgen.arrivals import plan_arrivals
 from harness.wire import prom
 
-pytestmark = pytest.mark.e2e
-
 
 def bench_run(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "harness.cli", "run", "--result-dir", str(tmp_path), "--no-progress", *flags]
@@ -29,6 +27,7 @@ def comparison(tmp_path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+@pytest.mark.slow
 def test_interleaved_repeats_compare_two_codecs(tmp_path):
     done = bench_run(
         tmp_path,
@@ -75,6 +74,7 @@ def test_interleaved_repeats_compare_two_codecs(tmp_path):
         assert role["cpu_s"] > 0 and role["ms_per_request"] > 0 and role["us_per_output_token"] > 0
 
 
+@pytest.mark.slow
 def test_an_aa_run_labels_the_second_arm_and_judges_it(tmp_path):
     done = bench_run(
         tmp_path,
@@ -99,6 +99,7 @@ def test_an_aa_run_labels_the_second_arm_and_judges_it(tmp_path):
     assert files == {"msgspec", "msgspec#2"}
 
 
+@pytest.mark.slow
 def test_image_workload_marks_text_only_codec_unsupported(tmp_path):
     done = bench_run(
         tmp_path,
@@ -167,6 +168,7 @@ def _start_bench_run(tmp_path: Path, *flags: str, at_least: int = 20) -> tuple[s
     return proc, servers + [p for s in servers for p in child_pids(s)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_ctrl_c_or_kill_stops_servers_and_saves_what_it_has(tmp_path, sig):
     import signal
@@ -186,6 +188,7 @@ def test_ctrl_c_or_kill_stops_servers_and_saves_what_it_has(tmp_path, sig):
     assert result["completed"] + result["failed"] == 400  # every request accounted for
 
 
+@pytest.mark.slow
 def test_a_sigkilled_bench_run_takes_its_server_and_engine_with_it(tmp_path):
     import signal
 
@@ -199,6 +202,7 @@ def test_a_sigkilled_bench_run_takes_its_server_and_engine_with_it(tmp_path):
     assert not [d for d in ipc_dirs() | shm_segments() if any(d.startswith(m) for m in mine)]
 
 
+@pytest.mark.slow
 def test_calibrate_runs_an_aa_arm_and_a_known_cost(tmp_path):
     cmd = [sys.executable, "-m", "harness.cli", "calibrate", "--result-dir", str(tmp_path), "--no-progress"]
     cmd += ["--executor", "sim", "--num-prompts", "6", "--repeat", "3", "--costs-pct", "50", "--request-rate", "20"]
@@ -221,6 +225,7 @@ def test_calibrate_runs_an_aa_arm_and_a_known_cost(tmp_path):
     assert doc["metadata"]["flags"]["block_size"] == 20  # calibrate takes turns in blocks by default
 
 
+@pytest.mark.slow
 def test_block_size_lets_the_arms_take_turns_within_a_round(tmp_path):
     done = bench_run(
         tmp_path,
@@ -251,6 +256,7 @@ def test_block_size_lets_the_arms_take_turns_within_a_round(tmp_path):
     assert client["ms_per_request"] == pytest.approx(1000 * client["cpu_s"] / 16, rel=0.01, abs=0.002)
 
 
+@pytest.mark.slow
 def test_block_size_goes_on_when_one_arm_cannot_carry_the_payload(tmp_path):
     done = bench_run(
         tmp_path,
@@ -265,6 +271,7 @@ def test_block_size_goes_on_when_one_arm_cannot_carry_the_payload(tmp_path):
     assert statuses["msgspec-oob"]["status"] == "ok"
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_blocks_stops_every_server_and_accounts_for_every_request(tmp_path):
     import signal
 
@@ -285,6 +292,8 @@ def test_ctrl_c_in_blocks_stops_every_server_and_accounts_for_every_request(tmp_
         assert result["completed"] + result["failed"] == 400, run  # the blocks never sent count as failed
 
 
+@pytest.mark.slow
+@pytest.mark.vllm
 def test_vllm_codec_runs_beside_ours_with_verdicts_logprobs_and_its_adapter_apart(tmp_path):
     """vLLM's own serializer as an arm, as CI runs it: verdicts against msgspec-oob, logprobs on
     the wire, and the adapter's time (our messages to vLLM's) reported apart from codec time."""
@@ -319,6 +328,7 @@ def test_vllm_codec_runs_beside_ours_with_verdicts_logprobs_and_its_adapter_apar
     assert ours["ipc"]["spans_us"]["request.adapt"]["p99_us"] == 0  # msgspec-oob has no adapter
 
 
+@pytest.mark.slow
 def test_modelled_api_server_work_reaches_the_frontend_and_is_counted_there(tmp_path):
     flags = ["--executor", "sim", "--num-prompts", "12", "--sonnet-output-len", "10"]
     done = bench_run(tmp_path, *flags, "--frontend-cpu-us-per-token", "5000")
@@ -332,6 +342,7 @@ def test_modelled_api_server_work_reaches_the_frontend_and_is_counted_there(tmp_
     assert 0 < result["client"]["server_behind_share"] <= 1  # 5 ms a token: it fell behind
 
 
+@pytest.mark.slow
 def test_the_seed_preset_runs_a_modelled_gpu_and_sets_itself_beside_the_seed(tmp_path):
     # The PR's arm: requests in pickle, outputs still msgspec, as the preset sets.
     done = bench_run(tmp_path, "--preset", "seed-10245", "--num-prompts", "40", "--codec", "pickle")

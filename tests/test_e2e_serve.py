@@ -25,7 +25,7 @@ from wirecodecs import available_codecs, codecs_that_carry_multimodal
 
 from serve_process import free_port_pair, ipc_dirs, start_serve, still_alive
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.slow  # each test starts real server processes
 
 MODEL = "wirebench-tiny"
 

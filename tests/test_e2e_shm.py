@@ -18,7 +18,7 @@ from harness.workloads.images import synthetic_image, to_data_url
 
 from serve_process import shm_segments, start_serve, still_alive
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.slow  # each test starts real server processes
 
 MODEL = "wirebench-tiny"
 SHM_FLAGS = ("--transport", "shm", "--mm-payload", "tensor", "--shm-threshold", "1024")

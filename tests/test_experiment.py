@@ -65,7 +65,7 @@ def test_bad_settings_are_refused_before_any_server_starts() -> None:
         prepare(replace(exp, plan=replace(exp.plan, repeat=0)))
 
 
-@pytest.mark.e2e
+@pytest.mark.slow
 def test_the_flow_runs_two_arms_in_blocks_from_typed_settings(tmp_path: Path) -> None:
     exp = Experiment(
         arms=(ArmSpec("pickle", "pickle"), ArmSpec("msgspec", "msgspec")),

@@ -234,10 +234,11 @@ def _chromium() -> str | None:
     return next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
 
 
+@pytest.mark.slow
+@pytest.mark.chromium  # skipped without a browser: the HTML checks above still run
 def test_report_renders_in_headless_chromium(full_report: str, tmp_path: Path) -> None:
     browser = _chromium()
-    if browser is None:
-        pytest.skip("no chromium binary (Debian: apt-get install -y chromium); the HTML checks above still ran")
+    assert browser is not None
     from PIL import Image
 
     page = tmp_path / "report.html"

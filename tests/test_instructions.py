@@ -8,7 +8,6 @@ repeats the first, and gated against a baseline 2% cheaper than the first it fai
 from __future__ import annotations
 
 import json
-import shutil
 import statistics
 import subprocess
 import sys
@@ -100,6 +99,7 @@ def test_cells_count_every_layout_at_once_skip_what_a_codec_refuses_and_the_empt
     assert not isinstance(refused.value, instructions.Unsupported)
 
 
+@pytest.mark.vllm
 def test_a_codec_that_cannot_be_counted_is_refused_by_name_and_skipped_by_default() -> None:
     cmd = [sys.executable, "-m", "harness.cli", "micro", "--count", "instructions", "--codec", "vllm"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -116,8 +116,8 @@ def test_ops_choose_what_each_cell_counts_and_an_unknown_op_is_refused(monkeypat
         list(instructions.count_cells(["msgspec"], ["text"], 10, (3,), ops=("send",)))
 
 
-@pytest.mark.e2e
-@pytest.mark.skipif(shutil.which("valgrind") is None, reason="no valgrind (Debian: apt-get install -y valgrind)")
+@pytest.mark.slow
+@pytest.mark.valgrind
 def test_a_whole_trip_through_zeromq_counts_more_than_its_encode_and_decode(tmp_path: Path) -> None:
     """The path op: encode, an inproc PUSH/PULL send and receive, decode, in one counted loop."""
     cmd = [sys.executable, "-m", "harness.cli", "micro", "--count", "instructions", "--codec", "msgspec"]
@@ -130,8 +130,8 @@ def test_a_whole_trip_through_zeromq_counts_more_than_its_encode_and_decode(tmp_
     assert by_op["path"] > by_op["encode"] + by_op["decode"] + 1_000, by_op
 
 
-@pytest.mark.e2e
-@pytest.mark.skipif(shutil.which("valgrind") is None, reason="no valgrind (Debian: apt-get install -y valgrind)")
+@pytest.mark.slow
+@pytest.mark.valgrind
 def test_counts_repeat_and_gate_against_a_committed_style_baseline(tmp_path: Path) -> None:
     # All three layouts: a median of two is their mean, and one layout's count moved 2.7% between two
     # invocations in a CI run (a 2% gate test failed); the median of three is what the gate uses.

@@ -21,7 +21,7 @@ from harness.workloads.sample import SampleRequest
 
 from fake_openai_server import FakeConfig, FakeOpenAIServer
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # a local Ray instance: processes and ~5 s to start
 TOKENS = 3
 
 

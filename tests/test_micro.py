@@ -206,6 +206,7 @@ def test_bad_flags_are_clear_errors(argv: list[str], message: str, capsys: pytes
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a timed cell per codec and payload, vLLM's import included: 15-25 s
 def test_messages_types_round_trip_through_every_codec_once() -> None:
     # The payloads are valid wire messages for the codecs that carry them.
     for payload in ("text-550", "outputs-64"):
@@ -283,6 +284,7 @@ def test_cold_memcpy_is_timed_with_its_arrays_out_of_cache() -> None:
     assert cold.iterations == 5 and 0 < cold.min_us <= cold.p50_us <= cold.p99_us
 
 
+@pytest.mark.slow  # a receiver process and a cold memcpy of caches' worth of arrays
 def test_delivery_table_and_document_carry_the_cold_memcpy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "d.json"
     argv = ["micro", "--codec", "msgspec-oob", "--payload", "tensor-fp16-336", "--transport", "shm"]

@@ -31,6 +31,7 @@ def test_the_parameter_cell_is_tagged_and_first_code_cell() -> None:
     assert all(not c.get("outputs") for c in code), "commit the notebook without outputs"
 
 
+@pytest.mark.slow  # starts a Jupyter kernel and runs every cell
 def test_notebook_executes_on_a_results_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder = tmp_path / "results"
     write_comparison(

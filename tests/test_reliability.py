@@ -28,7 +28,7 @@ from PIL import Image
 
 from serve_process import free_port_pair, shm_segments, start_serve, still_alive
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.slow  # each test starts real server processes
 
 MODEL = "wirebench-tiny"
 
@@ -590,6 +590,7 @@ async def _completions_one_at_a_time(base: str, n: int, tokens: int) -> list[tup
         return results
 
 
+@pytest.mark.vllm
 def test_verify_catches_an_output_buffer_reused_before_it_was_sent(monkeypatch):
     """vLLM #45730's bug class: the engine encodes outputs into one reused buffer and zero-copy sends
     it; WIREBENCH_FAULT=reuse-output-buffer writes each next batch into it before the previous one

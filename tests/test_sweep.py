@@ -226,6 +226,7 @@ def test_crossings_skip_points_a_codec_cannot_carry() -> None:
 # ------------------------------------------------------------------ the micro part, in process
 
 
+@pytest.mark.slow
 def test_micro_part_measures_rounds_and_judges(tmp_path: Path) -> None:
     calls: list[tuple[str, str]] = []
 
@@ -287,7 +288,7 @@ def test_plots_carry_the_crossings_and_replot_from_a_saved_document(tmp_path: Pa
 # ------------------------------------------------------------------ end to end
 
 
-@pytest.mark.e2e
+@pytest.mark.slow
 def test_quick_sweep_end_to_end(tmp_path: Path) -> None:
     """bench sweep --quick (one e2e round to keep the suite short: 2 sides x 2 codecs = 4 servers)."""
     cmd = [sys.executable, "-m", "harness.cli", "sweep", "--quick", "--repeat", "1", "--result-dir", str(tmp_path)]
