@@ -217,3 +217,61 @@ def test_a_raised_bound_reaches_the_engine():
         server.stop()
     assert served[0] == 200, served
     assert refused[0] == 400 and "--max-stop-token-ids" in refused[1]["error"]["message"], refused
+
+
+# --- large JSON bodies are parsed off the event loop, with the same answers ----------------------
+
+
+def _pad_to(body: bytes, size: int) -> bytes:
+    """``body`` (a JSON object) with trailing whitespace up to ``size`` bytes: still the same JSON."""
+    return body + b" " * max(0, size - len(body))
+
+
+BODY_CASES = {  # raw body -> (status, a part of the message)
+    "valid": (b'{"model": "wirebench-tiny", "prompt": "hello", "max_tokens": 2}', 200, ""),
+    "bad JSON": (b'{"model": "wirebench-tiny", "prompt": "hello",', 400, "not valid JSON"),
+    "too many elements": (b'{"prompt": [' + b"1," * 70_000 + b"1]}", 413, "--max-json-elements"),
+    "too deep": (b"[" * 100_000 + b"]" * 100_000, 400, "nested too deeply"),
+}
+
+
+@pytest.mark.parametrize("size", ["small", "large"])
+@pytest.mark.parametrize("case", sorted(BODY_CASES))
+def test_a_body_gets_the_same_answer_on_either_side_of_the_off_loop_threshold(case, size, monkeypatch):
+    import threading
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from harness.frontend import app as app_module
+    from harness.frontend.app import PARSE_OFF_LOOP_BYTES, build_app
+    from harness.frontend.settings import FrontendSettings
+    from harness.wire.tokenizer import load_tokenizer
+
+    from fake_engine import FakeEngine
+
+    raw, status, message = BODY_CASES[case]
+    if size == "large":
+        raw = _pad_to(raw, PARSE_OFF_LOOP_BYTES + 10)
+    else:
+        assert len(raw) < PARSE_OFF_LOOP_BYTES
+    tokenizer = load_tokenizer()
+    parsed_on: list[str] = []
+    parse = app_module.parse_json_body
+
+    def recorded(*args: object) -> object:
+        parsed_on.append(threading.current_thread().name)
+        return parse(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(app_module, "parse_json_body", recorded)
+
+    async def scenario() -> tuple[int, dict]:
+        app = build_app(FakeEngine(tokenizer.encode("Hi there.")), tokenizer, FrontendSettings())
+        async with TestClient(TestServer(app)) as client:
+            resp = await client.post("/v1/completions", data=raw, headers={"Content-Type": "application/json"})
+            return resp.status, await resp.json()
+
+    got_status, body = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert got_status == status, body
+    assert len(parsed_on) == 1 and parsed_on[0].startswith("json-parse") == (size == "large"), parsed_on
+    if status != 200:
+        assert message in body["error"]["message"], body
