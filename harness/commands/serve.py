@@ -328,6 +328,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
             handle_signals=False,
             handler_cancellation=True,
             keepalive_timeout=settings.header_timeout_s,  # idle or slow-header connections are closed
+            auto_decompress=False,  # a compressed body is refused (415), never inflated while it arrives
         )
         await runner.setup()
         site = web.TCPSite(runner, args.host, args.port)

@@ -91,6 +91,8 @@ STARTED = web.AppKey("started", int)
 PIXELS = web.AppKey("pixels", PixelBudget)
 PARSER = web.AppKey("json_parser", ThreadPoolExecutor)
 
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+
 _json = msgspec.json.Encoder()
 _DONE = b"data: [DONE]\n\n"
 
@@ -375,7 +377,9 @@ async def refuse_compressed_bodies(
 
     aiohttp would inflate it while reading, ahead of the body limit and on the event loop (a 1 MB gzip
     body can become 1 GiB). No LLM API client compresses its requests by default, so none is accepted.
-    The connection is closed after the answer, so the rest of the body is not read (and inflated) either.
+    The connection is closed after the answer, so the rest of the body is not read either. aiohttp
+    inflates the body bytes that arrive with the headers before any handler runs, so `bench serve`
+    also runs the server with ``auto_decompress=False``: with it a bomb costs nothing at all.
     """
     encoding = request.headers.get("Content-Encoding", "").strip().lower()
     if encoding in ("", "identity") or not request.body_exists:
@@ -385,6 +389,8 @@ async def refuse_compressed_bodies(
         415,
     )
     response.force_close()
+    if request.path in GENERATION_PATHS:  # a request refused like any other: it has an outcome
+        request.app[METRICS].requests["rejected"] += 1
     return response
 
 
