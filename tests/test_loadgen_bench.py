@@ -13,6 +13,7 @@ import asyncio
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -348,7 +349,7 @@ def test_ctrl_c_saves_what_it_has(server: FakeOpenAIServer, tmp_path: Path, monk
             "--base-url",
             server.base_url,
             "--request-rate",
-            "20",
+            "5",
             "--no-progress",
             "--result-dir",
             str(tmp_path),
@@ -356,12 +357,25 @@ def test_ctrl_c_saves_what_it_has(server: FakeOpenAIServer, tmp_path: Path, monk
             "partial.json",
         ]
     )
-    timer = threading.Timer(0.4, _thread.interrupt_main)  # SIGINT as Ctrl-C would send it
-    timer.start()
+    stop = threading.Event()
+
+    def ctrl_c_once_under_way() -> None:
+        # SIGINT as Ctrl-C would send it, once the server has seen requests (a fixed delay could land
+        # before the load starts or, on a loaded machine, after all 30 requests are done: ~6 s at 5/s).
+        deadline = time.monotonic() + 30
+        while not stop.is_set() and time.monotonic() < deadline:
+            if server.state.frontend.encode_count >= 2:
+                _thread.interrupt_main()
+                return
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=ctrl_c_once_under_way, daemon=True)
+    watcher.start()
     try:
         code = cli.main(args)
     finally:
-        timer.cancel()
+        stop.set()
+        watcher.join()
     assert code == cli.EXIT_INTERRUPTED
     doc = json.loads((tmp_path / "partial.json").read_text())
     assert doc["interrupted"] is True and doc["failed"] > 0
