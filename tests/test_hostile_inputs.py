@@ -9,6 +9,7 @@ import asyncio
 import threading
 import time
 import zlib
+from typing import Any
 
 import aiohttp
 import pytest
@@ -80,7 +81,7 @@ def test_compressed_bodies_are_refused_unread_and_identity_is_served():
             async with session.get(f"{base}/metrics") as resp:
                 rejected = [line for line in (await resp.text()).splitlines() if 'outcome="rejected"' in line]
             assert rejected and rejected[0].split()[-1] in ("2", "2.0"), rejected
-            return replies, await worst, identity
+            return list(replies), await worst, identity
 
     cpu: list[float] = []
     try:
@@ -147,7 +148,8 @@ def _engine_request(rid: str, max_tokens: int = 3, **sampling: object) -> Engine
     )
 
 
-OVERSIZE = {  # each one over a default bound, as a peer that skips the frontend could send it
+# Each one over a default bound, as a peer that skips the frontend could send it.
+OVERSIZE: dict[str, tuple[dict[str, Any], str]] = {
     "stop-ids": ({"stop_token_ids": [5] * 2_000_000, "min_tokens": 1000}, "--max-stop-token-ids"),
     "logit-bias": ({"logit_bias": {i: 1.0 for i in range(2_000)}}, "--max-logit-bias"),
     "stop-strings": ({"stop": ["x"] * 17}, "--max-stop-strings"),
