@@ -1,7 +1,7 @@
 """The docs hold together and read easily: every relative link and image resolves, prose is
 wrapped, and the README stays a newcomer's page.
 
-Checks README.md, docs/*.md and results/README.md, offline: a link's file must exist, and a
+Checks README.md, docs/*.md, results/README.md and each study's README, offline: a link's file must exist, and a
 link to a Markdown file with an #anchor must name a heading of that file (GitHub's slugs).
 """
 
@@ -25,7 +25,8 @@ HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
 
 
 def _docs() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "results" / "README.md"]
+    studies = sorted((ROOT / "scripts" / "studies").glob("*/README.md"))
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "results" / "README.md", *studies]
 
 
 def _prose(text: str) -> str:
