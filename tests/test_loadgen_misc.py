@@ -11,7 +11,7 @@ from harness.commands import load as cli
 from harness.loadgen.progress import Progress
 from harness.loadgen.runner import BenchmarkError, LoadSettings, check_endpoint, exposes_codec_counters
 from harness.loadgen.sysinfo import collect_sysinfo
-from harness.wire import prom
+from harness.wire import declare, prom
 from harness.wire.messages import CodecStats
 
 
@@ -83,6 +83,29 @@ def test_load_settings_from_flags() -> None:
     for bad in (["--goodput", "itl:5"], ["--percentile-metrics", "foo"], ["--max-concurrency", "0"]):
         with pytest.raises(BenchmarkError):
             LoadSettings.from_args(parser.parse_args(bad))
+
+
+def test_declared_load_settings_are_flags_read_back_once() -> None:
+    parser = argparse.ArgumentParser()
+    cli.add_load_arguments(parser)
+    defaults = vars(parser.parse_args([]))
+    assert declare.flag_defaults(LoadSettings).items() <= defaults.items()  # every declared setting has its flag
+    argv = ["--endpoint", "/v1/chat/completions", "--burstiness", "0.5", "--max-concurrency", "3"]
+    argv += ["--warmup-requests", "2", "--logprobs", "5", "--no-continuous-usage"]
+    s = LoadSettings.from_args(parser.parse_args(argv))
+    assert (s.endpoint, s.burstiness, s.max_concurrency) == ("/v1/chat/completions", 0.5, 3)
+    assert (s.warmup_requests, s.logprobs, s.continuous_usage) == (2, 5, False)
+    assert declare.flag_values(s).items() <= vars(parser.parse_args(argv)).items()
+    assert LoadSettings.from_args(argparse.Namespace(endpoint=None, burstiness=None)) == LoadSettings()
+    assert declare.comparable(LoadSettings) == ("endpoint", "burstiness", "max_concurrency", "logprobs")
+    for bad, message in (
+        (["--logprobs", "21"], "--logprobs must be in [0, 20] (OpenAI's limit), got 21"),
+        (["--warmup-requests", "-1"], "--warmup-requests must be >= 0, got -1"),
+        (["--max-concurrency", "0"], "--max-concurrency must be >= 1, got 0"),
+    ):
+        with pytest.raises(BenchmarkError) as err:
+            LoadSettings.from_args(parser.parse_args(bad))
+        assert str(err.value) == message
 
 
 def test_bench_load_parser_with_dataset_flags() -> None:

@@ -18,23 +18,24 @@ from harness.analysis.runs import RunEntry
 from harness.engine.config import EngineConfig
 from harness.engine.step_time import LINEAR, fixed_ms_of, step_time_model
 from harness.frontend.served import ServedSettings
+from harness.loadgen.runner import LoadSettings
 from harness.wire.declare import comparable
 from harness.workloads.registry import datasets
 from harness.workloads.spec import WorkloadSpec
 
-# The load's flags that change what a run measures; a flag missing from an older document is not
-# compared, except block_size, whose absence meant sequential turns (0).
-LOAD_SETTINGS = ("endpoint", "burstiness", "max_concurrency", "logprobs", "block_size")
+# The plan's flags that change what a run measures and are not declared yet (harness.experiment.settings).
+PLAN_SETTINGS = ("block_size",)
 
 
 def compared_settings() -> tuple[str, ...]:
     """The flags of a run that change what it measures: the workload's and every registered dataset's,
-    what is served (each declared with its setting, harness.wire.declare), and the load's."""
+    what is served, the load's (each declared with its setting, harness.wire.declare) and the plan's.
+    A flag missing from an older document is not compared, except those in DEFAULTS."""
     workload = comparable(WorkloadSpec, *(d.options for d in datasets()))
-    return (*workload, *comparable(ServedSettings, EngineConfig), *LOAD_SETTINGS)
+    return (*workload, *comparable(ServedSettings, EngineConfig, LoadSettings), *PLAN_SETTINGS)
 
 
-DEFAULTS = {"block_size": 0}
+DEFAULTS = {"block_size": 0}  # its absence meant sequential turns
 MACHINE = ("hostname", "machine", "cpu_model", "cpu_usable")  # from a run file's metadata, when both have it
 
 

@@ -11,11 +11,11 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from harness.loadgen.arrivals import positive_float, positive_rate
-from harness.loadgen.client import CHAT_COMPLETIONS, COMPLETIONS
+from harness.loadgen.arrivals import positive_rate
 from harness.loadgen.metrics import METRICS
-from harness.loadgen.runner import DEFAULT_REQUEST_TIMEOUT_S, DEFAULT_RESULT_DIR
+from harness.loadgen.runner import DEFAULT_REQUEST_TIMEOUT_S, DEFAULT_RESULT_DIR, LoadSettings
 from harness.loadgen.workers import parse_workers
+from harness.wire.declare import add_arguments, declared
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 
@@ -42,57 +42,22 @@ def add_load_arguments(
     --base-url and --model. bench run passes its own --request-rate type, default and help.
     Returns the client-scale group (bench load adds --strict-client to it)."""
     group = parser.add_argument_group("load")
-    group.add_argument(
-        "--endpoint",
-        default=COMPLETIONS,
-        choices=(COMPLETIONS, CHAT_COMPLETIONS),
-        help=f"API endpoint (default {COMPLETIONS}); image workloads need {CHAT_COMPLETIONS}",
-    )
+    add_settings(group, "endpoint")
     group.add_argument(
         "--request-rate",
         type=rate_type,
         default=rate_default,
         help=rate_help,
     )
-    group.add_argument(
-        "--burstiness",
-        type=positive_float,
-        default=1.0,
-        help="gamma shape of the arrival intervals: 1.0 = Poisson, <1 burstier, >1 more regular",
-    )
-    group.add_argument(
-        "--max-concurrency",
-        type=int,
-        default=None,
-        help="at most this many requests in flight; a request whose planned time has come "
-        "waits for a slot, which shows up as schedule lag",
-    )
-    group.add_argument(
-        "--warmup-requests",
-        type=int,
-        default=0,
-        help="requests sent before the clock starts and not counted (default 0)",
-    )
+    add_settings(group, "burstiness", "max_concurrency", "warmup_requests")
     group.add_argument(
         "--request-timeout",
         type=float,
         default=DEFAULT_REQUEST_TIMEOUT_S,
         help=f"seconds a request may take in all; 0 = no limit (default {DEFAULT_REQUEST_TIMEOUT_S:g})",
     )
-    group.add_argument(
-        "--logprobs",
-        type=int,
-        default=None,
-        metavar="K",
-        help="ask for the top-K logprobs of every output token (completions: logprobs=K; chat: logprobs=true, "
-        "top_logprobs=K), as vLLM's benchmark_serving --logprobs: heavier outputs on the wire (default: none)",
-    )
-    group.add_argument(
-        "--no-continuous-usage",
-        action="store_true",
-        help="do not ask for usage in every chunk (stream_options.continuous_usage_stats); "
-        "then each non-empty chunk counts as one token",
-    )
+    add_settings(group, "logprobs")
+    add_settings(group, "no_continuous_usage")
 
     scale = add_scale_arguments(parser)
 
@@ -133,6 +98,13 @@ def add_load_arguments(
     out.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     out.add_argument("--progress", action="store_true", help="show the progress line even when stderr is not a TTY")
     return scale
+
+
+def add_settings(group: Any, *dests: str) -> None:
+    """Add the flags of these declared LoadSettings (by destination), in declaration order: the
+    flags read back as a value of their own sit among the hand-written ones in --help's order."""
+    others = {d.dest for d in declared(LoadSettings)} - set(dests)
+    add_arguments(group, LoadSettings, exclude=others)
 
 
 def add_scale_arguments(parser: argparse.ArgumentParser) -> Any:

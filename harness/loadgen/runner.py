@@ -14,7 +14,7 @@ import asyncio
 import gc
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -22,8 +22,17 @@ import aiohttp
 
 from harness.loadgen import fanout, guard, ipc
 from harness.loadgen import metrics as M
-from harness.loadgen.arrivals import plan_arrivals
-from harness.loadgen.client import ENDPOINTS, RequestRecord, build_payload, encode_payload, is_chat, send_request
+from harness.loadgen.arrivals import plan_arrivals, positive_float
+from harness.loadgen.client import (
+    CHAT_COMPLETIONS,
+    COMPLETIONS,
+    ENDPOINTS,
+    RequestRecord,
+    build_payload,
+    encode_payload,
+    is_chat,
+    send_request,
+)
 from harness.loadgen.looplag import LoopLagProbe
 from harness.loadgen.progress import Progress
 from harness.loadgen.serverstats import (
@@ -40,7 +49,8 @@ from harness.loadgen.workers import (
     send_within,
     uncancel_current_task,
 )
-from harness.wire import prom, runs_on
+from harness.wire import declare, prom, runs_on
+from harness.wire.declare import setting
 from harness.wire.heap import freeze_heap
 from harness.wire.messages import MAX_LOGPROBS
 from harness.wire.spans import IpcBudget
@@ -67,20 +77,58 @@ class BenchmarkError(Exception):
 
 @dataclass(frozen=True)
 class LoadSettings:
-    """The load flags, validated; built from an argparse namespace."""
+    """The load flags, validated; built from an argparse namespace. A field declared with ``setting``
+    is its own flag (harness.wire.declare, added by harness.loadgen.flags); the others are read from
+    flags that transform their value (--request-timeout, --percentile-metrics, ...) by ``from_args``.
+    """
 
-    endpoint: str = "/v1/completions"
+    endpoint: str = setting(
+        COMPLETIONS,
+        flag="--endpoint",
+        choices=ENDPOINTS,
+        help=f"API endpoint (default {COMPLETIONS}); image workloads need {CHAT_COMPLETIONS}",
+        comparable=True,
+    )
     request_rate: float = math.inf
-    burstiness: float = 1.0
-    seed: int | None = 0
-    max_concurrency: int | None = None
+    burstiness: float = setting(
+        1.0,
+        flag="--burstiness",
+        type=positive_float,
+        help="gamma shape of the arrival intervals: 1.0 = Poisson, <1 burstier, >1 more regular",
+        comparable=True,
+    )
+    seed: int | None = 0  # the dataset flags own --seed: it seeds the arrivals too
+    max_concurrency: int | None = setting(
+        None,
+        flag="--max-concurrency",
+        type=int,
+        help="at most this many requests in flight; a request whose planned time has come "
+        "waits for a slot, which shows up as schedule lag",
+        comparable=True,
+    )
     selected_metrics: tuple[str, ...] = M.DEFAULT_PERCENTILE_METRICS
     percentiles: tuple[float, ...] = M.DEFAULT_PERCENTILES
     goodput_slos_ms: dict[str, float] = field(default_factory=dict)
-    warmup_requests: int = 0
+    warmup_requests: int = setting(
+        0, flag="--warmup-requests", help="requests sent before the clock starts and not counted (default 0)"
+    )
     request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S
-    continuous_usage: bool = True
-    logprobs: int | None = None  # top logprobs per token asked of the server (vLLM benchmark's --logprobs)
+    continuous_usage: bool = setting(
+        True,
+        flag="--no-continuous-usage",
+        help="do not ask for usage in every chunk (stream_options.continuous_usage_stats); "
+        "then each non-empty chunk counts as one token",
+    )
+    # Top logprobs per token asked of the server (vLLM benchmark's --logprobs).
+    logprobs: int | None = setting(
+        None,
+        flag="--logprobs",
+        type=int,
+        metavar="K",
+        help="ask for the top-K logprobs of every output token (completions: logprobs=K; chat: logprobs=true, "
+        "top_logprobs=K), as vLLM's benchmark_serving --logprobs: heavier outputs on the wire (default: none)",
+        comparable=True,
+    )
     progress: bool | None = None  # None: when stderr is a TTY
     progress_label: str = "requests"  # bench run names the arm and round here
     # Client processes (or "auto"), and the Ray address ("" = ray.init's default; None = no Ray): see fanout.
@@ -89,54 +137,48 @@ class LoadSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LoadSettings:
-        """Read the flags of add_load_arguments; a missing attribute takes its default."""
+        """Read the flags of add_load_arguments; a missing attribute, or None, takes its default."""
         d = cls()
+        given = {k: v for k, v in vars(args).items() if v is not None}
 
         def get(name: str, default: Any) -> Any:
-            value = getattr(args, name, None)
-            return default if value is None else value
+            return given.get(name, default)
 
-        goodput = getattr(args, "goodput", None) or []
-        timeout = get("request_timeout", d.request_timeout_s)
-        max_conc = getattr(args, "max_concurrency", None)
+        declared = declare.from_values(cls, given)  # endpoint is validated by check_endpoint
+        max_conc = declared.max_concurrency
         if max_conc is not None and max_conc < 1:
             raise BenchmarkError(f"--max-concurrency must be >= 1, got {max_conc}")
-        endpoint = get("endpoint", d.endpoint)  # validated by check_endpoint
-        logprobs = getattr(args, "logprobs", None)
+        logprobs = declared.logprobs
         if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
             raise BenchmarkError(f"--logprobs must be in [0, {MAX_LOGPROBS}] (OpenAI's limit), got {logprobs}")
-        warmup = int(get("warmup_requests", 0))
-        if warmup < 0:
-            raise BenchmarkError(f"--warmup-requests must be >= 0, got {warmup}")
-        if getattr(args, "no_progress", False):
+        if declared.warmup_requests < 0:
+            raise BenchmarkError(f"--warmup-requests must be >= 0, got {declared.warmup_requests}")
+        goodput = get("goodput", None) or []
+        timeout = get("request_timeout", d.request_timeout_s)
+        if get("no_progress", False):
             progress: bool | None = False
-        elif getattr(args, "progress", False):
+        elif get("progress", False):
             progress = True
         else:
             progress = None
         try:
             metrics_sel = get("percentile_metrics", ",".join(d.selected_metrics))
             pcts = get("metric_percentiles", "99")
-            fanout.check_settings(get("workers", d.workers), getattr(args, "ray", None), max_conc)
-            return cls(
-                endpoint=endpoint,
+            fanout.check_settings(get("workers", d.workers), get("ray", None), max_conc)
+            return replace(
+                declared,
                 request_rate=float(get("request_rate", d.request_rate)),
-                burstiness=float(get("burstiness", d.burstiness)),
                 seed=getattr(args, "seed", d.seed),
-                max_concurrency=max_conc,
                 selected_metrics=M.parse_percentile_metrics(metrics_sel)
                 if isinstance(metrics_sel, str)
                 else tuple(metrics_sel),
                 percentiles=M.parse_percentiles(pcts) if isinstance(pcts, str) else tuple(float(p) for p in pcts),
                 goodput_slos_ms=M.parse_goodput(goodput) if not isinstance(goodput, dict) else dict(goodput),
-                warmup_requests=warmup,
                 request_timeout_s=float(timeout) if timeout and timeout > 0 else None,
-                continuous_usage=not getattr(args, "no_continuous_usage", False),
-                logprobs=logprobs,
                 progress=progress,
                 progress_label=str(get("progress_label", d.progress_label)),
                 workers=get("workers", d.workers),
-                ray=getattr(args, "ray", None),
+                ray=get("ray", None),
             )
         except ValueError as exc:
             raise BenchmarkError(str(exc)) from None
