@@ -22,6 +22,7 @@ from typing import TypeVar
 from harness.wire.declare import declared
 from harness.workloads.base import Dataset
 from harness.workloads.random_dataset import RANDOM
+from harness.workloads.sharegpt import SHAREGPT
 from harness.workloads.sonnet import SONNET
 
 ENTRY_POINT_GROUP = "wirebench.datasets"
@@ -82,5 +83,5 @@ def get_dataset(name: str) -> Dataset:
     return found
 
 
-for _builtin in (SONNET, RANDOM):
+for _builtin in (SONNET, RANDOM, SHAREGPT):
     register_dataset(_builtin)

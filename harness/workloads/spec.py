@@ -35,7 +35,9 @@ class WorkloadSpec:
     dataset_path: str | None = setting(
         None,
         flag="--dataset-path",
-        help="sonnet.txt-like file, one poem line per line (default: the project's datasets/sonnets.txt)",
+        help="the dataset's file: sonnet: one poem line per line (default: datasets/sonnets.txt); sharegpt, "
+        "custom, trace: a ShareGPT JSON, a JSONL of requests, a Mooncake trace (default: the generated sample "
+        "in datasets/samples/)",
         comparable=True,
     )
     num_prompts: int = setting(
