@@ -303,7 +303,7 @@ def test_a_workload_records_the_flat_keys_of_its_flags() -> None:
         ["--num-prompts", "0"],
         ["--random-range-ratio", "1.5"],
         ["--image-format", "gif"],
-        ["--dataset-name", "sharegpt"],
+        ["--dataset-name", "no-such-dataset"],
         ["--images-per-request", "-1"],
     ],
 )

@@ -104,7 +104,8 @@ def build_payload(
     body: dict[str, Any] = {"model": model}
     if is_chat(endpoint):
         # The message prompt_len was counted with (datasets.chat_prompt_len).
-        body["messages"] = [user_message(sample.prompt, sample.image_data_urls)]
+        messages = list(sample.messages) if sample.messages else [user_message(sample.prompt, sample.image_data_urls)]
+        body["messages"] = messages
     else:
         if sample.image_data_urls:
             raise ValueError(

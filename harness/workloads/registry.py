@@ -21,6 +21,7 @@ from typing import TypeVar
 
 from harness.wire.declare import declared
 from harness.workloads.base import Dataset
+from harness.workloads.custom import CUSTOM
 from harness.workloads.random_dataset import RANDOM
 from harness.workloads.sharegpt import SHAREGPT
 from harness.workloads.sonnet import SONNET
@@ -83,5 +84,5 @@ def get_dataset(name: str) -> Dataset:
     return found
 
 
-for _builtin in (SONNET, RANDOM, SHAREGPT):
+for _builtin in (SONNET, RANDOM, SHAREGPT, CUSTOM):
     register_dataset(_builtin)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -19,3 +20,8 @@ class SampleRequest:
     # chat-formatted prompt, as benchmark_serving sends completion backends
     # (``prompt_len`` counts that text).
     completion_prompt: str | None = None
+    # The chat messages to send instead of one user message of ``prompt`` (custom's "messages" lines).
+    messages: tuple[dict[str, Any], ...] | None = None
+    # Planned send time in seconds from the first request, for a dataset that carries its own
+    # arrivals (trace timestamps); when every request has one they replace --request-rate's schedule.
+    arrival_s: float | None = None
