@@ -86,3 +86,28 @@ def test_the_flow_runs_two_arms_in_blocks_from_typed_settings(tmp_path: Path) ->
     assert loaded["codecs"] == ["pickle", "msgspec"] and len(loaded["runs"]) == 6
     assert doc["metadata"]["request_rate"] == {"rate": 20.0, "auto": False}
     assert doc["metadata"]["machine"]["cpu_usable"] >= 1  # what the gate compares across files
+
+
+def test_the_load_and_plan_settings_that_shape_a_run_are_compared() -> None:
+    from harness.analysis.comparable import PLAN_SETTINGS, run_settings
+    from harness.analysis.runs import RunEntry
+    from harness.wire.declare import comparable
+
+    assert comparable(RunPlan) == PLAN_SETTINGS  # named again below the experiment layer: kept equal here
+
+    def settings(*argv: str) -> dict[str, object]:
+        flags = {k: v for k, v in vars(parsed(*argv)).items() if not callable(v)}
+        return run_settings(RunEntry("pickle", 0, "ok", "", None, {"metadata": {"flags": flags}}, None))
+
+    base = settings()
+    assert {k: base[k] for k in ("endpoint", "burstiness", "max_concurrency", "logprobs", "block_size")} == {
+        "endpoint": "/v1/completions",
+        "burstiness": 1.0,
+        "max_concurrency": None,
+        "logprobs": None,
+        "block_size": 0,
+    }
+    assert "warmup_requests" not in base  # untimed: it changes no figure
+    assert settings("--block-size", "5")["block_size"] == 5 and settings("--logprobs", "2")["logprobs"] == 2
+    old = RunEntry("pickle", 0, "ok", "", None, {"metadata": {"flags": {"endpoint": "/v1/completions"}}}, None)
+    assert run_settings(old) == {"endpoint": "/v1/completions", "block_size": 0}  # blocks came later: absent is 0

@@ -23,7 +23,8 @@ from harness.wire.declare import comparable
 from harness.workloads.registry import datasets
 from harness.workloads.spec import WorkloadSpec
 
-# The plan's flags that change what a run measures and are not declared yet (harness.experiment.settings).
+# The experiment plan's comparable settings (harness.experiment.settings.RunPlan declares them), named
+# here because analysis sits below experiment in the layers (tests/test_layout.py); a test holds them equal.
 PLAN_SETTINGS = ("block_size",)
 
 

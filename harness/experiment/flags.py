@@ -14,6 +14,7 @@ from harness.frontend.settings import default_model_name
 from harness.loadgen.arrivals import positive_rate
 from harness.loadgen.flags import add_load_arguments, flags_dict
 from harness.loadgen.runner import LoadSettings
+from harness.wire.declare import add_arguments, from_args
 from harness.workloads.datasets import add_dataset_arguments
 from harness.workloads.spec import WorkloadSpec
 
@@ -54,15 +55,7 @@ def add_experiment_arguments(
         help=f"interleaved rounds, each in the order of one row of a Williams design (default %(default)s; "
         f"verdicts need >= {stats.MIN_ROUNDS}; the power of {stats.DEFAULT_ROUNDS} is in docs/method.md)",
     )
-    p.add_argument(
-        "--block-size",
-        type=int,
-        default=0,
-        metavar="N",
-        help="keep every arm's server up for the round and let the arms take turns, N requests at a time "
-        "(A B, B A, ...): each arm sees the same moments of a shared machine; 0: each arm serves the "
-        "whole workload in turn (default %(default)s)",
-    )
+    add_arguments(p, RunPlan)  # --block-size
     p.add_argument(
         "--margin-pct",
         type=float,
@@ -113,9 +106,10 @@ def experiment_from_args(args: argparse.Namespace, arms: list[ArmSpec] | None = 
         log_path=args.server_log,
         trace_file=args.trace_file,
     )
-    plan = RunPlan(
+    plan = from_args(
+        RunPlan,
+        args,
         repeat=args.repeat,
-        block_size=args.block_size,
         margin_pct=args.margin_pct,
         auto_rate=rate == AUTO,
         save_result=args.save_result,

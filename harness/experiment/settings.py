@@ -16,6 +16,7 @@ from harness.experiment.arms import ArmSpec
 from harness.experiment.server_flags import engine_of
 from harness.loadgen.client import CHAT_COMPLETIONS, COMPLETIONS
 from harness.loadgen.runner import LoadSettings
+from harness.wire.declare import setting
 from harness.workloads.spec import WorkloadSpec
 
 AUTO = "auto"  # --request-rate auto: a share of the capacity a probe measures
@@ -42,10 +43,20 @@ class ServerSettings:
 
 @dataclass(frozen=True)
 class RunPlan:
-    """How the arms are run and judged: rounds, blocks, whether a probe fixes the rate, where results go."""
+    """How the arms are run and judged: rounds, blocks, whether a probe fixes the rate, where results go.
+    A field declared with ``setting`` is its own flag (harness.wire.declare); the others are read by
+    ``experiment_from_args``."""
 
     repeat: int = 1
-    block_size: int = 0  # 0: each arm serves the whole workload in turn
+    block_size: int = setting(
+        0,
+        flag="--block-size",
+        metavar="N",
+        help="keep every arm's server up for the round and let the arms take turns, N requests at a time "
+        "(A B, B A, ...): each arm sees the same moments of a shared machine; 0: each arm serves the "
+        "whole workload in turn (default %(default)s)",
+        comparable=True,
+    )
     margin_pct: float = DEFAULT_MARGIN_PCT
     # --request-rate auto: a capacity probe fixes the load's rate before the rounds (harness.experiment.probe).
     auto_rate: bool = True
