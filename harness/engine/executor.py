@@ -276,6 +276,8 @@ def limits_info(config: EngineConfig) -> dict[str, Any]:
     """The engine's admission limits, for its info dict (both executors)."""
     return {
         "max_num_seqs": config.max_num_seqs,
+        # The tokenizer's vocabulary (what the sampler draws from; the LM head is at least as wide).
+        "vocab_size": config.vocab_size,
         "max_model_len": config.max_model_len,
         "max_num_batched_tokens": config.max_num_batched_tokens,
         "long_prefill_token_threshold": config.long_prefill_token_threshold,

@@ -27,7 +27,7 @@ from harness.frontend.images import (
 )
 from harness.frontend.protocol import ProtocolError, StreamOptions
 from harness.frontend.settings import FrontendSettings
-from harness.wire.messages import EngineCoreRequest, PlaceholderRange, SamplingParams
+from harness.wire.messages import EngineCoreRequest, PlaceholderRange, SamplingParams, pack_token_ids
 from harness.wire.shm import ShmError
 from harness.wire.tokenizer import DEFAULT_IMAGE_MARKER, TextTokenizer, TokenArray
 
@@ -269,9 +269,21 @@ async def prepare_chat(
             "(bench serve --max-images-per-request)",
             param="messages",
         )
-    text = tokenizer.apply_chat_template(req.messages)
-    _check_prompt_size(text, settings, "messages")
-    ids, positions = await _tokenize_with_markers(tokenizer, text, n_images, packed)
+    ids: TokenIds
+    encode_chat = getattr(tokenizer, "encode_chat", None)
+    if encode_chat is None:
+        text = tokenizer.apply_chat_template(req.messages)
+        _check_prompt_size(text, settings, "messages")
+        ids, positions = await _tokenize_with_markers(tokenizer, text, n_images, packed)
+    else:  # a tokenizer with its own instruct encoding (tekken): its ids, with special tokens no text spells
+        try:
+            text, chat_ids, positions = encode_chat(req.messages)
+        except ValueError as exc:  # its own rules (mistral-common: who may speak first)
+            raise ProtocolError(str(exc), param="messages") from exc
+        _check_prompt_size(text, settings, "messages")
+        ids = pack_token_ids(chat_ids) if packed else chat_ids
+        if len(positions) != n_images:
+            raise ProtocolError(f"the prompt has {len(positions)} image tokens for {n_images} images", param="messages")
     ids, ranges = _expand_images(ids, positions, _image_token_id(tokenizer, settings), settings.image_tokens)
     # Check the context before the costly image decoding.
     max_tokens = _resolve_max_tokens(settings, len(ids), req.sampling.max_tokens, chat=True)

@@ -48,7 +48,10 @@ class ServedSettings:
         "each chunk in one loop; docs/seed.md). Default 0: none",
     )
     tokenizer: str | None = setting(
-        None, flag="--tokenizer", help="path of a tokenizer.json (default: the embedded BPE)"
+        None,
+        flag="--tokenizer",
+        help="path of a tokenizer.json, or 'tekken': Mistral's 131,072-token tokenizer and chat encoding "
+        "through mistral-common (default: the embedded 4,096-token BPE)",
     )
     mm_payload: MmPayload = setting(
         FrontendSettings.mm_payload,

@@ -28,13 +28,14 @@ _FIELDS = {
     "params": "num_params",
     "kv_cache_tokens": "kv_cache_tokens",
     "max_num_seqs": "max_num_seqs",
+    "vocab_size": "vocab_size",
     "max_model_len": "max_model_len",
     "max_num_batched_tokens": "max_num_batched_tokens",
     "compile": "compile",
     "device_warning": "device_warning",
     "sdpa_warning": "sdpa_warning",
 }
-_INTS = ("params", "kv_cache_tokens", "max_num_seqs", "max_model_len", "max_num_batched_tokens")
+_INTS = ("params", "kv_cache_tokens", "max_num_seqs", "vocab_size", "max_model_len", "max_num_batched_tokens")
 
 
 def _clean(value: Any) -> str:

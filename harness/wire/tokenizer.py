@@ -22,6 +22,7 @@ marker are single special tokens; in others they tokenize as plain text.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,13 @@ from harness.wire.messages import pack_token_ids
 
 EMBEDDED_TOKENIZER = Path(__file__).resolve().parents[2] / "datasets" / "tokenizer.json"
 EMBEDDED_NAME = "wirebench-bpe"
+# What --tokenizer takes beside a path: name -> "module:loader", imported only when that name is
+# asked for, so the base import never pays for mistral-common, and the named module may build on
+# this one (a subclass of TextTokenizer) without an import cycle.
+NAMED_TOKENIZERS = {
+    # Mistral's 131,072-token tekken, through mistral-common.
+    "tekken": "harness.wire.tekken:load_tekken",
+}
 
 # Looked up in this order; the first present wins.
 EOS_NAMES = ("<|eos|>", "</s>", "<|end_of_text|>", "<|eot_id|>", "<|endoftext|>")
@@ -145,6 +153,10 @@ class TextTokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def decode_batch(self, batch: Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
+        """``decode`` of each id list (parallel inside ``tokenizers``)."""
+        return self.hf.decode_batch([list(ids) for ids in batch], skip_special_tokens=skip_special_tokens)
 
     def incremental(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
         """A fresh streaming detokenizer for one request."""
@@ -266,11 +278,17 @@ class IncrementalDetokenizer:
 
 
 def load_tokenizer(path: str | Path | None = None) -> TextTokenizer:
-    """Load a ``tokenizer.json`` (or a folder holding one); None = the project's own.
+    """Load a ``tokenizer.json`` (or a folder holding one), or a named tokenizer; None = the project's own.
 
     ``name`` is "wirebench-bpe" for the embedded tokenizer, else the file stem,
     or the folder's name when the file is called plain ``tokenizer.json``.
+    A name of ``NAMED_TOKENIZERS`` (``"tekken"``) loads that tokenizer instead (a file of that
+    name is ``./tekken``).
     """
+    if path is not None and str(path) in NAMED_TOKENIZERS:
+        module, _, loader = NAMED_TOKENIZERS[str(path)].partition(":")
+        named: TextTokenizer = getattr(importlib.import_module(module), loader)()
+        return named
     if path is None:
         file, name = EMBEDDED_TOKENIZER, EMBEDDED_NAME
         if not file.is_file():

@@ -56,7 +56,7 @@ class RandomOptions:
 def _text_token_ids(tokenizer: TextTokenizer) -> np.ndarray:
     """Ids that decode on their own to non-empty, whole-character text (no specials)."""
     ids = [i for i in range(tokenizer.vocab_size) if i not in tokenizer.special_token_ids]
-    texts = tokenizer.hf.decode_batch([[i] for i in ids], skip_special_tokens=True)
+    texts = tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=True)
     good = [i for i, t in zip(ids, texts) if t and "\ufffd" not in t]
     if not good:
         raise ValueError(f"tokenizer {tokenizer.name} has no plain-text tokens to sample from")
