@@ -13,8 +13,7 @@ from typing import Any
 
 from harness.loadgen.arrivals import positive_rate
 from harness.loadgen.metrics import METRICS
-from harness.loadgen.runner import DEFAULT_REQUEST_TIMEOUT_S, DEFAULT_RESULT_DIR, LoadSettings
-from harness.loadgen.workers import parse_workers
+from harness.loadgen.runner import DEFAULT_RESULT_DIR, LoadSettings
 from harness.wire.declare import add_arguments, declared
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
@@ -49,13 +48,7 @@ def add_load_arguments(
         default=rate_default,
         help=rate_help,
     )
-    add_settings(group, "burstiness", "max_concurrency", "warmup_requests")
-    group.add_argument(
-        "--request-timeout",
-        type=float,
-        default=DEFAULT_REQUEST_TIMEOUT_S,
-        help=f"seconds a request may take in all; 0 = no limit (default {DEFAULT_REQUEST_TIMEOUT_S:g})",
-    )
+    add_settings(group, "burstiness", "max_concurrency", "warmup_requests", "request_timeout")
     add_settings(group, "logprobs")
     add_settings(group, "no_continuous_usage")
 
@@ -110,16 +103,7 @@ def add_settings(group: Any, *dests: str) -> None:
 def add_scale_arguments(parser: argparse.ArgumentParser) -> Any:
     """Where the load comes from (harness/loadgen/fanout.py); returns the group for more flags."""
     group = parser.add_argument_group("client scale")
-    group.add_argument(
-        "--workers",
-        type=parse_workers,
-        default=1,
-        metavar="N|auto",
-        help="client processes sharing the schedule (round-robin) and one start instant; metrics are computed "
-        "once from all raw records. auto: half the usable CPUs for a server on this host (loopback URL), all but "
-        "one for a remote one, 1..8; with --ray one actor per node. --max-concurrency is shared out among them "
-        "(default 1: this process)",
-    )
+    add_settings(group, "workers")
     group.add_argument(
         "--ray",
         nargs="?",

@@ -45,6 +45,7 @@ from harness.loadgen.serverstats import (
 from harness.loadgen.workers import (
     LoadWorkerError,
     WorkerCount,
+    parse_workers,
     send_on_schedule,
     send_within,
     uncancel_current_task,
@@ -112,7 +113,12 @@ class LoadSettings:
     warmup_requests: int = setting(
         0, flag="--warmup-requests", help="requests sent before the clock starts and not counted (default 0)"
     )
-    request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S
+    # In seconds; the flag's 0 (no limit) reads back as None.
+    request_timeout_s: float | None = setting(
+        DEFAULT_REQUEST_TIMEOUT_S,
+        flag="--request-timeout",
+        help=f"seconds a request may take in all; 0 = no limit (default {DEFAULT_REQUEST_TIMEOUT_S:g})",
+    )
     continuous_usage: bool = setting(
         True,
         flag="--no-continuous-usage",
@@ -132,7 +138,16 @@ class LoadSettings:
     progress: bool | None = None  # None: when stderr is a TTY
     progress_label: str = "requests"  # bench run names the arm and round here
     # Client processes (or "auto"), and the Ray address ("" = ray.init's default; None = no Ray): see fanout.
-    workers: WorkerCount = 1
+    workers: WorkerCount = setting(
+        1,
+        flag="--workers",
+        type=parse_workers,
+        metavar="N|auto",
+        help="client processes sharing the schedule (round-robin) and one start instant; metrics are computed "
+        "once from all raw records. auto: half the usable CPUs for a server on this host (loopback URL), all but "
+        "one for a remote one, 1..8; with --ray one actor per node. --max-concurrency is shared out among them "
+        "(default 1: this process)",
+    )
     ray: str | None = None
 
     @classmethod
@@ -154,7 +169,7 @@ class LoadSettings:
         if declared.warmup_requests < 0:
             raise BenchmarkError(f"--warmup-requests must be >= 0, got {declared.warmup_requests}")
         goodput = get("goodput", None) or []
-        timeout = get("request_timeout", d.request_timeout_s)
+        timeout = declared.request_timeout_s
         if get("no_progress", False):
             progress: bool | None = False
         elif get("progress", False):
@@ -164,7 +179,7 @@ class LoadSettings:
         try:
             metrics_sel = get("percentile_metrics", ",".join(d.selected_metrics))
             pcts = get("metric_percentiles", "99")
-            fanout.check_settings(get("workers", d.workers), get("ray", None), max_conc)
+            fanout.check_settings(declared.workers, get("ray", None), max_conc)
             return replace(
                 declared,
                 request_rate=float(get("request_rate", d.request_rate)),
@@ -177,7 +192,6 @@ class LoadSettings:
                 request_timeout_s=float(timeout) if timeout and timeout > 0 else None,
                 progress=progress,
                 progress_label=str(get("progress_label", d.progress_label)),
-                workers=get("workers", d.workers),
                 ray=get("ray", None),
             )
         except ValueError as exc:
