@@ -358,13 +358,14 @@ def test_ctrl_c_saves_what_it_has(server: FakeOpenAIServer, tmp_path: Path, monk
         ]
     )
     stop = threading.Event()
+    seen_before = server.state.frontend.encode_count  # the server is shared with earlier tests
 
     def ctrl_c_once_under_way() -> None:
         # SIGINT as Ctrl-C would send it, once the server has seen requests (a fixed delay could land
         # before the load starts or, on a loaded machine, after all 30 requests are done: ~6 s at 5/s).
         deadline = time.monotonic() + 30
         while not stop.is_set() and time.monotonic() < deadline:
-            if server.state.frontend.encode_count >= 2:
+            if server.state.frontend.encode_count >= seen_before + 2:
                 _thread.interrupt_main()
                 return
             time.sleep(0.01)
