@@ -7,7 +7,8 @@ seeds, so the samples are nobody's data and rerunning this writes the same bytes
 - sharegpt-sample.json: 50 ShareGPT-format conversations (a few with one turn, which are skipped)
 - custom-sample.jsonl: 30 requests, prompts or chat messages, most with "output_tokens"
 - trace-sample.jsonl: 100 Mooncake-format requests (timestamp in ms, input_length, output_length,
-  hash_ids of 512-token blocks), in a few groups that share leading blocks (a shared system prompt)
+  hash_ids of 512-token blocks), in a few groups that share leading blocks (a shared system prompt);
+  prompt + output stay under 2,048 tokens, the reference server's context
 
 Usage: python scripts/make_dataset_samples.py [--out DIR]
 """
@@ -24,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WORDS_FILE = ROOT / "datasets" / "tokenizer-words.txt"
 OUT = ROOT / "datasets" / "samples"
 BLOCK_TOKENS = 512  # Mooncake's block size: one hash id per 512 prompt tokens
+MAX_INPUT = 1700  # + at most 300 output tokens: within the reference server's 2,048-token context
 
 
 def words() -> list[str]:
@@ -83,15 +85,15 @@ def trace(rng: random.Random, n: int = 100) -> list[dict[str, object]]:
         next_block += k
         return list(range(next_block - k, next_block))
 
-    # A few shared system prompts (1-4 blocks each) that most requests start with.
-    prefixes = [blocks(rng.randint(1, 4)) for _ in range(4)]
+    # A few shared system prompts (1-2 blocks each) that most requests start with.
+    prefixes = [blocks(rng.randint(1, 2)) for _ in range(4)]
     lines: list[dict[str, object]] = []
     t_ms = 0
     for _ in range(n):
         if lines:  # the first request at 0 ms, as Mooncake's traces start
             t_ms += int(rng.expovariate(1 / 250))  # about 4 requests a second
         shared = rng.choice([*prefixes, []])
-        input_length = len(shared) * BLOCK_TOKENS + rng.randint(1, 3 * BLOCK_TOKENS)
+        input_length = len(shared) * BLOCK_TOKENS + rng.randint(1, MAX_INPUT - len(shared) * BLOCK_TOKENS)
         own = blocks(math.ceil(input_length / BLOCK_TOKENS) - len(shared))
         lines.append(
             {

@@ -11,12 +11,16 @@ interval is ``1 / rate`` whatever the burstiness. ``burstiness == 1`` is the
 exponential distribution, i.e. a Poisson process; below 1 arrivals are
 burstier, above 1 more regular. ``rate == inf`` sends everything at once.
 The first request is planned at offset 0 (as benchmark_serving does).
+A dataset may carry its own send times (the trace dataset's timestamps): ``planned_offsets``
+then uses them instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -43,6 +47,29 @@ def plan_arrivals(
     intervals = rng.gamma(shape=burstiness, scale=scale, size=num_requests - 1)
     offsets = np.concatenate(([0.0], np.cumsum(intervals)))
     return [float(x) for x in offsets]
+
+
+class Timed(Protocol):
+    """A request that may carry its own send time (SampleRequest.arrival_s, seconds from the first)."""
+
+    @property
+    def arrival_s(self) -> float | None: ...
+
+
+def planned_offsets(
+    workload: Sequence[Timed],
+    request_rate: float = math.inf,
+    burstiness: float = 1.0,
+    seed: int | None = 0,
+) -> list[float]:
+    """The workload's own send times (seconds, the first at 0) when every request carries one, as a
+    trace's timestamps do; --request-rate and --burstiness then play no part. Otherwise plan_arrivals."""
+    given = [request.arrival_s for request in workload]
+    if given and all(t is not None for t in given):
+        times = [float(t) for t in given if t is not None]
+        first = min(times)
+        return [t - first for t in times]
+    return plan_arrivals(len(given), request_rate, burstiness, seed)
 
 
 def describe_arrivals(request_rate: float, burstiness: float) -> str:

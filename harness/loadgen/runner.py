@@ -22,7 +22,7 @@ import aiohttp
 
 from harness.loadgen import fanout, guard, ipc
 from harness.loadgen import metrics as M
-from harness.loadgen.arrivals import plan_arrivals, positive_float
+from harness.loadgen.arrivals import planned_offsets, positive_float
 from harness.loadgen.client import (
     CHAT_COMPLETIONS,
     COMPLETIONS,
@@ -309,7 +309,7 @@ class ServerLoad:
             )
             for s in workload
         ]
-        self.offsets = plan_arrivals(len(workload), settings.request_rate, settings.burstiness, settings.seed)
+        self.offsets = planned_offsets(workload, settings.request_rate, settings.burstiness, settings.seed)
         self.started_at = datetime.now().astimezone()
         self.records: list[RequestRecord] = []
         self.unsent = range(len(workload))  # what no block has sent yet

@@ -25,6 +25,7 @@ from harness.workloads.custom import CUSTOM
 from harness.workloads.random_dataset import RANDOM
 from harness.workloads.sharegpt import SHAREGPT
 from harness.workloads.sonnet import SONNET
+from harness.workloads.trace import TRACE
 
 ENTRY_POINT_GROUP = "wirebench.datasets"
 D = TypeVar("D", bound=Dataset)
@@ -84,5 +85,5 @@ def get_dataset(name: str) -> Dataset:
     return found
 
 
-for _builtin in (SONNET, RANDOM, SHAREGPT, CUSTOM):
+for _builtin in (SONNET, RANDOM, SHAREGPT, CUSTOM, TRACE):
     register_dataset(_builtin)
