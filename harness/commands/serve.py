@@ -119,47 +119,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default %(default)s)",
     )
     lim = p.add_argument_group("request limits (a 400, 408, 413 or 415 with an OpenAI-style error)")
-    lim_defaults = FrontendSettings()
-    lim.add_argument(
-        "--max-prompt-bytes",
-        type=int,
-        default=lim_defaults.max_prompt_bytes,
-        help="a prompt's UTF-8 bytes, checked before tokenizing",
-    )
-    lim.add_argument(
-        "--max-image-pixels",
-        type=int,
-        default=lim_defaults.max_image_pixels,
-        help="pixels of one image, from its header before decoding",
-    )
-    lim.add_argument(
-        "--max-request-pixels",
-        type=int,
-        default=lim_defaults.max_request_pixels,
-        help="pixels of all of a request's images, from their headers before decoding",
-    )
-    lim.add_argument(
-        "--body-timeout", type=float, default=lim_defaults.body_timeout_s, help="seconds to receive a request body"
-    )
-    lim.add_argument(
-        "--header-timeout",
-        type=float,
-        default=lim_defaults.header_timeout_s,
-        help="seconds for a connection to send a request's headers (from opening, or its last response); "
-        "then it is closed (default %(default)s)",
-    )
-    for flag, field, what in (
-        ("--max-request-bytes", "max_request_bytes", "bytes of a request body (a 413 above)"),
-        ("--max-images-per-request", "max_images_per_request", "images of a request"),
-        ("--max-inflight-pixels", "max_inflight_pixels", "decoded pixels of all requests at once; more wait, then 503"),
-        ("--max-json-elements", "max_json_elements", "JSON elements of a body (its commas, counted before parsing)"),
-        ("--max-messages", "max_messages", "chat messages of a request"),
-        ("--max-stop-strings", "max_stop_strings", "stop strings of a request"),
-        ("--max-stop-chars", "max_stop_chars", "characters of all of a request's stop strings"),
-        ("--max-stop-token-ids", "max_stop_token_ids", "stop_token_ids of a request"),
-        ("--max-logit-bias", "max_logit_bias", "logit_bias entries of a request"),
-    ):
-        lim.add_argument(flag, type=int, default=getattr(lim_defaults, field), help=f"{what} (default %(default)s)")
+    declare.add_arguments(lim, FrontendSettings)
     p.add_argument(
         "--trace-file",
         default=None,
@@ -304,20 +264,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
             mm_payload=served.mm_payload,
             mm_tensor_size=served.mm_tensor_size,
             mm_tensor_dtype=served.mm_tensor_dtype,
-            max_prompt_bytes=args.max_prompt_bytes,
-            max_image_pixels=args.max_image_pixels,
-            max_request_pixels=args.max_request_pixels,
-            body_timeout_s=args.body_timeout,
-            header_timeout_s=args.header_timeout,
-            max_json_elements=args.max_json_elements,
-            max_request_bytes=args.max_request_bytes,
-            max_images_per_request=args.max_images_per_request,
-            max_inflight_pixels=args.max_inflight_pixels,
-            max_messages=args.max_messages,
-            max_stop_strings=args.max_stop_strings,
-            max_stop_chars=args.max_stop_chars,
-            max_stop_token_ids=args.max_stop_token_ids,
-            max_logit_bias=args.max_logit_bias,
+            **declare.field_values(FrontendSettings, vars(args)),
         )
         if served.served_model_name:
             settings = replace(settings, served_model_name=served.served_model_name)

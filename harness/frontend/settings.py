@@ -7,6 +7,7 @@ from typing import Any
 
 from harness.engine.config import EngineConfig
 from harness.frontend.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_PIXELS, MM_PAYLOADS, TENSOR_DTYPES, MmPayload
+from harness.wire.declare import setting
 from harness.wire.limits import DEFAULT_LIMITS, RequestLimits
 
 
@@ -26,28 +27,79 @@ class FrontendSettings:
     mm_tensor_size: int = 336
     mm_tensor_dtype: str = "float16"
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES  # decoded bytes of one image file
-    max_images_per_request: int = 8
+    # The request limits are `bench serve` flags, declared here once (harness.wire.declare). Each is
+    # checked before the work it bounds and its refusal names its flag.
+    max_images_per_request: int = setting(
+        8, flag="--max-images-per-request", help="images of a request (default %(default)s)"
+    )
     # Decoded pixels, from the image headers before any pixel is decoded: per image and per request.
-    max_image_pixels: int = DEFAULT_MAX_PIXELS
-    max_request_pixels: int = DEFAULT_MAX_PIXELS
+    max_image_pixels: int = setting(
+        DEFAULT_MAX_PIXELS,
+        flag="--max-image-pixels",
+        help="pixels of one image, from its header before decoding (default %(default)s)",
+    )
+    max_request_pixels: int = setting(
+        DEFAULT_MAX_PIXELS,
+        flag="--max-request-pixels",
+        help="pixels of all of a request's images, from their headers before decoding (default %(default)s)",
+    )
     # Decoded pixels of all requests at once (PixelBudget): requests beyond it wait, then get a 503.
-    max_inflight_pixels: int = 2 * DEFAULT_MAX_PIXELS
-    max_request_bytes: int = 64 * 1024 * 1024  # whole HTTP body (base64 images inflate by 4/3)
+    max_inflight_pixels: int = setting(
+        2 * DEFAULT_MAX_PIXELS,
+        flag="--max-inflight-pixels",
+        help="decoded pixels of all requests at once; more wait, then 503 (default %(default)s)",
+    )
+    # The whole HTTP body (base64 images inflate by 4/3).
+    max_request_bytes: int = setting(
+        64 * 1024 * 1024, flag="--max-request-bytes", help="bytes of a request body (a 413 above) (default %(default)s)"
+    )
     # A prompt's UTF-8 bytes, checked before tokenizing (a 2,048-token context fits in far less).
-    max_prompt_bytes: int = 256 * 1024
-    # Bounds checked before the work they bound (each refusal names its flag), see RequestLimits.
-    max_json_elements: int = 65_536  # commas in the raw body, counted before it is parsed
-    # The per-request bounds' defaults are RequestLimits' (one place for each).
-    max_messages: int = DEFAULT_LIMITS.max_messages
-    max_stop_strings: int = DEFAULT_LIMITS.max_stop_strings
-    max_stop_chars: int = DEFAULT_LIMITS.max_stop_chars  # all stop strings together
-    max_stop_token_ids: int = DEFAULT_LIMITS.max_stop_token_ids
-    max_logit_bias: int = DEFAULT_LIMITS.max_logit_bias
+    max_prompt_bytes: int = setting(
+        256 * 1024,
+        flag="--max-prompt-bytes",
+        help="a prompt's UTF-8 bytes, checked before tokenizing (default %(default)s)",
+    )
+    max_json_elements: int = setting(
+        65_536,
+        flag="--max-json-elements",
+        help="JSON elements of a body (its commas, counted before parsing) (default %(default)s)",
+    )
+    # The per-request bounds' defaults are RequestLimits' (one place for each, shared with the engine).
+    max_messages: int = setting(
+        DEFAULT_LIMITS.max_messages, flag="--max-messages", help="chat messages of a request (default %(default)s)"
+    )
+    max_stop_strings: int = setting(
+        DEFAULT_LIMITS.max_stop_strings,
+        flag="--max-stop-strings",
+        help="stop strings of a request (default %(default)s)",
+    )
+    max_stop_chars: int = setting(
+        DEFAULT_LIMITS.max_stop_chars,
+        flag="--max-stop-chars",
+        help="characters of all of a request's stop strings (default %(default)s)",
+    )
+    max_stop_token_ids: int = setting(
+        DEFAULT_LIMITS.max_stop_token_ids,
+        flag="--max-stop-token-ids",
+        help="stop_token_ids of a request (default %(default)s)",
+    )
+    max_logit_bias: int = setting(
+        DEFAULT_LIMITS.max_logit_bias,
+        flag="--max-logit-bias",
+        help="logit_bias entries of a request (default %(default)s)",
+    )
     # Seconds to receive a whole request body (a client that never finishes one gets 408).
-    body_timeout_s: float = 30.0
+    body_timeout_s: float = setting(
+        30.0, flag="--body-timeout", help="seconds to receive a request body (default %(default)s)"
+    )
     # Seconds for a connection to send a request's complete headers, from its opening or its previous
     # response (aiohttp's keep-alive timeout, an hour by default): a slow-header client is cut off.
-    header_timeout_s: float = 30.0
+    header_timeout_s: float = setting(
+        30.0,
+        flag="--header-timeout",
+        help="seconds for a connection to send a request's headers (from opening, or its last response); "
+        "then it is closed (default %(default)s)",
+    )
     # max_tokens when the request has none: this cap, or less to fit the context.
     default_max_tokens: int = 16
     # None: take them from the tokenizer (image: a fallback id if it has none).

@@ -115,11 +115,16 @@ def add_arguments(group: Any, cls: type, *, exclude: Iterable[str] = ()) -> None
         group.add_argument(d.spec.flag, default=d.default, **{k: v for k, v in optional.items() if v is not None})
 
 
+def field_values(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The values of ``cls``'s settings, by field name, from parsed flags by destination (``vars(args)``);
+    a setting whose flag is absent is left out."""
+    return {d.name: d.from_flag(values[d.dest]) for d in declared(cls) if d.dest in values}
+
+
 def from_values(cls: type[T], values: Mapping[str, Any], **given: Any) -> T:
     """An instance of ``cls`` from parsed flags by destination (``vars(args)``); a setting whose flag
     is absent keeps its default; ``given`` sets fields outright (those without a flag among them)."""
-    kwargs = {d.name: d.from_flag(values[d.dest]) for d in declared(cls) if d.dest in values}
-    return cls(**{**kwargs, **given})
+    return cls(**{**field_values(cls, values), **given})
 
 
 def from_args(cls: type[T], args: argparse.Namespace, **given: Any) -> T:
