@@ -124,9 +124,11 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     conc = f", max concurrency {settings.max_concurrency}" if settings.max_concurrency else ""
+    arrivals = describe_arrivals(settings.request_rate, settings.burstiness)
+    if all(s.arrival_s is not None for s in workload):
+        arrivals = "at the dataset's timestamps (--request-rate and --burstiness ignored)"
     print(
-        f"Sending {len(workload)} requests to {base_url}{settings.endpoint}: "
-        f"{describe_arrivals(settings.request_rate, settings.burstiness)}{conc}",
+        f"Sending {len(workload)} requests to {base_url}{settings.endpoint}: {arrivals}{conc}",
         flush=True,
     )
     try:

@@ -32,6 +32,9 @@ def resolve_rate(exp: Experiment, workload: Workload, tokenizer_id: str) -> tupl
     """The experiment at a fixed rate, and a note of how it was fixed; with auto, from a capacity
     probe of the first arm that can serve the workload. None (said on stderr) when no arm could."""
     rate = exp.request_rate
+    if workload and all(s.arrival_s is not None for s in workload):  # a trace's own send times: no probe
+        fixed = math.inf if rate == AUTO else float(rate)
+        return exp.at_rate(fixed), {"rate": fixed, "auto": False, "dataset_arrivals": True}
     if rate != AUTO:
         return exp.at_rate(float(rate)), {"rate": float(rate), "auto": False}
     errors = []

@@ -4,6 +4,7 @@ spec            WorkloadSpec, the workload as one frozen value (common settings 
 base            the Dataset protocol, the Sampling each dataset is given, shared flag checks
 registry        dataset names to datasets: built-ins, register_dataset, the wirebench.datasets entry points
 sonnet          sonnet prompts (benchmark_serving's semantics); random_dataset: random prompts
+sharegpt, custom, trace   replayed from a file: ShareGPT JSON, JSONL requests, a Mooncake trace (files)
 datasets        the workload flags, build_workload, load_workload
 chat, images    a request's chat message and its token count; synthetic images and their data URLs
 sample          SampleRequest, one prepared request
