@@ -75,8 +75,12 @@ def read_json_array(file: Path) -> Iterator[tuple[int, Any]]:
             pos += 1
         return pos
 
+    counted = [0, 1]  # [position, its line]: counted on from the last entry, not from the start
+
     def line_of(pos: int) -> int:
-        return text.count("\n", 0, pos) + 1
+        counted[1] += text.count("\n", counted[0], pos)
+        counted[0] = pos
+        return counted[1]
 
     pos = skip(0)
     if not text.startswith("[", pos):
