@@ -18,7 +18,7 @@ from harness.analysis.runs import RunEntry
 from harness.engine.config import EngineConfig
 from harness.engine.step_time import LINEAR, fixed_ms_of, step_time_model
 from harness.frontend.served import ServedSettings
-from harness.loadgen.runner import LoadSettings
+from harness.loadgen.settings import LoadSettings
 from harness.wire.declare import comparable
 from harness.workloads.registry import datasets
 from harness.workloads.spec import WorkloadSpec

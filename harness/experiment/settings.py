@@ -15,7 +15,7 @@ from harness.engine.config import EngineConfig
 from harness.experiment.arms import ArmSpec
 from harness.experiment.server_flags import engine_of
 from harness.loadgen.client import CHAT_COMPLETIONS, COMPLETIONS
-from harness.loadgen.runner import LoadSettings
+from harness.loadgen.settings import LoadSettings
 from harness.wire.declare import setting
 from harness.workloads.spec import WorkloadSpec
 

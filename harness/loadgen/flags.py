@@ -13,7 +13,8 @@ from typing import Any
 
 from harness.loadgen.arrivals import positive_rate
 from harness.loadgen.metrics import METRICS
-from harness.loadgen.runner import DEFAULT_RESULT_DIR, LoadSettings
+from harness.loadgen.runner import DEFAULT_RESULT_DIR
+from harness.loadgen.settings import LoadSettings
 from harness.wire.declare import add_arguments, declared
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
@@ -26,7 +27,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--tokenizer",
         default=None,
-        help="tokenizer.json used to count prompt tokens (default: the project's embedded tokenizer)",
+        help="tokenizer.json used to count prompt tokens, or 'tekken' (mistral-common's; "
+        "default: the project's embedded tokenizer)",
     )
 
 
