@@ -36,6 +36,8 @@ SCRIPT_OUTPUTS = {
     "seed-10245-vllm-client.json",
     "hostile-costs.json",
     "packed-micro.json",
+    "tekken-cpu.json",
+    "tekken-ids.json",
     "transport-client.json",
     "vllm-parts.json",
     "vllm-timing-check.json",
