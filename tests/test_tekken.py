@@ -144,6 +144,35 @@ def test_frontend_chat_sends_mistral_commons_ids_and_streams_tekken_text(tok: Te
     assert text == tok.decode(script)
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_frontend_chat_images_get_placeholders_at_their_img_tokens(tok: TekkenTokenizer, packed: bool) -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from harness.workloads.images import synthetic_image, to_data_url
+
+    url = to_data_url(synthetic_image(24, 24, 0), "png")
+    parts = [{"type": "text", "text": "Compare"}, {"type": "image_url", "image_url": {"url": url}}]
+    body = {"model": "wirebench-tiny", "messages": [{"role": "user", "content": parts}], "max_tokens": 2}
+
+    async def go() -> tuple[int, FakeEngine]:
+        engine = FakeEngine(tok.encode("ok then"))
+        engine.packed_token_ids = packed
+        app = build_app(engine, tok, FrontendSettings(image_tokens=3))
+        async with TestClient(TestServer(app)) as client:
+            resp = await client.post("/v1/chat/completions", json=body)
+            return resp.status, engine
+
+    status, engine = asyncio.run(go())
+    assert status == 200
+    req = engine.requests[0]
+    ids = list(req.prompt_token_ids)
+    (placeholder,) = req.mm_placeholders
+    assert placeholder.length == 3 and ids[placeholder.offset : placeholder.offset + 3] == [tok.image_token_id] * 3
+    chat_ids = tok.encode_chat(body["messages"])[1]  # type: ignore[arg-type]
+    assert ids == chat_ids[: placeholder.offset] + [10] * 3 + chat_ids[placeholder.offset + 1 :]
+    assert isinstance(req.prompt_token_ids, np.ndarray) == packed
+
+
 def test_the_engine_vocabulary_follows_the_tokenizer_and_is_recorded(tok: TekkenTokenizer) -> None:
     from harness.engine.executor import limits_info
 
