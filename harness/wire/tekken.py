@@ -44,7 +44,7 @@ from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 
 from harness.wire.messages import pack_token_ids
-from harness.wire.tokenizer import IncrementalDetokenizer, TextTokenizer, TokenArray
+from harness.wire.tokenizer import IncrementalDetokenizer, TextTokenizer, TokenArray, content_pieces
 
 TEKKEN_NAME = "tekken"
 TEKKEN_FILE = Path(mistral_common.__file__).resolve().parent / "data" / "tekken_240911.json"
@@ -165,27 +165,9 @@ class TekkenTokenizer(TextTokenizer):
         return self._render(content, where, IMAGE_TOKEN)
 
     def _render(self, content: Any, where: str, image: str) -> str:
-        if content is None or isinstance(content, str):
-            return content or ""
-        if not isinstance(content, Sequence) or isinstance(content, bytes):
-            raise ValueError(f"{where} must be a string or a list of content parts")
-        pieces: list[str] = []
-        for j, part in enumerate(content):
-            if not isinstance(part, Mapping):
-                raise ValueError(f"{where}[{j}] must be an object")
-            kind = part.get("type")
-            if kind == "text":
-                text = part.get("text")
-                if not isinstance(text, str):
-                    raise ValueError(f"{where}[{j}].text must be a string")
-                if _IMAGE_SENTINEL in text:
-                    raise ValueError(f"{where}[{j}].text holds U+F0000, which tekken chat reserves for images")
-                pieces.append(text)
-            elif kind == "image_url":
-                pieces.append(image)
-            else:
-                raise ValueError(f"{where}[{j}].type must be 'text' or 'image_url', got {kind!r}")
-        return "\n\n".join(pieces)
+        if any(_IMAGE_SENTINEL in piece for piece in content_pieces(content, where, "")):
+            raise ValueError(f"{where} holds U+F0000, which tekken chat reserves for images")
+        return "\n\n".join(content_pieces(content, where, image))
 
     def _place_images(self, ids: list[int]) -> list[int]:
         """Replace the tokens that spell each image sentinel by one ``[IMG]`` id."""

@@ -184,27 +184,31 @@ class TextTokenizer:
 
     def render_content(self, content: Any, where: str = "content") -> str:
         """Text of one message's content: a string, None, or a list of content parts."""
-        if content is None:
-            return ""
-        if isinstance(content, str):
-            return content
-        if not isinstance(content, Sequence) or isinstance(content, bytes):
-            raise ValueError(f"{where} must be a string or a list of content parts")
-        pieces: list[str] = []
-        for j, part in enumerate(content):
-            if not isinstance(part, Mapping):
-                raise ValueError(f"{where}[{j}] must be an object")
-            kind = part.get("type")
-            if kind == "text":
-                text = part.get("text")
-                if not isinstance(text, str):
-                    raise ValueError(f"{where}[{j}].text must be a string")
-                pieces.append(text)
-            elif kind == "image_url":
-                pieces.append(self.image_marker)
-            else:
-                raise ValueError(f"{where}[{j}].type must be 'text' or 'image_url', got {kind!r}")
-        return "\n".join(pieces)
+        return "\n".join(content_pieces(content, where, self.image_marker))
+
+
+def content_pieces(content: Any, where: str, image: str) -> list[str]:
+    """One message's content as pieces of text, each image part as ``image``: a string or None is one
+    piece, an OpenAI content-parts list one per part. Raises ValueError naming ``where`` on a bad part."""
+    if content is None or isinstance(content, str):
+        return [content or ""]
+    if not isinstance(content, Sequence) or isinstance(content, bytes):
+        raise ValueError(f"{where} must be a string or a list of content parts")
+    pieces: list[str] = []
+    for j, part in enumerate(content):
+        if not isinstance(part, Mapping):
+            raise ValueError(f"{where}[{j}] must be an object")
+        kind = part.get("type")
+        if kind == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise ValueError(f"{where}[{j}].text must be a string")
+            pieces.append(text)
+        elif kind == "image_url":
+            pieces.append(image)
+        else:
+            raise ValueError(f"{where}[{j}].type must be 'text' or 'image_url', got {kind!r}")
+    return pieces
 
 
 class IncrementalDetokenizer:
