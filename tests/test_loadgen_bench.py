@@ -11,6 +11,7 @@ import _thread
 import argparse
 import asyncio
 import json
+import signal
 import socket
 import threading
 import time
@@ -357,6 +358,8 @@ def test_ctrl_c_saves_what_it_has(server: FakeOpenAIServer, tmp_path: Path, monk
             "partial.json",
         ]
     )
+    # Python's SIGINT handler, whatever this test process inherited (a background job's is ignored).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     stop = threading.Event()
     seen_before = server.state.frontend.encode_count  # the server is shared with earlier tests
 
@@ -377,6 +380,7 @@ def test_ctrl_c_saves_what_it_has(server: FakeOpenAIServer, tmp_path: Path, monk
     finally:
         stop.set()
         watcher.join()
+        signal.signal(signal.SIGINT, previous)
     assert code == cli.EXIT_INTERRUPTED
     doc = json.loads((tmp_path / "partial.json").read_text())
     assert doc["interrupted"] is True and doc["failed"] > 0

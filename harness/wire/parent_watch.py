@@ -45,5 +45,11 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def terminate_as_interrupt() -> None:
-    """SIGTERM takes the command's Ctrl-C path."""
+    """SIGTERM takes the command's Ctrl-C path.
+
+    A command a shell without job control started in the background inherits SIGINT ignored, and
+    Python then leaves it so: the SIGTERM raised as SIGINT would be lost and ``kill PID`` would not
+    stop the run. Python's own SIGINT handler is put back in that case."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
