@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import zmq
+
+from harness.engine.config import EngineConfig
+from harness.engine.process import run_engine
 from harness.experiment.server import ServerProcess
+from harness.wire import transport
+from harness.wire.transport import EngineAddresses
 
 
 def child_pids(pid: int) -> list[int]:
@@ -84,3 +93,28 @@ def free_port_pair() -> int:
                 return port
             except OSError:
                 continue
+
+
+@contextmanager
+def sim_engine() -> Iterator[tuple[multiprocessing.process.BaseProcess, zmq.Socket, zmq.Socket]]:
+    """A real engine process on tcp (msgspec, the sim executor) with a PUSH socket to its input and a
+    PULL socket from its output, shut down and its sockets closed afterwards."""
+    addrs = EngineAddresses.tcp("127.0.0.1", free_port_pair())
+    config = EngineConfig(codec="msgspec", executor="sim", sim_step_fixed_ms=0.5, vocab_size=4096, eos_token_id=1)
+    proc = multiprocessing.get_context("spawn").Process(target=run_engine, args=(config, addrs, "CRITICAL", True))
+    proc.start()
+    ctx: zmq.Context = zmq.Context()
+    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    try:
+        push.connect(addrs.input)
+        pull.connect(addrs.output)
+        pull.setsockopt(zmq.RCVTIMEO, 20_000)
+        yield proc, push, pull
+    finally:
+        push.send(transport.envelope(transport.SHUTDOWN))
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()
+        push.close(linger=0)
+        pull.close(linger=0)
+        ctx.term()

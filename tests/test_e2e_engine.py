@@ -6,7 +6,6 @@ plays the frontend with raw ZeroMQ sockets.
 
 from __future__ import annotations
 
-import multiprocessing
 import subprocess
 import sys
 import time
@@ -14,36 +13,17 @@ import time
 import pytest
 import zmq
 
-from harness.engine.config import EngineConfig
-from harness.engine.process import run_engine
 from harness.wire import transport
 from harness.wire.messages import EngineCoreOutputs, EngineCoreRequest, FinishReason, SamplingParams
-from harness.wire.transport import EngineAddresses
 from wirecodecs import get_codec
 
-from serve_process import free_port_pair, pid_alive
+from serve_process import pid_alive, sim_engine
 
 
 @pytest.fixture
 def engine():
-    port = free_port_pair()
-    addrs = EngineAddresses.tcp("127.0.0.1", port)
-    config = EngineConfig(codec="msgspec", executor="sim", sim_step_fixed_ms=0.5, vocab_size=4096, eos_token_id=1)
-    proc = multiprocessing.get_context("spawn").Process(target=run_engine, args=(config, addrs, "CRITICAL", True))
-    proc.start()
-    ctx: zmq.Context = zmq.Context()
-    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
-    push.connect(addrs.input)
-    pull.connect(addrs.output)
-    pull.setsockopt(zmq.RCVTIMEO, 20_000)
-    yield proc, push, pull
-    push.send(transport.envelope(transport.SHUTDOWN))
-    proc.join(timeout=10)
-    if proc.is_alive():
-        proc.kill()
-    push.close(linger=0)
-    pull.close(linger=0)
-    ctx.term()
+    with sim_engine() as running:
+        yield running
 
 
 def next_outputs(pull: zmq.Socket) -> EngineCoreOutputs:

@@ -185,29 +185,13 @@ def test_the_engines_bounds_are_the_ones_serve_was_given():
 def test_an_oversize_request_from_the_peer_fails_alone():
     """Straight onto a real engine's socket: each oversize request gets an error output of its own,
     and a normal request sent after them all completes."""
-    import multiprocessing
-
-    import zmq
-
-    from harness.engine.config import EngineConfig
-    from harness.engine.process import run_engine
     from harness.wire import transport
-    from harness.wire.transport import EngineAddresses
     from wirecodecs import get_codec
 
-    from serve_process import free_port_pair
+    from serve_process import sim_engine
 
-    addrs = EngineAddresses.tcp("127.0.0.1", free_port_pair())
-    config = EngineConfig(codec="msgspec", executor="sim", sim_step_fixed_ms=0.5, vocab_size=4096, eos_token_id=1)
-    proc = multiprocessing.get_context("spawn").Process(target=run_engine, args=(config, addrs, "CRITICAL", True))
-    proc.start()
     codec = get_codec("msgspec")
-    ctx: zmq.Context = zmq.Context()
-    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
-    try:
-        push.connect(addrs.input)
-        pull.connect(addrs.output)
-        pull.setsockopt(zmq.RCVTIMEO, 20_000)
+    with sim_engine() as (proc, push, pull):
         for name, (fields, _) in OVERSIZE.items():
             req = _engine_request(name, max_tokens=1000, **fields)
             push.send_multipart([transport.envelope(transport.ADD, name), *codec.encode(req)])
@@ -233,14 +217,6 @@ def test_an_oversize_request_from_the_peer_fails_alone():
         ), errors
         assert len(good) == 20 and finished
         assert proc.is_alive()
-    finally:
-        push.send(transport.envelope(transport.SHUTDOWN))
-        proc.join(timeout=10)
-        if proc.is_alive():
-            proc.kill()
-        push.close(linger=0)
-        pull.close(linger=0)
-        ctx.term()
 
 
 @pytest.mark.slow
