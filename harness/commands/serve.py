@@ -31,7 +31,6 @@ from harness.frontend.settings import FrontendSettings
 from harness.frontend.shm_sender import ShmSender
 from harness.wire import curve, declare, parent_watch, shm, transport
 from harness.wire.heap import freeze_heap
-from harness.wire.limits import RequestLimits
 from harness.wire.policy import LinkSettings, check_shm, check_transport_safety, insecure_warnings
 from harness.wire.spans import trace_events
 from harness.wire.transport import EngineAddresses
@@ -150,14 +149,10 @@ def engine_config_from_args(args: argparse.Namespace, tokenizer: Any) -> EngineC
         seed=args.seed,
         vocab_size=tokenizer.vocab_size,
         eos_token_id=tokenizer.eos_token_id,
-        request_limits=RequestLimits(  # the engine checks the frontend's bounds again
-            max_prompt_tokens=args.max_model_len,
-            max_messages=args.max_messages,
-            max_stop_strings=args.max_stop_strings,
-            max_stop_chars=args.max_stop_chars,
-            max_stop_token_ids=args.max_stop_token_ids,
-            max_logit_bias=args.max_logit_bias,
-        ),
+        # The engine checks the frontend's bounds again: the same values, from the same declared flags.
+        request_limits=FrontendSettings(
+            max_model_len=args.max_model_len, **declare.field_values(FrontendSettings, vars(args))
+        ).limits(),
     )
 
 
