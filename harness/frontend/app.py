@@ -225,7 +225,7 @@ async def _read_json(request: web.Request) -> Any:
         ) from None
     if len(raw) >= PARSE_OFF_LOOP_BYTES:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(request.app[PARSER], parse_json_body, raw, settings.max_json_elements)
+        return await loop.run_in_executor(request.app[PARSER], _parse_then_yield, raw, settings.max_json_elements)
     return parse_json_body(raw, settings.max_json_elements)
 
 
@@ -248,10 +248,21 @@ async def _receive(request: web.Request, limit: int) -> bytearray:
 # Bodies this large or larger are counted and parsed on a worker thread: on the loop, a 60 MB body held
 # it ~115 ms, and eight at once stalled /health ~1 s; smaller ones stay inline (a thread hop costs more
 # than they take). Neither count nor parse releases the GIL: the count goes by windows, so the loop can
-# take the GIL between them, and one thread parses (PARSER), so the loop competes with one parse at a
-# time, not with a queue of them.
+# take the GIL between them, and one thread parses (PARSER), pausing after each parse as long as it
+# took (_parse_then_yield), so the loop competes with one parse at a time and gets turns between them.
 PARSE_OFF_LOOP_BYTES = 1 << 20
 _COUNT_WINDOW = 1 << 20
+
+
+def _parse_then_yield(raw: bytearray, max_elements: int) -> Any:
+    """parse_json_body on the parser thread, then as long a pause before the next parse: the decode
+    holds the GIL throughout, and each turn of the loop (which lets the GIL go in its poll) can wait a
+    whole one, so without the pause a queue of large bodies leaves the loop one GIL turn per decode."""
+    start = time.perf_counter()
+    try:
+        return parse_json_body(raw, max_elements)
+    finally:
+        time.sleep(time.perf_counter() - start)
 
 
 def _count_commas(raw: bytes | bytearray) -> int:

@@ -2,7 +2,8 @@
 
 A fresh `bench serve --codec msgspec-oob` (tiny model); a prober process polls /health every 10 ms;
 the bodies (a text prompt filling the body, refused after parsing for its length) are encoded
-before any timer starts. Prints each round's statuses and /health's slowest answer.
+before any timer starts. Prints each round's statuses and /health's slowest answer; ``--out``
+also writes them to a JSON file.
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import platform
 import time
 import urllib.request
+from datetime import UTC, datetime
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
+from pathlib import Path
 
 import aiohttp
 
@@ -47,12 +51,14 @@ def main() -> None:
     p.add_argument("--bodies", type=int, default=8, help="bodies sent at once")
     p.add_argument("--mb", type=float, default=60.0, help="each body's size, MB")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", type=Path, help="also write the rounds to this JSON file")
     args = p.parse_args()
     prompt = "a" * int(args.mb * 1e6)
     body = json.dumps({"model": "wirebench-tiny", "prompt": prompt, "max_tokens": 16}).encode()
     server = ServerProcess("msgspec-oob", [])
     base = server.wait_ready(120)
     ctx = multiprocessing.get_context("spawn")
+    rounds = []
     try:
         for r in range(args.rounds):
             stop, out = ctx.Event(), ctx.Queue()
@@ -71,8 +77,21 @@ def main() -> None:
                 f"all answered in {took:.2f} s, /health slowest {worst * 1000:.0f} ms",
                 flush=True,
             )
+            rounds.append(
+                {"statuses": sorted(set(statuses)), "answered_s": round(took, 2), "health_max_ms": round(worst * 1000)}
+            )
     finally:
         server.stop()
+    if args.out:
+        doc = {
+            "study": "big_bodies",
+            "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+            "machine": {"cpus": multiprocessing.cpu_count(), "python": platform.python_version()},
+            "bodies": args.bodies,
+            "mb": args.mb,
+            "rounds": rounds,
+        }
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -279,12 +279,16 @@ def markdown(doc: dict[str, Any]) -> str:
         "| live streams' longest wait (before → during) | memory, peak added (kept after) |",
         "|---|---|---|---|---|---|---|",
     ]
+
+    def ms(before_during: dict[str, float]) -> str:  # NaN: no sample fell in that window
+        b, d = (f"{v:.0f}" if v == v else "–" for v in (before_during["before"], before_during["during"]))
+        return f"{b} → {d} ms"
+
     for c in doc["cases"]:
-        h, g = c["health_max_ms"], c["stream_gap_max_ms"]
         lines.append(
             f"| {c['case']} | `{c['flag']}` ({c['default']}) | {', '.join(map(str, c['statuses']))} "
-            f"| {c['handled_s']:.2f} s | {h['before']:.0f} → {h['during']:.0f} ms | {g['before']:.0f} → "
-            f"{g['during']:.0f} ms | {c['rss_peak_added_mb']:+.0f} MB ({c['rss_kept_mb']:+.0f} MB) |"
+            f"| {c['handled_s']:.2f} s | {ms(c['health_max_ms'])} | {ms(c['stream_gap_max_ms'])} "
+            f"| {c['rss_peak_added_mb']:+.0f} MB ({c['rss_kept_mb']:+.0f} MB) |"
         )
     return "\n".join(lines)
 
