@@ -287,7 +287,8 @@ def test_a_workload_records_the_flat_keys_of_its_flags() -> None:
     record = parse("--sonnet-input-len", "300", "--seed", "2").record()
     assert record == {
         **{"dataset_name": "sonnet", "dataset_path": None, "num_prompts": 1000, "images_per_request": 0},
-        **{"image_width": 512, "image_height": 512, "image_format": "png", "seed": 2, "tokenizer": None},
+        **{"image_width": 512, "image_height": 512, "image_format": "png", "image_reuse": 0.0},
+        **{"seed": 2, "tokenizer": None},
         **{"sonnet_input_len": 300, "sonnet_output_len": 150, "sonnet_prefix_len": 200},
     }
     assert parse("--dataset-name", "random").record()["random_range_ratio"] == 0.0

@@ -22,6 +22,9 @@ class Sampling:
     seed: int = 0  # --seed: the same seed gives the same requests, byte for byte
     dataset_path: str | None = None  # --dataset-path, for a dataset that reads a file
     images: ImageSpec | None = None  # only given to a dataset that takes images
+    # How a dataset that draws its own images (random-mm) encodes them and how often it repeats one.
+    image_format: str = "png"  # --image-format
+    image_reuse: float = 0.0  # --image-reuse
 
 
 class Dataset(Protocol):
@@ -29,7 +32,10 @@ class Dataset(Protocol):
 
     ``options`` is a frozen dataclass of the dataset's own settings, each declared with
     ``harness.wire.declare.setting``: its flags (named after the dataset, e.g. ``--sonnet-input-len``),
-    defaults and help, the keys a run file records, and which make two runs incomparable.
+    defaults and help, the keys a run file records, and which make two runs incomparable. An options
+    class may inherit another dataset's (random-mm's inherits random's) to share its flags. A dataset
+    that draws images of its own, not by ``--images-per-request``, gives its options a ``has_images``
+    property (true when its requests carry images).
     """
 
     name: str  # its --dataset-name

@@ -3,14 +3,15 @@
 Each dataset is one module and an entry of the registry (``harness.workloads.registry``): ``sonnet``
 and ``random`` keep vLLM benchmark_serving's semantics (their modules' docstrings say how), and a
 dataset registered by code or entry point is sampled, flagged, recorded and compared the same way.
-Images (``--images-per-request``) go only to a dataset that takes them.
+Images (``--images-per-request``) go only to a dataset that takes them; ``random-mm`` draws its
+own; ``--image-reuse`` repeats earlier ones in either.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from harness.wire.declare import add_arguments
+from harness.wire.declare import add_arguments, declared
 from harness.wire.tokenizer import TextTokenizer
 from harness.workloads.chat import chat_prompt_len, user_message
 from harness.workloads.registry import datasets
@@ -27,8 +28,10 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
     then every registered dataset's own."""
     g = parser.add_argument_group("workload")
     add_arguments(g, WorkloadSpec)
-    for dataset in datasets():
-        add_arguments(g, dataset.options)
+    added: set[str] = set()
+    for dataset in datasets():  # a flag two datasets share (random-mm's text flags are random's) once
+        add_arguments(g, dataset.options, exclude=added)
+        added.update(d.dest for d in declared(dataset.options))
 
 
 def build_workload(spec: WorkloadSpec, tokenizer: TextTokenizer) -> list[SampleRequest]:
@@ -37,6 +40,8 @@ def build_workload(spec: WorkloadSpec, tokenizer: TextTokenizer) -> list[SampleR
     if spec.images_per_request and not dataset.takes_images:
         takers = " or ".join(d.name for d in datasets() if d.takes_images)
         raise ValueError(f"--images-per-request needs --dataset-name {takers}")
+    if spec.image_reuse and not spec.has_images:
+        raise ValueError("--image-reuse needs images: --images-per-request with sonnet, or random-mm")
     return dataset.sample(tokenizer, spec.options, spec.sampling)
 
 

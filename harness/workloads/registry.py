@@ -23,6 +23,7 @@ from harness.wire.declare import declared
 from harness.workloads.base import Dataset
 from harness.workloads.custom import CUSTOM
 from harness.workloads.random_dataset import RANDOM
+from harness.workloads.random_mm import RANDOM_MM
 from harness.workloads.sharegpt import SHAREGPT
 from harness.workloads.sonnet import SONNET
 from harness.workloads.trace import TRACE
@@ -39,12 +40,20 @@ def register_dataset(dataset: D) -> D:
     if dataset.name in _datasets and _datasets[dataset.name] is not dataset:
         raise ValueError(f"a dataset named {dataset.name!r} is already registered")
     others = [other for other in _datasets.values() if other is not dataset]
-    taken = {d.dest: other.name for other in others for d in declared(other.options)}
+    taken = {d.dest: other.name for other in others if not _inherits(dataset, other) for d in declared(other.options)}
     for d in declared(dataset.options):
         if d.dest in taken:
             raise ValueError(f"dataset {dataset.name!r}: {d.spec.flag} is already dataset {taken[d.dest]!r}'s")
     _datasets[dataset.name] = dataset
     return dataset
+
+
+def _inherits(a: Dataset, b: Dataset) -> bool:
+    """Whether one dataset's options extend the other's, so that they share its flags (random-mm's
+    text settings are random's); the same class for both shares nothing."""
+    if a.options is b.options:
+        return False
+    return issubclass(a.options, b.options) or issubclass(b.options, a.options)
 
 
 def unregister_dataset(name: str) -> None:
@@ -85,5 +94,5 @@ def get_dataset(name: str) -> Dataset:
     return found
 
 
-for _builtin in (SONNET, RANDOM, SHAREGPT, CUSTOM, TRACE):
+for _builtin in (SONNET, RANDOM, RANDOM_MM, SHAREGPT, CUSTOM, TRACE):
     register_dataset(_builtin)

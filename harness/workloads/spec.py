@@ -18,6 +18,15 @@ from harness.workloads.base import Dataset, Sampling, non_negative_int, positive
 from harness.workloads.images import ImageSpec
 from harness.workloads.registry import dataset_names, get_dataset
 
+
+def reuse_share(text: str) -> float:
+    """argparse type of --image-reuse: a probability, in [0, 1]."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
+
+
 # benchmark_serving's default, and the size of the seed measurement (1,000 sonnet prompts); with the
 # tiny CPU model a run of them takes well under a minute.
 DEFAULT_NUM_PROMPTS = 1000
@@ -76,6 +85,16 @@ class WorkloadSpec:
         help="encoding of the synthetic images (default: %(default)s)",
         comparable=True,
     )
+    image_reuse: float = setting(
+        0.0,
+        flag="--image-reuse",
+        type=reuse_share,
+        metavar="P",
+        help="probability that an image repeats, byte for byte, one of an earlier request (of its size, "
+        "not yet in its request), else it is new; about a share P of the images repeat "
+        "(default: %(default)s)",
+        comparable=True,
+    )
     seed: int = setting(
         0,
         flag="--seed",
@@ -90,7 +109,7 @@ class WorkloadSpec:
         kind = self.dataset.options
         if self.options is None:
             object.__setattr__(self, "options", kind())
-        elif not isinstance(self.options, kind):
+        elif type(self.options) is not kind:  # exactly: random-mm's options are a subclass of random's
             raise ValueError(f"dataset {self.dataset_name!r} takes {kind.__name__}, not {type(self.options).__name__}")
 
     @classmethod
@@ -106,14 +125,16 @@ class WorkloadSpec:
 
     @property
     def has_images(self) -> bool:
-        return self.images_per_request > 0
+        """Whether requests carry images: by --images-per-request, or drawn by the dataset (random-mm)."""
+        return self.images_per_request > 0 or bool(getattr(self.options, "has_images", False))
 
     @property
     def sampling(self) -> Sampling:
         images = None
         if self.images_per_request:
-            images = ImageSpec(self.images_per_request, self.image_width, self.image_height, self.image_format)
-        return Sampling(self.num_prompts, self.seed, self.dataset_path, images)
+            size = (self.image_width, self.image_height)
+            images = ImageSpec(self.images_per_request, *size, self.image_format, self.image_reuse)
+        return Sampling(self.num_prompts, self.seed, self.dataset_path, images, self.image_format, self.image_reuse)
 
     def with_options(self, **changes: Any) -> WorkloadSpec:
         """This workload with some of its dataset's own settings changed; ValueError for one it lacks."""
