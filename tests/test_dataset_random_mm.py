@@ -137,6 +137,9 @@ def test_two_runs_with_different_reuse_are_not_compared() -> None:
     assert arm_differences([arm("a", a), arm("b", b)]) == ["b: image_reuse: a 0.0, b 0.5"]
     c = parse("--random-mm-bucket-config", "{(16, 24, 1): 1}")
     assert [d.split(":")[1] for d in arm_differences([arm("a", a), arm("c", c)])] == [" random_mm_bucket_config"]
+    # A run file from before --image-reuse repeated no image.
+    older = Arm("older", [RunEntry("older", 0, "ok", "", None, {"metadata": {"flags": {"dataset_name": "random-mm"}}})])
+    assert arm_differences([older, arm("b", b)]) == ["b: image_reuse: older 0.0, b 0.5"]
 
 
 # -- items per request and their sizes --------------------------------------------------------

@@ -110,4 +110,5 @@ def test_the_load_and_plan_settings_that_shape_a_run_are_compared() -> None:
     assert "warmup_requests" not in base  # untimed: it changes no figure
     assert settings("--block-size", "5")["block_size"] == 5 and settings("--logprobs", "2")["logprobs"] == 2
     old = RunEntry("pickle", 0, "ok", "", None, {"metadata": {"flags": {"endpoint": "/v1/completions"}}}, None)
-    assert run_settings(old) == {"endpoint": "/v1/completions", "block_size": 0}  # blocks came later: absent is 0
+    # Blocks and image reuse came later: absent is 0.
+    assert run_settings(old) == {"endpoint": "/v1/completions", "block_size": 0, "image_reuse": 0.0}

@@ -36,7 +36,8 @@ def compared_settings() -> tuple[str, ...]:
     return (*workload, *comparable(ServedSettings, EngineConfig, LoadSettings), *PLAN_SETTINGS)
 
 
-DEFAULTS = {"block_size": 0}  # its absence meant sequential turns
+# What an absent flag meant: block_size's absence sequential turns, image_reuse's no image repeated.
+DEFAULTS = {"block_size": 0, "image_reuse": 0.0}
 MACHINE = ("hostname", "machine", "cpu_model", "cpu_usable")  # from a run file's metadata, when both have it
 
 
