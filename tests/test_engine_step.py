@@ -244,7 +244,7 @@ def test_info_reports_device_model_kv_and_sdpa(executor):
     assert all(v != "unknown" for v in info["sdpa"].values()), info["sdpa"]
     assert info["compile"] is False and "device_warning" not in info
     sim = SimExecutor(make_config(kv_cache_tokens=300)).info()
-    assert sim["kv_cache_tokens"] == 300 and sim["kv_cache_tokens_set"] is True
+    assert sim["kv_cache_tokens"] == 288 and sim["kv_cache_tokens_set"] is True  # whole blocks of 16
     assert sim["max_seqs_at_max_model_len"] == 2
 
 

@@ -130,7 +130,7 @@ def test_greedy_tokens_match_a_model_prefill(torch_executor):
     seq = list(r.prompt_token_ids)
     with torch.inference_mode():
         for t in toks:
-            logits = model.prefill(model.embed(torch.tensor(seq)), slot=3, start=0)
+            logits = model.prefill(model.embed(torch.tensor(seq)), slot=2, start=0)
             assert int(logits[: cfg.vocab_size].argmax()) == t
             seq.append(t)
 
@@ -232,7 +232,7 @@ def test_penalties_follow_the_token_history(torch_executor):
     prompt = list(r.prompt_token_ids)
     with torch.inference_mode():
         for i, t in enumerate(toks):
-            logits = model.prefill(model.embed(torch.tensor(prompt + toks[:i])), slot=3, start=0)
+            logits = model.prefill(model.embed(torch.tensor(prompt + toks[:i])), slot=2, start=0)
             assert _reference_pick(logits[: cfg.vocab_size], r.sampling_params, prompt, toks[:i]) == t
     # The default request beside it is unaffected, and keeps no token history.
     alone = serve(

@@ -84,7 +84,8 @@ def test_one_step_of_decodes_and_chunks_equals_each_sequence_alone(model):
         ref[s] = model.prefill(model.embed(seqs[s]), slot=5, start=0, all_logits=True)  # [40, V]
     for s, n in ((0, 30), (1, 12), (3, 10)):  # what each slot has cached
         model.prefill(model.embed(seqs[s][:n]), slot=s, start=0)
-    plan = StepPlan([1, 0], [12, 30], [Chunk(2, 0, 17), Chunk(3, 10, 25)])
+    tb = model.slot_blocks
+    plan = StepPlan([tb(1), tb(0)], [12, 30], [Chunk(tb(2), 0, 17), Chunk(tb(3), 10, 25)])
     ids = torch.cat([seqs[1][12:13], seqs[0][30:31], seqs[2][:17], seqs[3][10:35]])
     batch, _ = model.stage(plan)
     logits = model.forward_step(model.embed(ids), batch)
@@ -94,8 +95,8 @@ def test_one_step_of_decodes_and_chunks_equals_each_sequence_alone(model):
     # Only the rows asked for go through the LM head.
     rows = torch.tensor(plan.last_rows())
     torch.testing.assert_close(model.forward_step(model.embed(ids), model.stage(plan)[0], rows), expected[rows])
-    with pytest.raises(ValueError, match="twice"):
-        model.stage(StepPlan([1], [3], [Chunk(1, 0, 4)]))
+    with pytest.raises(ValueError, match="same KV block"):
+        model.stage(StepPlan([tb(1)], [3], [Chunk(tb(1), 0, 4)]))
 
 
 def test_sdpa_backends_are_reported(model):

@@ -26,9 +26,9 @@ from harness.engine.config import EngineConfig, codec_spec
 from harness.experiment.server import ready_line
 from harness.experiment.server_flags import add_model_arguments
 from harness.frontend.engine_client import REQUEST_TIMEOUT_S, ZmqEngineClient
+from harness.frontend.mm_senders import frame_sender
 from harness.frontend.served import ServedSettings
 from harness.frontend.settings import FrontendSettings
-from harness.frontend.shm_sender import ShmSender
 from harness.wire import curve, declare, parent_watch, shm, transport
 from harness.wire.heap import freeze_heap
 from harness.wire.policy import LinkSettings, check_shm, check_transport_safety, insecure_warnings
@@ -99,7 +99,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=shm.DEFAULT_THRESHOLD,
         metavar="BYTES",
-        help=f"shm: smaller frames stay in the message (default {shm.DEFAULT_THRESHOLD})",
+        help=f"every transport but zmq: smaller frames stay in the message (default {shm.DEFAULT_THRESHOLD})",
     )
     t.add_argument(
         "--engine-stall-timeout",
@@ -215,14 +215,15 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
     process = None
     client: ZmqEngineClient | None = None
     runner: web.AppRunner | None = None
+    sender = None
     try:
-        arena = shm.Arena(args.shm_size << 20) if link.transport == "shm" else None
+        sender, segment = frame_sender(link, args.shm_size << 20, args.shm_threshold)
         if not args.frontend_only:
             ctx = multiprocessing.get_context("spawn")
             engine_addresses = (
                 replace(addresses, curve=curve.for_engine(addresses.curve)) if addresses.curve else addresses
             )
-            engine_addresses = replace(engine_addresses, frontend_segment=arena.name if arena else None)
+            engine_addresses = replace(engine_addresses, frontend_segment=segment)
             process = ctx.Process(
                 target=run_engine,
                 args=(config, engine_addresses, args.log_level, True),
@@ -238,7 +239,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
             heartbeat_timeout_s=args.engine_stall_timeout,
             request_timeout_s=args.request_timeout,
             verify=served.verify,
-            shm=ShmSender(arena, args.shm_threshold) if arena is not None else None,
+            shm=sender,
             is_process_alive=(process.is_alive if process else None),
             owns_engine=not args.frontend_only,
             spans=config.spans,
@@ -297,6 +298,8 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
             await client.shutdown()
             if args.trace_file:
                 write_trace(args.trace_file, client, process.pid if process else None)
+        elif sender is not None:  # a start that failed before the client took the sender
+            sender.close()
         if process is not None:
             process.join(timeout=5)
             if process.is_alive():

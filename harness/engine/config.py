@@ -78,16 +78,22 @@ class EngineConfig:
     max_num_seqs: int = setting(64, flag="--max-num-seqs", comparable=True)
     max_num_batched_tokens: int = setting(2048, flag="--max-num-batched-tokens", comparable=True)
     max_model_len: int = setting(2048, flag="--max-model-len", comparable=True)
-    # KV-cache tokens admission may reserve across running sequences (each
-    # request reserves prompt + max_tokens). None: what the preallocated cache
-    # holds, max_num_seqs x max_model_len (one slot of max_model_len per
-    # sequence), so max_num_seqs is the only admission limit. A smaller value
-    # admits fewer requests; the cache's memory does not change.
+    # The paged KV cache (harness.engine.kv_blocks): blocks of kv_block_size tokens, as many as
+    # kv_cache_tokens holds. None: max_num_seqs x max_model_len tokens, the memory the cache took when
+    # each sequence pinned a whole max_model_len; paged, the same memory holds many more short sequences.
     kv_cache_tokens: int | None = setting(
         None,
         flag="--kv-cache-tokens",
         type=int,
-        help="KV tokens admission may reserve (prompt + max_tokens a request); default max-num-seqs x max-model-len",
+        help="KV tokens the paged cache holds (rounded down to whole blocks); default max-num-seqs x max-model-len",
+    )
+    kv_block_size: int = setting(16, flag="--kv-block-size", help="tokens per KV cache block", comparable=True)
+    # Reuse the KV of full blocks whose tokens (and images) an earlier request already computed.
+    prefix_caching: bool = setting(
+        True,
+        flag="--no-prefix-caching",
+        help="compute every prompt in full (default: reuse cached KV blocks of a shared prompt prefix)",
+        comparable=True,
     )
     # Chunk prefills longer than this when other requests are running or
     # waiting; above the default sonnet prompt (~550 tokens plus the chat
@@ -130,10 +136,14 @@ class EngineConfig:
 
     @property
     def kv_capacity(self) -> int:
-        """KV tokens admission may reserve: ``kv_cache_tokens``, or max_num_seqs x max_model_len when None."""
-        if self.kv_cache_tokens is not None:
-            return self.kv_cache_tokens
-        return self.max_num_seqs * self.max_model_len
+        """KV tokens the cache holds: ``num_kv_blocks`` x ``kv_block_size``."""
+        return self.num_kv_blocks * self.kv_block_size
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+    @property
+    def num_kv_blocks(self) -> int:
+        """Blocks of the paged KV cache: ``kv_cache_tokens`` (or max_num_seqs x max_model_len) in whole blocks."""
+        tokens = self.kv_cache_tokens if self.kv_cache_tokens is not None else self.max_num_seqs * self.max_model_len
+        return tokens // max(self.kv_block_size, 1)
+

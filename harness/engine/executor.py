@@ -118,7 +118,7 @@ class TorchExecutor:
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model_config = get_model_config(config.model_preset, config.vocab_size)
         mc = self.model_config
-        cache_tokens = config.max_num_seqs * config.max_model_len
+        cache_tokens = config.kv_capacity  # the paged cache: num_kv_blocks x kv_block_size
         self.memory = check_fits(
             MemoryPlan(
                 weights=count_params(mc) * self.dtype.itemsize,
@@ -130,7 +130,16 @@ class TorchExecutor:
             ),
             self.device,
         )
-        self.model = build_model(mc, config.max_num_seqs, config.max_model_len, self.device, self.dtype, config.seed)
+        self.model = build_model(
+            mc,
+            config.max_num_seqs,
+            config.max_model_len,
+            self.device,
+            self.dtype,
+            config.seed,
+            num_blocks=config.num_kv_blocks,
+            block_size=config.kv_block_size,
+        )
         self.vision = build_vision_encoder(
             mc.vision_dim, mc.dim, config.image_tokens, self.device, self.dtype, config.seed + 1
         )
@@ -151,7 +160,8 @@ class TorchExecutor:
         """Compile now rather than in the first requests' TTFT: 1 row, then 2 and 3 (dynamic rows)."""
         with torch.inference_mode():
             for n in (1, 2, 3):
-                plan = StepPlan(chunks=[Chunk(0, 0, n)])  # slot 0's cache is rewritten before any request reads it
+                # Block 0 is rewritten before any request reads it.
+                plan = StepPlan(chunks=[Chunk([0], 0, n)])
                 batch, (ids,) = self.model.stage(plan, [0] * n)
                 self.model.forward_step(self.model.embed(ids), batch)
         synchronize(self.device)
@@ -222,9 +232,9 @@ class TorchExecutor:
     ) -> tuple[dict[str, int], dict[str, Logprobs]]:
         """One forward over decode rows then prefill chunks; sample where a chunk reaches the end."""
         plan = StepPlan(
-            [c.slot for c in decodes],
+            [c.block_ids for c in decodes],
             [c.start_pos for c in decodes],
-            [Chunk(c.slot, c.start_pos, len(c.token_ids)) for c in prefills],
+            [Chunk(c.block_ids, c.start_pos, len(c.token_ids)) for c in prefills],
         )
         # Prompt chunks that arrived packed (int32 views) are cast as arrays, never one Python int per token.
         token_ids = step_token_ids([c.token_ids[0] for c in decodes], [c.token_ids for c in prefills])
@@ -258,10 +268,11 @@ class TorchExecutor:
         st = self.states[c.request_id]
         if st.output_ids is None:  # default penalties: no history to keep
             return SampleRow(st.params, st.generator, c.suppress_token_ids, bias=st.bias)
-        # A chunk past the prompt is a decode, which feeds the newest output
-        # token (the scheduler's record of it); prefill chunks hold prompt only.
-        if c.start_pos >= len(st.prompt_ids or ()):
-            st.output_ids.append(c.token_ids[0])
+        # The history holds the output tokens fed so far: a decode feeds the newest (the scheduler's
+        # record of it); a preempted request's recompute chunk may end with outputs it has not seen.
+        missing = c.start_pos + len(c.token_ids) - len(st.prompt_ids or ()) - len(st.output_ids)
+        if missing > 0:
+            st.output_ids.extend(int(t) for t in c.token_ids[len(c.token_ids) - missing :])
         return SampleRow(
             st.params,
             st.generator,

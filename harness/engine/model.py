@@ -1,25 +1,29 @@
-"""A small Llama-style decoder with a per-slot KV cache.
+"""A small Llama-style decoder with a paged KV cache.
 
 RMSNorm, rotary position embeddings, a SwiGLU MLP and grouped-query attention.
 Weights are random from a fixed seed: wirebench measures serving overhead, so
 the model only has to cost what a real one of its shape costs.
 
-The KV cache is preallocated: per layer, K and V buffers of shape
-[max_num_seqs, n_kv_heads, max_model_len, head_dim]. Each running sequence owns
-one *slot* (an index into the first dimension) for its lifetime; the scheduler
-hands slots out.
+The KV cache is preallocated and paged: per layer, K and V buffers of
+``num_blocks x block_size`` cache slots of [n_kv_heads, head_dim]. A sequence's
+*block table* (``harness.engine.kv_blocks``, from the scheduler) says which blocks
+hold its positions; a step writes its rows' K/V through their cache slots and
+attends by gathering each sequence's keys through its table.
 
 One engine step is one ``forward_step`` over the step's token rows: first one
 row per decoding sequence, then the prefill chunks of any number of sequences,
 concatenated (varlen). Every norm, projection and MLP runs once over all rows
-(where the FLOPs and most kernel launches are); only attention is per group:
-the decode rows together, each prefill chunk on its own (``harness.engine.attention``).
+(where the FLOPs and most kernel launches are); attention is at most two calls a
+layer, the decode rows together and every prefill chunk together
+(``harness.engine.attention``), so a step's op count does not grow with its chunks.
 
 ``StepPlan`` (``harness.engine.step_plan``) is the step's layout in host ints:
 everything the model needs to size its work is known on the host, so a step
 never reads a device value back (see ``harness.engine.opcount``).
 ``prefill`` and ``decode`` are one-sequence / one-token conveniences over
-``forward_step`` for tests and ``scripts/studies/model_bench/``.
+``forward_step`` for tests and ``scripts/studies/model_bench/``: they address a
+sequence by *slot*, a fixed table of contiguous blocks (``slot_blocks``), the
+contiguous-KV reference layout the engine's tests compare the paged runs against.
 
 ``enable_compile`` runs the dense parts of every layer (norm, QKV projection
 and rotary; output projection, residuals and MLP) through ``torch.compile``:
@@ -32,9 +36,9 @@ Vocabulary: the embedding/LM-head width is ``max(preset vocab, tokenizer vocab)`
 so a llama-8b-shaped head costs what it should, while the sampler only ever
 picks ids below the tokenizer's vocab (see ``harness.engine.sampler``).
 
-Shape legend: T tokens of a chunk, N rows of a step, B decode rows, H query
-heads, K kv heads, G = H // K query heads per kv head, D head dim, L cached
-length, S slots attended by the decode rows, V vocab.
+Shape legend: T tokens of a chunk, N rows of a step, B decode rows, C chunks, H
+query heads, K kv heads, G = H // K query heads per kv head, D head dim, L cached
+length, S cache slots, V vocab.
 """
 
 from __future__ import annotations
@@ -142,13 +146,15 @@ class StepBatch:
     """What every layer needs for one step, built once per step (``Transformer.make_batch``)."""
 
     plan: StepPlan
-    slot_rows: Tensor  # [N] cache slot of each row
+    row_slots: Tensor  # [N] cache slot each row's K/V is written to
     pos_rows: Tensor  # [N] position of each row
     cos: Tensor  # [N, D/2] rotary tables at the rows' positions
     sin: Tensor
-    decode_slots: Tensor  # [B]
-    decode_mask: Tensor | None  # [S, 1, 1, L]: key j visible to slot s's query
-    chunk_masks: tuple[Tensor | None, ...]  # per chunk: None (starts at 0: is_causal) or [G*T, end]
+    decode_slots: Tensor | None  # [B, L] cache slots of each decode row's keys
+    decode_mask: Tensor | None  # [B, 1, 1, L]
+    chunk_slots: Tensor | None  # [C, L] cache slots of each chunk's keys
+    chunk_mask: Tensor | None  # [C, 1, G*T, L]
+    chunk_dst: Tensor | None  # [Nc] each chunk row's place among the C x T padded queries
 
 
 # -- the layers ----------------------------------------------------------------------
@@ -179,39 +185,40 @@ def _dense_fns(cfg: ModelConfig) -> tuple[DenseIn, DenseOut]:
 
 
 class Attention(nn.Module):
-    k_cache: Tensor  # [max_num_seqs, K, max_model_len, D], a buffer
+    k_cache: Tensor  # [num_blocks x block_size, K, D], a buffer: block b's token i at slot b*block_size+i
     v_cache: Tensor
 
-    def __init__(self, cfg: ModelConfig, max_num_seqs: int, max_model_len: int, **factory: Any) -> None:
+    def __init__(self, cfg: ModelConfig, cache_slots: int, **factory: Any) -> None:
         super().__init__()
         kv_dim = cfg.n_kv_heads * cfg.head_dim
         # One fused projection for q, k, v: fewer, larger matmuls.
         self.wqkv = nn.Linear(cfg.dim, cfg.dim + 2 * kv_dim, bias=False, **factory)
         self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False, **factory)
-        shape = (max_num_seqs, cfg.n_kv_heads, max_model_len, cfg.head_dim)
+        shape = (cache_slots, cfg.n_kv_heads, cfg.head_dim)
         self.register_buffer("k_cache", torch.zeros(shape, **factory), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape, **factory), persistent=False)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, batch: StepBatch) -> Tensor:
         """Write the rows' K/V into the cache, attend; q [N, H, D], k/v [N, K, D] -> [N, H*D]."""
-        self.k_cache[batch.slot_rows, :, batch.pos_rows] = k
-        self.v_cache[batch.slot_rows, :, batch.pos_rows] = v
+        self.k_cache.index_copy_(0, batch.row_slots, k)
+        self.v_cache.index_copy_(0, batch.row_slots, v)
         plan = batch.plan
         parts = []
         row = plan.n_decode
-        if row:
-            # A view of the first n_slots slots, not a gather: no copy of the cache.
-            n_slots, max_len = plan.n_slots, plan.max_len
-            keys, values = self.k_cache[:n_slots, :, :max_len], self.v_cache[:n_slots, :, :max_len]
-            parts.append(attention.decode(q[:row], keys, values, batch.decode_slots, batch.decode_mask))
-        for c, mask in zip(plan.chunks, batch.chunk_masks, strict=True):
-            sl = slice(row, row + c.length)
-            if mask is None:  # from position 0 the chunk is all the keys there are: no read of the cache
-                parts.append(attention.fresh_chunk(q[sl], k[sl], v[sl]))
-            else:
-                keys, values = self.k_cache[c.slot, :, : c.end], self.v_cache[c.slot, :, : c.end]
-                parts.append(attention.cached_chunk(q[sl], keys, values, mask))
-            row += c.length
+        if batch.decode_slots is not None and batch.decode_mask is not None:
+            parts.append(attention.decode(q[:row], self.k_cache, self.v_cache, batch.decode_slots, batch.decode_mask))
+        if batch.chunk_slots is not None and batch.chunk_mask is not None and batch.chunk_dst is not None:
+            parts.append(
+                attention.chunks(
+                    q[row:],
+                    self.k_cache,
+                    self.v_cache,
+                    batch.chunk_slots,
+                    batch.chunk_mask,
+                    batch.chunk_dst,
+                    plan.chunk_width,
+                )
+            )
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
@@ -223,10 +230,10 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_num_seqs: int, max_model_len: int, **factory: Any) -> None:
+    def __init__(self, cfg: ModelConfig, cache_slots: int, **factory: Any) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps, **factory)
-        self.attn = Attention(cfg, max_num_seqs, max_model_len, **factory)
+        self.attn = Attention(cfg, cache_slots, **factory)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps, **factory)
         self.ffn = FeedForward(cfg, **factory)
 
@@ -243,7 +250,14 @@ class Transformer(nn.Module):
     rope_sin: Tensor
 
     def __init__(
-        self, cfg: ModelConfig, max_num_seqs: int, max_model_len: int, device: torch.device, dtype: torch.dtype
+        self,
+        cfg: ModelConfig,
+        max_num_seqs: int,
+        max_model_len: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        num_blocks: int | None = None,
+        block_size: int = 16,
     ) -> None:
         super().__init__()
         if cfg.vocab_size <= 0:
@@ -251,8 +265,13 @@ class Transformer(nn.Module):
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.cfg = cfg
         self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
+        self.block_size = block_size
+        # Blocks a whole max_model_len takes: what the slot conveniences give each slot.
+        self.blocks_per_slot = -(-max_model_len // block_size)
+        self.num_blocks = num_blocks if num_blocks is not None else max_num_seqs * self.blocks_per_slot
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim, **factory)
-        self.layers = nn.ModuleList(Block(cfg, max_num_seqs, max_model_len, **factory) for _ in range(cfg.n_layers))
+        slots = self.num_blocks * block_size
+        self.layers = nn.ModuleList(Block(cfg, slots, **factory) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps, **factory)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False, **factory)
         cos, sin = rope_tables(cfg.head_dim, max_model_len, cfg.rope_theta, device)
@@ -302,24 +321,37 @@ class Transformer(nn.Module):
         """[N] int64 -> [N, dim]."""
         return self.tok_embeddings(token_ids)
 
-    def make_batch(self, plan: StepPlan, slot_rows: Tensor, pos_rows: Tensor, lengths: Tensor) -> StepBatch:
+    def make_batch(self, plan: StepPlan, staged: list[Tensor]) -> StepBatch:
         """Per-step tensors from the plan and its ``index_lists`` already on the device.
 
-        Dispatches only device ops (aranges, compares, gathers): no value is read back.
+        Dispatches only device ops (aranges, compares, gathers), a fixed number whatever the
+        number of sequences: no value is read back.
         """
-        plan.check(self.max_num_seqs, self.max_model_len)
-        group = self.cfg.n_heads // self.cfg.n_kv_heads
-        # A chunk from position 0 needs no mask (is_causal), which keeps the flash kernel eligible.
-        masks = [None if c.start == 0 else attention.cached_chunk_mask(c, group, self.device) for c in plan.chunks]
+        row_slots, pos_rows, decode_tables, chunk_tables, dst = staged
+        bs, group = self.block_size, self.cfg.n_heads // self.cfg.n_kv_heads
+        decode_slots = decode_mask = chunk_slots = chunk_mask = chunk_dst = None
+        b = plan.n_decode
+        if b:
+            length = plan.max_len
+            decode_slots = attention.key_slots(decode_tables.view(b, -1), bs, length)
+            decode_mask = attention.decode_mask(pos_rows[:b], length)
+        if plan.chunks:
+            c, width, length = len(plan.chunks), plan.chunk_width, plan.chunk_span
+            chunk_slots = attention.key_slots(chunk_tables.view(c, -1), bs, length)
+            q_pos = pos_rows.new_zeros(c * width).index_copy_(0, dst, pos_rows[b:])
+            chunk_mask = attention.chunks_mask(q_pos.view(c, width), group, length)
+            chunk_dst = dst
         return StepBatch(
             plan,
-            slot_rows,
+            row_slots,
             pos_rows,
             self.rope_cos[pos_rows],
             self.rope_sin[pos_rows],
-            slot_rows[: plan.n_decode],
-            attention.decode_mask(lengths, plan.max_len) if plan.n_decode else None,
-            tuple(masks),
+            decode_slots,
+            decode_mask,
+            chunk_slots,
+            chunk_mask,
+            chunk_dst,
         )
 
     def forward_step(self, x: Tensor, batch: StepBatch, rows: Tensor | None = None) -> Tensor:
@@ -338,9 +370,16 @@ class Transformer(nn.Module):
 
     def stage(self, plan: StepPlan, *extra: list[int]) -> tuple[StepBatch, list[Tensor]]:
         """The plan's batch plus ``extra`` int lists on the device, in one host-to-device transfer."""
-        slots, positions, lengths = plan.index_lists()
-        staged = self._stager.ints(slots, positions, lengths, *extra)
-        return self.make_batch(plan, staged[0], staged[1], staged[2]), staged[3:]
+        plan.check(self.num_blocks, self.block_size, self.max_model_len)
+        staged = self._stager.ints(*plan.index_lists(self.block_size), *extra)
+        return self.make_batch(plan, staged[:5]), staged[5:]
+
+    def slot_blocks(self, slot: int) -> list[int]:
+        """The block table of ``slot`` in the conveniences below: a whole max_model_len of contiguous
+        blocks, ``slot x blocks_per_slot`` on (a contiguous KV cache, laid out in blocks)."""
+        if not 0 <= slot < self.num_blocks // self.blocks_per_slot:
+            raise ValueError(f"slot {slot} outside [0, {self.num_blocks // self.blocks_per_slot})")
+        return list(range(slot * self.blocks_per_slot, (slot + 1) * self.blocks_per_slot))
 
     def prefill(self, x: Tensor, slot: int, start: int, all_logits: bool = False) -> Tensor:
         """Run a chunk of one sequence; fills its KV cache at [start, start+T).
@@ -350,9 +389,7 @@ class Transformer(nn.Module):
         or [T, V] for every position when ``all_logits``.
         """
         t = x.shape[0]
-        plan = StepPlan(chunks=[Chunk(slot, start, t)])
-        plan.check(self.max_num_seqs, self.max_model_len)
-        batch, _ = self.stage(plan)
+        batch, _ = self.stage(StepPlan(chunks=[Chunk(self.slot_blocks(slot), start, t)]))
         if all_logits:
             return self.forward_step(x, batch)
         return self.forward_step(x, batch, torch.arange(t - 1, t, device=self.device))[0]
@@ -360,7 +397,7 @@ class Transformer(nn.Module):
     def decode(self, x: Tensor, slots: Tensor | list[int], positions: Tensor | list[int]) -> Tensor:
         """One token for each of B sequences.
 
-        x: [B, dim] embeddings of each sequence's newest token; slots, positions:
+        x: [B, dim] embeddings of each sequence's newest token; slots (``slot_blocks``), positions:
         B distinct slots and the positions of their new tokens (each attends to
         its sequence's positions [0, positions[b]]). Tensors are read back to
         the host here (a sync); the engine passes lists through ``forward_step``.
@@ -368,7 +405,7 @@ class Transformer(nn.Module):
         """
         s = slots.tolist() if isinstance(slots, Tensor) else list(slots)
         p = positions.tolist() if isinstance(positions, Tensor) else list(positions)
-        batch, _ = self.stage(StepPlan(s, p))
+        batch, _ = self.stage(StepPlan([self.slot_blocks(i) for i in s], p))
         return self.forward_step(x, batch)
 
     def sdpa_backends(self) -> dict[str, str]:
@@ -379,13 +416,21 @@ class Transformer(nn.Module):
 
 
 def build_model(
-    cfg: ModelConfig, max_num_seqs: int, max_model_len: int, device: torch.device, dtype: torch.dtype, seed: int
+    cfg: ModelConfig,
+    max_num_seqs: int,
+    max_model_len: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int,
+    num_blocks: int | None = None,
+    block_size: int = 16,
 ) -> Transformer:
-    """Allocate the model and its cache directly on ``device`` and init from ``seed``.
+    """Allocate the model and its cache (``num_blocks`` of ``block_size`` tokens; default a whole
+    max_model_len per sequence) directly on ``device`` and init from ``seed``.
 
     The same seed gives the same weights on the same device type; CPU and CUDA
     generators differ, so weights differ across device types.
     """
-    model = Transformer(cfg, max_num_seqs, max_model_len, device, dtype)
+    model = Transformer(cfg, max_num_seqs, max_model_len, device, dtype, num_blocks, block_size)
     model.init_weights(seed)
     return model.eval().requires_grad_(False)

@@ -28,11 +28,12 @@ from typing import Any, NamedTuple
 import msgspec
 import zmq
 
+from harness.engine import receivers
 from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore, error_output
 from harness.engine.scheduler import Scheduler
 from harness.engine.timings import EngineTimings
-from harness.wire import curve, shm, transport
+from harness.wire import curve, shm, torch_shm, transport
 from harness.wire.heap import freeze_heap
 from harness.wire.integrity import outputs_check, request_digest
 from harness.wire.messages import (
@@ -44,12 +45,15 @@ from harness.wire.messages import (
 )
 from harness.wire.shm import Handle, Mappings, ShmError
 from harness.wire.spans import host_clock_id
+from harness.wire.torch_shm import TorchShmError
 from harness.wire.transport import CodecClock, CodecCounters, EngineAddresses
 from wirecodecs import CodecCalls, CodecError, get_codec
 
 log = logging.getLogger("wirebench.engine")
 
 _STOP = object()  # sentinel through the queues
+# The kinds that add a request: its frames in the message, or its big ones apart (shm, torch-shm, cuda-ipc).
+_ADDS = (transport.ADD, transport.ADD_SHM, transport.ADD_TORCH, transport.ADD_CUDA)
 
 
 class _Release(NamedTuple):
@@ -117,10 +121,7 @@ class EngineProcess:
         kind, request_id = transport.open_envelope(frames[0])
         body = frames[1:]
         digest = None
-        if kind & transport.VERIFIED and kind in (
-            transport.ADD | transport.VERIFIED,
-            transport.ADD_SHM | transport.VERIFIED,
-        ):
+        if kind & transport.VERIFIED and kind & ~transport.VERIFIED in _ADDS:
             kind &= ~transport.VERIFIED
             body, digest = body[:-1], transport.frame_bytes(body[-1]) if body else b""
             self.verify_outputs = True
@@ -128,10 +129,10 @@ class EngineProcess:
             self.stopping.set()
             self.inputs.put(_STOP)
             return
-        if kind == transport.ADD_SHM:
+        if kind in _ADDS and kind != transport.ADD:
             try:
-                body = self._from_shm(body)
-            except (ShmError, ValueError) as exc:
+                body = self._out_of_band(kind, body)
+            except (ShmError, TorchShmError, ValueError) as exc:
                 if request_id is None:
                     raise
                 self._send_outputs([error_output(request_id, f"request could not be received: {exc}")])
@@ -165,6 +166,18 @@ class EngineProcess:
                 self._send_outputs([error_output(msg.request_id, "integrity check failed: " + why, rejected=False)])
                 return
         self.inputs.put(msg)
+
+    def _out_of_band(self, kind: int, frames: list[Any]) -> list[Any]:
+        """The codec frames of an ADD whose big frames travel apart, by the transport's kind."""
+        if kind == transport.ADD_SHM:
+            return self._from_shm(frames)
+        if kind == transport.ADD_TORCH:
+            return receivers.from_torch_shm(frames, self._taken)
+        return receivers.from_cuda_ipc(frames, self._taken)
+
+    def _taken(self, fd: int, serial: int) -> None:
+        """torch-shm, cuda-ipc: a storage is mapped here (or could not be): its sender may drop it."""
+        self.outputs.put(_Release(torch_shm.TAKEN, fd, serial))
 
     def _from_shm(self, frames: list[Any]) -> list[Any]:
         """An ADD_SHM's codec frames: the table's frames become views on the sender's shared memory."""

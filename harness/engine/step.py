@@ -36,6 +36,8 @@ class ScheduledChunk:
     sample: bool
     # Token ids the sampler must not pick (EOS / stop ids before min_tokens).
     suppress_token_ids: list[int] | None = None
+    # The request's KV blocks covering positions [0, start_pos+len) (harness.engine.kv_blocks).
+    block_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -48,6 +50,8 @@ class SchedulerOutput:
     # The executor must handle these before new_requests (a slot may be reused).
     finished_req_ids: list[str] = field(default_factory=list)
     total_num_tokens: int = 0
+    # Requests preempted in this step (their blocks freed; they recompute later, their executor state stays).
+    preempted_req_ids: list[str] = field(default_factory=list)
 
     @property
     def chunks(self) -> list[ScheduledChunk]:

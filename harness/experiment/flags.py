@@ -45,8 +45,8 @@ def add_experiment_arguments(
     p.add_argument(
         "--transport",
         default="zmq",
-        help="zmq, shm, or a comma list: every codec runs on every transport (interleaved in one table); "
-        "shm needs a codec with out-of-band frames (see bench serve --help)",
+        help="zmq, shm, torch-shm, shm-store, cuda-ipc, or a comma list: every codec runs on every transport "
+        "(interleaved in one table); all but zmq need a codec with out-of-band frames (see bench serve --help)",
     )
     p.add_argument(
         "--repeat",

@@ -34,8 +34,8 @@ import zmq.asyncio
 
 from harness.frontend.errors import EngineDeadError, EngineRequestError, OverloadedError, RequestRejectedError
 from harness.frontend.extra_cpu import spend_cpu
+from harness.frontend.mm_senders import FrameSender
 from harness.frontend.output_queue import OutputQueue
-from harness.frontend.shm_sender import ShmSender
 from harness.frontend.timeline import Timelines
 from harness.wire import curve, transport
 from harness.wire.integrity import outputs_digest, read_outputs_check, request_digest
@@ -48,7 +48,7 @@ from harness.wire.messages import (
     FinishReason,
     pack_token_ids,
 )
-from harness.wire.shm import Handle, ShmError
+from harness.wire.shm import ShmError
 from harness.wire.spans import FrontPoints, host_clock_id
 from harness.wire.transport import CodecClock, CodecCounters, EngineAddresses
 from wirecodecs import CodecCalls, CodecError, EncodeError, get_codec, packs_token_ids
@@ -109,7 +109,7 @@ class ZmqEngineClient:
         heartbeat_timeout_s: float = transport.STALL_TIMEOUT_S,
         owns_engine: bool = True,
         spans: bool = True,
-        shm: ShmSender | None = None,
+        shm: FrameSender | None = None,
         verify: bool = False,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
         output_codec: str | None = None,
@@ -159,13 +159,13 @@ class ZmqEngineClient:
         self.outputs_relayed = 0
         self.outputs_behind = 0
         self.timelines = Timelines(enabled=spans)
-        # --transport shm: big frames travel through this sender's arena (harness.wire.shm), None over zmq.
+        # Every --transport but zmq: big frames travel through this sender (harness.frontend.mm_senders).
         self._shm = shm
         self.packed_token_ids = packs_token_ids(codec_name)  # the app then tokenizes to int32 arrays
         # --verify: each request carries its digest (harness.wire.integrity), checked by the engine.
         self._verify = verify
         # Pixel tensors built straight into the arena travel without a copy.
-        self.tensor_alloc = shm.tensors if shm is not None else None
+        self.tensor_alloc = getattr(shm, "tensors", None)
 
     # --- lifecycle ----------------------------------------------------------
     async def wait_ready(self, timeout_s: float, accept_heartbeat: bool = False) -> dict:
@@ -261,6 +261,12 @@ class ZmqEngineClient:
     def engine_codec_stats(self) -> CodecStats:
         return self._engine_stats
 
+    @property
+    def mm_store_counts(self) -> dict[str, int] | None:
+        """--transport shm-store: the store's hits, misses, evictions and fallbacks; None otherwise."""
+        counts = getattr(self._shm, "counts", None)
+        return counts() if counts is not None else None
+
     async def generate(
         self, request: EngineCoreRequest, points: FrontPoints | None = None
     ) -> AsyncIterator[EngineCoreOutput]:
@@ -283,7 +289,7 @@ class ZmqEngineClient:
             raise RequestRejectedError(str(exc), code=exc.code) from exc
         self._counters.add_encode(clock.stop(), frames, adapt_ns)
         message: list[Any] = [transport.envelope(transport.ADD, rid), *frames]
-        held: list[Handle] = []
+        held: list[Any] = []
         if self._shm is not None:
             try:
                 message, held = await self._shm.message(rid, frames)

@@ -42,34 +42,51 @@ class LinkSettings:
         "zmq",
         flag="--transport",
         choices=TRANSPORTS,
-        help="zmq: every frame through the socket; shm: frames of at least --shm-threshold bytes through a "
-        "shared-memory arena the frontend owns, handles through the socket (needs a codec with out-of-band "
-        "frames, and both processes on this host)",
+        help="zmq: every frame through the socket (vLLM's direct_rpc); shm: frames of at least --shm-threshold "
+        "bytes through a shared-memory arena the frontend owns, handles through the socket; torch-shm: through "
+        "torch shared storages, one per frame; shm-store: through a content-addressed store of --mm-store-bytes, "
+        "a frame it holds is named, not copied; cuda-ipc: through CUDA memory (needs a GPU). All but zmq need a "
+        "codec with out-of-band frames and both processes on this host",
+    )
+    mm_store_bytes: int = setting(
+        256 << 20,
+        flag="--mm-store-bytes",
+        metavar="BYTES",
+        help="shm-store: the store's capacity; a full store evicts the least recently used frames no request "
+        "in flight points at, and sends a frame in the message when all are pinned (default %(default)s)",
     )
     engine_only: bool = False  # this process runs only the engine
 
 
 def transport_refusal(codec: str, transport: str) -> str | None:
     """Why ``codec`` cannot use ``transport`` (said before any server starts), or None."""
-    if transport == "shm" and not sends_out_of_band(codec):
+    if transport != "zmq" and not sends_out_of_band(codec):
         return (
-            f"--transport shm needs a codec with out-of-band frames, which sends big buffers as frames of their "
-            f"own ({', '.join(codecs_out_of_band())}); {codec!r} puts them in its body"
+            f"--transport {transport} needs a codec with out-of-band frames, which sends big buffers as frames of "
+            f"their own ({', '.join(codecs_out_of_band())}); {codec!r} puts them in its body"
         )
+    if transport == "cuda-ipc" and not _cuda_available():
+        return "--transport cuda-ipc needs a CUDA device; this machine has none"
     return None
 
 
+def _cuda_available() -> bool:
+    import torch  # only for cuda-ipc: the other checks stay light
+
+    return bool(torch.cuda.is_available())
+
+
 def check_shm(link: LinkSettings, addresses: EngineAddresses) -> str | None:
-    """An error message when --transport shm cannot serve this codec or address."""
-    if link.transport != "shm":
+    """An error message when a transport other than zmq cannot serve this codec or address."""
+    if link.transport == "zmq":
         return None
     refusal = transport_refusal(link.codec, link.transport)
     if refusal:
         return refusal
     if link.engine_only:
-        return "--transport shm is the frontend's choice: start the engine without it"
+        return f"--transport {link.transport} is the frontend's choice: start the engine without it"
     if not all(a.startswith("ipc://") or is_loopback(a) for a in (addresses.input, addresses.output)):
-        return f"--transport shm needs the engine on this host: {addresses.input} is another host"
+        return f"--transport {link.transport} needs the engine on this host: {addresses.input} is another host"
     return None
 
 

@@ -37,6 +37,8 @@ ADD = 0x00
 ABORT = 0x01
 SHUTDOWN = 0x02
 ADD_SHM = 0x03  # an ADD whose frame 1 is a JSON table of frames that travel in shared memory (harness.wire.shm)
+ADD_TORCH = 0x04  # an ADD whose frame 1 is a JSON table of torch shared storages (harness.wire.torch_shm)
+ADD_CUDA = 0x05  # an ADD whose frame 1 is a JSON table of pickled CUDA IPC handles (harness.wire.cuda_ipc)
 OUTPUTS = 0x10
 READY = 0x11
 HEARTBEAT = 0x12
@@ -45,7 +47,8 @@ RELEASE = 0x14  # shared-memory blocks the engine no longer views, JSON (harness
 # Flag on an ADD/ADD_SHM kind: the message's last frame is the request's digest (--verify, harness.wire.integrity).
 VERIFIED = 0x80
 
-TRANSPORTS = ("zmq", "shm")  # which codec may use which: harness.wire.policy
+# Which codec may use which: harness.wire.policy. vLLM's direct_rpc is zmq (docs/transports.md).
+TRANSPORTS = ("zmq", "shm", "torch-shm", "shm-store", "cuda-ipc")
 
 
 # The engine's output thread sends a heartbeat when it has been quiet this
@@ -66,8 +69,8 @@ class EngineAddresses:
     ipc_dir: str | None = None
     # CURVE keys of an authenticated tcp link (harness.wire.curve); None: unauthenticated.
     curve: CurveKeys | None = None
-    # The spawning frontend's shared-memory segment (--transport shm): a spawned engine whose frontend
-    # was killed removes it, with the ipc directory, since nobody else is left to.
+    # The spawning frontend's shared-memory segment (--transport shm, shm-store): a spawned engine whose
+    # frontend was killed removes it, with the ipc directory, since nobody else is left to.
     frontend_segment: str | None = None
 
     @classmethod

@@ -1,0 +1,202 @@
+"""The frontend's side of the ``torch-shm``, ``shm-store`` and ``cuda-ipc`` transports.
+
+Each sender turns a request's codec frames into the ZeroMQ message the engine expects, with the big
+frames (at least ``threshold`` bytes) out of the message, and keeps what those frames need alive
+until the engine's RELEASE says it may go. The same surface as ``ShmSender`` (``FrameSender``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from harness.frontend.shm_sender import COPY_IN_THREAD_BYTES, ShmSender
+from harness.wire import mm_store, torch_shm, transport
+from harness.wire.mm_store import MmStore
+from harness.wire.policy import LinkSettings
+from harness.wire.shm import DEFAULT_THRESHOLD, Arena, copy_into
+
+HASH_IN_THREAD_BYTES = 1 << 20  # hashing bigger frames leaves the event loop (hashlib releases the GIL)
+
+
+class FrameSender(Protocol):
+    async def message(self, rid: str, frames: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+        """The ZeroMQ message for a request, and what it holds (given back by ``unsent`` if never sent)."""
+        ...
+
+    def released(self, entries: Sequence[Sequence[Any]]) -> None:
+        """The engine's RELEASE entries: [segment, block, generation] each."""
+        ...
+
+    def unsent(self, held: Sequence[Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _flat(frame: Any) -> memoryview:
+    view = memoryview(frame)
+    return view.cast("B") if view.ndim != 1 or view.format != "B" else view
+
+
+def _fault() -> str:
+    return os.environ.get("WIREBENCH_FAULT", "")
+
+
+async def _copy(dst: Any, view: memoryview) -> None:
+    if view.nbytes >= COPY_IN_THREAD_BYTES:
+        await asyncio.to_thread(copy_into, memoryview(dst), view)
+    else:
+        copy_into(memoryview(dst), view)
+
+
+class TorchShmSender:
+    """torch-shm: each big frame copied into a torch shared storage; the storage is held until the engine
+    reports it mapped (harness.wire.torch_shm has the lifetime rules)."""
+
+    def __init__(self, threshold: int = DEFAULT_THRESHOLD) -> None:
+        self.threshold = threshold
+        self._serial = 0
+        # (fd, serial) → the storage: alive, so its fd number names it, until the engine's TAKEN.
+        self._held: dict[tuple[int, int], Any] = {}
+        self._fault_free_early = _fault() == torch_shm.FAULT_FREE_EARLY
+        self.copied_bytes = 0
+
+    async def message(self, rid: str, frames: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+        table: list[list[int]] = []
+        out: list[Any] = [frames[0]]
+        held: list[tuple[int, int]] = []
+        try:
+            for i, frame in enumerate(frames[1:], start=1):
+                view = _flat(frame)
+                if view.nbytes < self.threshold:
+                    out.append(frame)
+                    continue
+                self._serial += 1
+                storage, handle, array = torch_shm.share_copy(view, self._serial)
+                self._held[(handle.fd, handle.serial)] = storage
+                held.append((handle.fd, handle.serial))
+                await _copy(array, view)
+                self.copied_bytes += view.nbytes
+                if self._fault_free_early:  # the fault: the next request's bytes land in it first
+                    array[:] = np.roll(array, 1) ^ 0x5A
+                table.append([i, *handle.to_list()])
+                out.append(b"")
+        except BaseException:
+            self.unsent(held)
+            raise
+        if not table:
+            return [transport.envelope(transport.ADD, rid), *frames], []
+        return [transport.envelope(transport.ADD_TORCH, rid), json.dumps(table).encode(), *out], held
+
+    def released(self, entries: Sequence[Sequence[Any]]) -> None:
+        for segment, fd, serial in entries:
+            if segment == torch_shm.TAKEN:
+                self._held.pop((int(fd), int(serial)), None)
+
+    def unsent(self, held: Sequence[Any]) -> None:
+        for key in held:
+            self._held.pop(key, None)
+
+    @property
+    def held_count(self) -> int:
+        return len(self._held)
+
+    def close(self) -> None:
+        self._held.clear()
+
+
+class StoreSender:
+    """shm-store: big frames through a content-addressed store (harness.wire.mm_store); a frame the store
+    holds already is named, not copied. The message is an ``ADD_SHM``: the engine views entries as it views
+    arena blocks, and its RELEASE unpins them."""
+
+    def __init__(self, store: MmStore, threshold: int = DEFAULT_THRESHOLD) -> None:
+        self.store = store
+        self.threshold = threshold
+        self._fault_rewrite = _fault() == mm_store.FAULT_REWRITE_PINNED
+        self.copied_bytes = 0
+        self.fallback_bytes = 0
+
+    async def message(self, rid: str, frames: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+        table: list[list[Any]] = []
+        out: list[Any] = [frames[0]]
+        held: list[tuple[int, int]] = []
+        store = self.store
+        try:
+            for i, frame in enumerate(frames[1:], start=1):
+                view = _flat(frame)
+                if view.nbytes < self.threshold:
+                    out.append(frame)
+                    continue
+                if view.nbytes >= HASH_IN_THREAD_BYTES:
+                    key = await asyncio.to_thread(mm_store.content_key, view)
+                else:
+                    key = mm_store.content_key(view)
+                entry = store.lookup(key)
+                if entry is not None:
+                    held.append((entry.block, entry.generation))
+                    await entry.ready.wait()  # another request may still be copying it in
+                else:
+                    made = store.insert(key, view.nbytes)
+                    if made is None:  # only pinned entries left: the frame travels in the message
+                        self.fallback_bytes += view.nbytes
+                        out.append(frame)
+                        continue
+                    entry, dst = made
+                    held.append((entry.block, entry.generation))
+                    try:
+                        await _copy(dst, view)
+                    except BaseException:
+                        entry.ready.set()  # waiters go on; the discarded entry's handle fails its generation check
+                        store.discard(key)
+                        raise
+                    entry.ready.set()
+                    self.copied_bytes += view.nbytes
+                if self._fault_rewrite:  # the fault: the pinned entry's slot handed to another frame
+                    np.frombuffer(store.view(entry), dtype=np.uint8)[:] = 0x3C
+                table.append([i, *store.handle(entry).to_list()])
+                out.append(b"")
+        except BaseException:
+            self.unsent(held)
+            raise
+        if not table:
+            return [transport.envelope(transport.ADD, rid), *out], held
+        return [transport.envelope(transport.ADD_SHM, rid), json.dumps(table).encode(), *out], held
+
+    def released(self, entries: Sequence[Sequence[Any]]) -> None:
+        for segment, block, generation in entries:
+            if segment == self.store.name:
+                self.store.unpin(int(block), int(generation))
+
+    def unsent(self, held: Sequence[Any]) -> None:
+        for block, generation in held:
+            self.store.unpin(block, generation)
+
+    def counts(self) -> dict[str, int]:
+        return dict(self.store.counts)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def frame_sender(link: LinkSettings, shm_bytes: int, threshold: int) -> tuple[FrameSender | None, str | None]:
+    """The sender of ``link``'s transport (None for zmq) and the shared-memory segment it owns, if any (a
+    spawned engine whose frontend was killed removes it)."""
+    if link.transport == "shm":
+        arena = Arena(shm_bytes)
+        return ShmSender(arena, threshold), arena.name
+    if link.transport == "shm-store":
+        store = MmStore(link.mm_store_bytes)
+        return StoreSender(store, threshold), store.name
+    if link.transport == "torch-shm":
+        return TorchShmSender(threshold), None
+    if link.transport == "cuda-ipc":
+        from harness.frontend.cuda_sender import CudaIpcSender
+
+        return CudaIpcSender(threshold), None
+    return None, None

@@ -1,0 +1,90 @@
+"""``torch-shm``: big frames handed over as torch shared-memory storages (the file-descriptor strategy).
+
+The sender copies each big frame into a fresh ``torch.UntypedStorage._new_shared`` storage (what
+``tensor.share_memory_()`` allocates) under torch.multiprocessing's ``file_descriptor`` sharing
+strategy: the storage is a POSIX shared-memory object that torch unlinks the moment it is created,
+so it has no name in ``/dev/shm`` and lives exactly as long as some process holds its file
+descriptor or a mapping of it. The message carries a handle (sender pid, fd number, length, inode,
+serial); the receiver opens ``/proc/<pid>/fd/<fd>``, which yields the same memory object, checks its
+inode, and maps it with ``UntypedStorage._new_shared_fd_cpu`` (what torch's ``rebuild_storage_fd``
+does after receiving the fd from multiprocessing's resource sharer). Opening through ``/proc``
+avoids the resource sharer's extra listener socket and temporary directory, which a SIGKILL would
+leave behind, and needs no pickle on the link.
+
+Lifetime (who frees, and when):
+
+- The sender holds the storage (and so its fd number) from the copy until the receiver reports it
+  has mapped it (a TAKEN entry in a RELEASE message), or until the message is known unsent; then
+  it drops its reference. Dropping earlier would let the fd number name another request's storage.
+- The receiver's mapping keeps the memory alive for as long as the decoded tensors view it; the
+  object disappears with the last mapping or fd, so a killed process leaves nothing behind.
+- A receiver that cannot open the handle still reports it taken: the sender frees it either way.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+TAKEN = "torch"  # the segment name of a RELEASE entry that reports a torch-shm storage mapped
+# Tests only: the sender rewrites each storage after handing it over, as if it were freed into a pool and
+# the next request's bytes landed in it before the receiver read it. Never set in normal use.
+FAULT_FREE_EARLY = "torch-shm-free-early"
+
+
+class TorchShmError(RuntimeError):
+    """A torch-shm handle cannot be opened (its sender is gone, or the fd names another object)."""
+
+
+@dataclass(frozen=True)
+class TorchHandle:
+    pid: int
+    fd: int
+    length: int
+    inode: int
+    serial: int
+
+    def to_list(self) -> list[int]:
+        return [self.pid, self.fd, self.length, self.inode, self.serial]
+
+    @classmethod
+    def from_list(cls, raw: list[Any]) -> TorchHandle:
+        if len(raw) != 5 or not all(isinstance(v, int) and v >= 0 for v in raw):
+            raise TorchShmError(f"bad torch-shm handle {raw!r}")
+        return cls(*raw)
+
+
+def share_copy(view: memoryview, serial: int) -> tuple[Any, TorchHandle, np.ndarray]:
+    """A shared storage holding ``view``'s bytes once copied: (storage, its handle, a writable array on it).
+    The copy is the caller's (``copy_into`` on the array), so it may run off the event loop."""
+    import torch
+
+    nbytes = view.nbytes
+    storage = torch.UntypedStorage._new_shared(nbytes)
+    fd, _ = storage._share_fd_cpu_()
+    array = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+    return storage, TorchHandle(os.getpid(), fd, nbytes, os.fstat(fd).st_ino, serial), array
+
+
+def open_handle(handle: TorchHandle) -> memoryview:
+    """The receiver's view on a handle's storage; the mapping lives as long as the view (and what views it)."""
+    import torch
+
+    try:
+        fd = os.open(f"/proc/{handle.pid}/fd/{handle.fd}", os.O_RDWR)
+    except OSError as exc:
+        raise TorchShmError(f"torch-shm storage {handle.fd} of process {handle.pid} is gone ({exc.strerror})") from None
+    try:
+        stat = os.fstat(fd)
+        if stat.st_ino != handle.inode or stat.st_size < handle.length:
+            raise TorchShmError(
+                f"fd {handle.fd} of process {handle.pid} names another object than the message's: freed early"
+            )
+        storage = torch.UntypedStorage._new_shared_fd_cpu(fd, handle.length)  # type: ignore[attr-defined]
+    finally:
+        os.close(fd)  # the storage holds its own duplicate
+    array = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()  # keeps the storage alive
+    return memoryview(array)  # type: ignore[arg-type]  # an ndarray is a buffer
