@@ -135,15 +135,15 @@ class EngineConfig:
         return self.output_codec or self.codec
 
     @property
+    def num_kv_blocks(self) -> int:
+        """Blocks of the paged KV cache: ``kv_cache_tokens`` (or max_num_seqs x max_model_len) in whole blocks."""
+        tokens = self.kv_cache_tokens if self.kv_cache_tokens is not None else self.max_num_seqs * self.max_model_len
+        return tokens // max(self.kv_block_size, 1)
+
+    @property
     def kv_capacity(self) -> int:
         """KV tokens the cache holds: ``num_kv_blocks`` x ``kv_block_size``."""
         return self.num_kv_blocks * self.kv_block_size
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-    @property
-    def num_kv_blocks(self) -> int:
-        """Blocks of the paged KV cache: ``kv_cache_tokens`` (or max_num_seqs x max_model_len) in whole blocks."""
-        tokens = self.kv_cache_tokens if self.kv_cache_tokens is not None else self.max_num_seqs * self.max_model_len
-        return tokens // max(self.kv_block_size, 1)
-
