@@ -156,6 +156,8 @@ def _codec_dict(figures: CodecFigures | None, mean_ttft_ms: float) -> dict[str, 
         "first_token_path_us": figures.first_token_path_us,
         "ttft_share": figures.ttft_share(mean_ttft_ms),
         "cells": {f"{d}.{op}": dataclasses.asdict(cell) for (d, op), cell in figures.cells.items()},
+        "mm_store": figures.mm_store,
+        "mm_store_hit_pct": figures.mm_store_hit_pct,
     }
 
 
@@ -415,6 +417,7 @@ def run_figures(doc: dict[str, Any]) -> dict[str, float]:
                 out[f"{direction}_{key}"] = as_float(figures.get(key))  # request_encode_us, ...
         out["first_token_path_us"] = as_float(codec.get("first_token_path_us"))
         out["ttft_share"] = as_float(codec.get("ttft_share"))
+        out["mm_store_hit_pct"] = as_float(codec.get("mm_store_hit_pct"))
     ipc = doc.get("ipc")
     if isinstance(ipc, dict):
         out.update(budget_figures(ipc))  # ipc_request_wire_p50_us, ipc_ipc_mean_us, ...

@@ -75,6 +75,8 @@ IPC_FIGURES = (
     Figure("ipc_output_adapt_p50_us", "out adapt", unit="µs", judged=False, detail="output adapter"),
     Figure("ipc_share_pct", "IPC % TTFT", unit="%", judged=False),
     Figure("loop_lag_p99_ms", "loop lag p99 ms", judged=False),
+    # --transport shm-store: the share of frames the store already held (measured, from /metrics).
+    Figure("mm_store_hit_pct", "store hit %", unit="%", judged=False, detail="shm-store hit rate"),
 )
 # bench sweep: the micro part's figures per payload, and the e2e part's per grid point.
 MICRO_FIGURES = (

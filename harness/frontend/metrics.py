@@ -42,5 +42,8 @@ class FrontendMetrics:
         if relayed is not None:
             out[prom.OUTPUTS_RELAYED] = [({}, relayed)]
             out[prom.OUTPUTS_BEHIND] = [({}, getattr(engine, "outputs_behind", 0))]
+        store = getattr(engine, "mm_store_counts", None)  # --transport shm-store's hits, misses, ...
+        if store:
+            out[prom.MM_STORE] = [({"event": k}, v) for k, v in store.items()]
         out.update(runs_on.metric_samples(getattr(engine, "engine_info", None) or {}))  # from READY
         return out

@@ -84,6 +84,15 @@ class CodecFigures:
     request: DirectionFigures
     output: DirectionFigures
     cells: dict[tuple[str, str], prom.CodecCell]
+    # --transport shm-store: the run's hits, misses, evictions and fallbacks; None for other transports.
+    mm_store: dict[str, float] | None = None
+
+    @property
+    def mm_store_hit_pct(self) -> float:
+        """Of the frames looked up in the store during the run, the share found there (NaN without a store)."""
+        s = self.mm_store or {}
+        looked_up = s.get("hit", 0.0) + s.get("miss", 0.0)
+        return 100.0 * s.get("hit", 0.0) / looked_up if looked_up > 0 else math.nan
 
     @property
     def first_token_path_us(self) -> float:
@@ -172,4 +181,14 @@ def codec_figures(before: str | None, after: str | None) -> CodecFigures | None:
         request=direction("request"),
         output=direction("output"),
         cells=cells,
+        mm_store=mm_store_counts(v_before, v_after),
     )
+
+
+def mm_store_counts(before: dict, after: dict) -> dict[str, float] | None:
+    """The store's events between two parsed scrapes; None when the server has no store."""
+    events = {dict(labels).get("event"): v for (name, labels), v in after.items() if name == prom.MM_STORE}
+    if not events:
+        return None
+    start = {dict(labels).get("event"): v for (name, labels), v in before.items() if name == prom.MM_STORE}
+    return {str(k): v - start.get(k, 0.0) for k, v in events.items()}

@@ -37,6 +37,7 @@ ENGINE_STEPS = PREFIX + "engine_steps_total"  # counter: engine steps run
 ENGINE_WAITING_STEPS = PREFIX + "engine_steps_with_waiting_total"
 OUTPUTS_RELAYED = PREFIX + "frontend_outputs_relayed_total"  # counter: engine outputs relayed to requests
 OUTPUTS_BEHIND = PREFIX + "frontend_outputs_behind_total"  # counter: of those, taken with the next one waiting
+MM_STORE = PREFIX + "frontend_mm_store_total"  # counter, label event=hit|miss|eviction|fallback (shm-store)
 
 # Histograms (seconds), each with labels (see harness.wire.spans for what a span is).
 IPC_SECONDS = PREFIX + "ipc_seconds"  # direction=request|output, span=encode|wire|decode|queue
@@ -70,6 +71,11 @@ HELP = {
         "counter",
         "Outputs a request took while its next output already waited: the frontend was behind that "
         "request and, streaming, wrote the two chunks back to back.",
+    ),
+    MM_STORE: (
+        "counter",
+        "--transport shm-store: frames found in the store (hit) or copied in (miss), entries evicted, and "
+        "frames sent in the message because every entry was pinned (fallback).",
     ),
     CODEC_CPU_SECONDS_TOTAL: ("counter", "Thread CPU seconds in the codec's encode or decode."),
     CODEC_ADAPT_SECONDS: (
