@@ -113,6 +113,19 @@ def test_step_counters_become_the_runs_admission_account():
     busy = _scrape({"steps": 300, "blocked_kv_cache": 5, "blocked_max_num_seqs": 0, "blocked_token_budget": 150})
     rows = dict(runs_on.report_rows(runs_on.with_step_counts(runs_on.from_metrics(busy), before, busy), 692.0))
     assert "Admission-limited:" not in rows
+    assert "Engine KV cache:" not in rows  # no KV counters in these scrapes
     # A server without the counters (an older build, vLLM) leaves the account as it was.
     plain = prom.render(runs_on.metric_samples(GPU_INFO))
     assert runs_on.with_step_counts(runs_on.from_metrics(plain), plain, plain) == runs_on.from_metrics(plain)
+
+
+def test_kv_counters_become_the_runs_hit_rate_and_preemptions():
+    kv0 = {"preemptions": 2, "prefix_cache_hit_tokens": 1_000, "prefix_cache_query_tokens": 5_000}
+    kv1 = {"preemptions": 9, "prefix_cache_hit_tokens": 41_000, "prefix_cache_query_tokens": 105_000}
+    before, after = _scrape({"steps": 10, **kv0}), _scrape({"steps": 900, **kv1})
+    assert "wirebench_engine_prefix_cache_hit_tokens_total 41000" in after
+    engine = runs_on.with_step_counts(runs_on.from_metrics(after), before, after)
+    assert engine is not None
+    assert engine["preemptions"] == 7 and engine["prefix_cache_hit_pct"] == 40.0
+    rows = dict(runs_on.report_rows(engine, 692.0))
+    assert rows["Engine KV cache:"] == "prefix-cache hit rate 40.0% of prompt tokens, 7 preemptions"

@@ -61,6 +61,9 @@ OK, STALLED, DEAD = "ok", "stalled", "dead"
 
 REQUEST_TIMEOUT_S = 300.0  # seconds without an output for one request before it fails
 
+# The scheduler's counters a heartbeat carries besides blocked_<cause> (Scheduler.step_counts).
+STEP_COUNTERS = ("steps", "preemptions", "prefix_cache_hit_tokens", "prefix_cache_query_tokens")
+
 
 class EngineClient(Protocol):
     codec_name: str  # of requests
@@ -152,7 +155,7 @@ class ZmqEngineClient:
         self.engine_info: dict = {}
         # Requests the engine holds, from its latest heartbeat (sent when it is idle or between outputs).
         self.engine_load: dict[str, int] = {"running": 0, "waiting": 0}
-        # The scheduler's step counters from the same heartbeat (steps, blocked_<cause>).
+        # The scheduler's step counters from the same heartbeat (steps, blocked_<cause>, KV counters).
         self.engine_steps: dict[str, int] = {}
         # Outputs relayed to requests, and those taken while the request's next output already waited
         # (the frontend behind that request: streamed, its chunks go out back to back). The client's guard reads them.
@@ -372,7 +375,7 @@ class ZmqEngineClient:
                         status = json.loads(frames[2].bytes)
                         self.engine_load = {k: int(status.get(k, 0)) for k in ("running", "waiting")}
                         self.engine_steps = {
-                            k: int(v) for k, v in status.items() if k == "steps" or k.startswith("blocked_")
+                            k: int(v) for k, v in status.items() if k in STEP_COUNTERS or k.startswith("blocked_")
                         }
                 elif kind == transport.SPANS and len(frames) > 1:
                     self.timelines.engine_spans(json.loads(frames[1].bytes))

@@ -35,6 +35,10 @@ ENGINE_REQUESTS = PREFIX + "engine_requests"  # gauge, label state=running|waiti
 ENGINE_STEPS = PREFIX + "engine_steps_total"  # counter: engine steps run
 # counter, label blocked_by=kv_cache|max_num_seqs|token_budget: steps after which requests still waited
 ENGINE_WAITING_STEPS = PREFIX + "engine_steps_with_waiting_total"
+ENGINE_PREEMPTIONS = PREFIX + "engine_preemptions_total"  # counter: running requests preempted for KV blocks
+# counters: prompt tokens admitted, and those served from the prefix cache (hit rate = hits / queries)
+ENGINE_PREFIX_HITS = PREFIX + "engine_prefix_cache_hit_tokens_total"
+ENGINE_PREFIX_QUERIES = PREFIX + "engine_prefix_cache_query_tokens_total"
 OUTPUTS_RELAYED = PREFIX + "frontend_outputs_relayed_total"  # counter: engine outputs relayed to requests
 OUTPUTS_BEHIND = PREFIX + "frontend_outputs_behind_total"  # counter: of those, taken with the next one waiting
 MM_STORE = PREFIX + "frontend_mm_store_total"  # counter, label event=hit|miss|eviction|fallback (shm-store)
@@ -66,6 +70,12 @@ HELP = {
         "Steps that left requests waiting, by what stopped admitting them (kv_cache and max_num_seqs: "
         "admission; token_budget: the step was full).",
     ),
+    ENGINE_PREEMPTIONS: (
+        "counter",
+        "Running requests the engine preempted when no KV block was free (they recompute later).",
+    ),
+    ENGINE_PREFIX_HITS: ("counter", "Prompt tokens whose KV the engine took from its prefix cache."),
+    ENGINE_PREFIX_QUERIES: ("counter", "Prompt tokens the engine admitted (recomputed ones included)."),
     OUTPUTS_RELAYED: ("counter", "Engine outputs the frontend relayed to their requests."),
     OUTPUTS_BEHIND: (
         "counter",

@@ -88,6 +88,7 @@ def with_step_counts(engine: dict[str, Any] | None, before: str | None, after: s
     if engine is None or not before or not after:
         return engine
     counts = []
+    kv = []
     for text in (before, after):
         values = prom.parse(text)
         steps = values.get((prom.ENGINE_STEPS, frozenset()))
@@ -99,12 +100,27 @@ def with_step_counts(engine: dict[str, Any] | None, before: str | None, after: s
         if steps is None:
             return engine
         counts.append((steps, waiting))
+        kv.append({k: values.get((name, frozenset())) for k, name in KV_COUNTERS.items()})
     (steps0, waiting0), (steps1, waiting1) = counts
-    return {
+    out = {
         **engine,
         "steps": int(steps1 - steps0),
         "steps_waiting": {k: int(v - waiting0.get(k, 0)) for k, v in waiting1.items()},
     }
+    if all(v is not None for scrape in kv for v in scrape.values()):  # an engine with a paged KV cache
+        delta = {k: int((kv[1][k] or 0) - (kv[0][k] or 0)) for k in KV_COUNTERS}
+        out["preemptions"] = delta["preemptions"]
+        queries = delta["prefix_cache_query_tokens"]
+        out["prefix_cache_hit_pct"] = round(100 * delta["prefix_cache_hit_tokens"] / queries, 1) if queries else 0.0
+    return out
+
+
+# The scheduler's KV counters (Scheduler.step_counts) and their /metrics names.
+KV_COUNTERS = {
+    "preemptions": prom.ENGINE_PREEMPTIONS,
+    "prefix_cache_hit_tokens": prom.ENGINE_PREFIX_HITS,
+    "prefix_cache_query_tokens": prom.ENGINE_PREFIX_QUERIES,
+}
 
 
 # Above this share of steps leaving requests waiting for a KV reservation or a
@@ -141,6 +157,11 @@ def report_rows(engine: dict[str, Any] | None, request_tokens: float | None = No
             fit = min(seqs, int(kv // request_tokens))
             admits = f"{fit} requests of ~{request_tokens:.0f} tokens ({admits})"
         rows.append(("Engine admits at once:", admits))
+    hit_pct, preempted = engine.get("prefix_cache_hit_pct"), engine.get("preemptions")
+    if isinstance(hit_pct, (int, float)) and isinstance(preempted, int):
+        rows.append(
+            ("Engine KV cache:", f"prefix-cache hit rate {hit_pct:.1f}% of prompt tokens, {preempted:,} preemptions")
+        )
     steps, waiting = engine.get("steps"), engine.get("steps_waiting")
     if isinstance(steps, int) and steps > 0 and isinstance(waiting, dict):
         admission = waiting.get("kv_cache", 0) + waiting.get("max_num_seqs", 0)
