@@ -301,3 +301,13 @@ def test_copies_after_a_pause_run_the_pause_outside_the_clock_and_warm_up_once()
     assert len(calls) == 5 and after.iterations == 4  # one untimed copy first, then the samples
     assert np.array_equal(src, dst) and 0 < after.min_us <= after.p50_us <= after.p99_us
     assert timing.time_copies_after(src, dst, None, iterations=2).iterations == 2
+
+
+@pytest.mark.slow  # a receiver process per transport
+@pytest.mark.parametrize("transport", ["torch-shm", "shm-store", "shm-store-miss"])
+def test_the_multimodal_transports_deliver_intact_bytes_in_parts(transport: str) -> None:
+    """The warm-up sends are digested by the receiver: an ok cell got the bytes that were sent."""
+    msg = payloads.tensor_request(torch.float16, 336)
+    got = delivery.measure("msgspec-oob", transport, "tensor-fp16-336", msg, iterations=3)
+    assert got.status == "ok", got.reason
+    assert all(v >= 0 for v in got.parts_p50_us.values()) and got.copy_p50_us > 0

@@ -17,6 +17,11 @@ flight at a time, so no queueing enters the figure. Transports:
 - ``shm``: frames of at least the threshold through the arena (``harness.wire.shm``);
 - ``shm-inplace``: the same, with the payload's tensor already built in the
   arena (as ``--mm-payload tensor`` does on the shm transport): nothing is copied;
+- ``torch-shm``: big frames copied into torch shared storages, one per frame and send
+  (``harness.wire.torch_shm``), through the serving loop's sender (its event loop included);
+- ``shm-store``: through the content-addressed store (``harness.wire.mm_store``), the same
+  payload every send: after the first, each send is a hit (hashed, not copied);
+  ``shm-store-miss``: the store forgets it after each send, so each is a miss (hashed and copied);
 - ``shm-bell``: ``shm``'s arena and message, the message sent as one packet on
   a Unix SOCK_SEQPACKET socket instead of ZeroMQ: what the notify would cost
   without ZeroMQ's I/O threads (four thread hand-overs per message: sender →
@@ -41,6 +46,7 @@ one message at a time, so a serving arena's hot blocks are resident too.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import multiprocessing as mp
 import shutil
@@ -56,12 +62,17 @@ import numpy as np
 import zmq
 
 import wirecodecs
+from harness.engine import receivers
+from harness.frontend.mm_senders import StoreSender, TorchShmSender
 from harness.wire import transport
 from harness.wire.integrity import request_digest
 from harness.wire.messages import EngineCoreRequest
+from harness.wire.mm_store import MmStore
 from harness.wire.shm import DEFAULT_THRESHOLD, Arena, Handle, Mappings, copy_into
+from harness.wire.torch_shm import TAKEN
 
-TRANSPORTS = ("zmq", "shm", "shm-inplace", "shm-bell")
+TRANSPORTS = ("zmq", "shm", "shm-inplace", "shm-bell", "torch-shm", "shm-store", "shm-store-miss")
+_SENDERS = ("torch-shm", "shm-store", "shm-store-miss")  # measured through the serving loop's senders
 WARMUP_SENDS = 3  # untimed; the first of them is reported as first_us
 CHECK_ID = "check"  # the request id of warm-up sends: the receiver digests what it decoded
 
@@ -69,10 +80,12 @@ CHECK_ID = "check"  # the request id of warm-up sends: the receiver digests what
 PARTS: dict[str, str] = {
     "encode": "codec.encode in the sender",
     "copy": "the sender's copy of big frames into the arena, its block and handle table (zmq, shm-inplace: the "
-    "message's assembly only)",
+    "message's assembly only; torch-shm: a new shared storage per frame and the copy; shm-store: the hash, and "
+    "on a miss the copy)",
     "notify": "send_multipart → recv_multipart returns in the receiver: ZeroMQ's hand-over (zmq: with its copies of "
     "the big frames; shm-bell: the socket's) and the receiver's wake-up",
-    "decode": "the receiver's handle table, views on the arena and codec.decode, until it holds the message",
+    "decode": "the receiver's handle table, views on the arena (torch-shm: opening and mapping each storage) and "
+    "codec.decode, until it holds the message",
 }
 
 
@@ -156,7 +169,9 @@ def _receiver(address: str, codec_name: str, msg_type_name: str, conn: Connectio
             if kind == transport.SHUTDOWN:
                 return
             body: list[Any] = list(frames[1:])
-            if kind == transport.ADD_SHM:
+            if kind == transport.ADD_TORCH:
+                body = receivers.from_torch_shm(body, lambda fd, serial: released.append([TAKEN, fd, serial]))
+            elif kind == transport.ADD_SHM:
                 table = json.loads(transport.frame_bytes(body[0]))
                 body = body[1:]
                 for index, *handle in table:
@@ -200,6 +215,8 @@ def measure(
     """The delivery time of ``msg`` (p50/p99 µs over ``iterations`` one-at-a-time sends)."""
     codec = wirecodecs.get_codec(codec_name)
     calls = wirecodecs.CodecCalls(codec)  # the adapter (vllm's) runs outside the clock
+    if transport_name not in TRANSPORTS:
+        return Delivery(codec_name, transport_name, payload, "unsupported", f"not measured by micro: {transport_name}")
     if transport_name != "zmq" and not wirecodecs.sends_out_of_band(codec_name):
         return Delivery(codec_name, transport_name, payload, "unsupported", "no out-of-band frames for shm")
     try:
@@ -209,7 +226,9 @@ def measure(
         return Delivery(codec_name, transport_name, payload, "unsupported", str(exc)[:60])
     folder = tempfile.mkdtemp(prefix="wirebench-delivery-")
     address = f"{folder}/bell" if transport_name == "shm-bell" else f"ipc://{folder}/d"
-    arena = Arena(max(64 << 20, 4 * _payload_bytes(codec, msg)), prefault=True) if transport_name != "zmq" else None
+    plain_shm = transport_name not in ("zmq", *_SENDERS)
+    arena = Arena(max(64 << 20, 4 * _payload_bytes(codec, msg)), prefault=True) if plain_shm else None
+    sender, loop = _sender(transport_name, threshold, 4 * _payload_bytes(codec, msg)), asyncio.new_event_loop()
     ctx_mp = mp.get_context("spawn")
     parent, child = ctx_mp.Pipe()
     proc = ctx_mp.Process(target=_receiver, args=(address, codec_name, type(msg).__name__, child), daemon=True)
@@ -234,13 +253,20 @@ def measure(
             start = time.monotonic_ns()
             frames = calls.encode(native)
             encoded = time.monotonic_ns()
-            message = _message(frames, arena, threshold, rid)
+            if sender is not None:
+                message, _ = loop.run_until_complete(sender.message(rid, frames))
+            else:
+                message = _message(frames, arena, threshold, rid)
             placed = time.monotonic_ns()
             sock.send_multipart(message, copy=False)
             received, done, released, digest = parent.recv()
             stamps.append((start, encoded, placed, received, done))
             if rid == CHECK_ID and digest != expected:
                 raise RuntimeError("the receiver decoded other bytes than were sent")
+            if sender is not None:
+                sender.released(released)
+                if transport_name == "shm-store-miss":
+                    sender.store.clear()
             if arena is not None:
                 for _, block, gen in released:
                     arena.free(block, gen)
@@ -274,7 +300,19 @@ def measure(
             proc.kill()
         if arena is not None:
             arena.close()
+        if sender is not None:
+            sender.close()
+        loop.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _sender(name: str, threshold: int, store_bytes: int) -> Any:
+    """The serving loop's sender of a transport bench micro measures through it (None for the others)."""
+    if name == "torch-shm":
+        return TorchShmSender(threshold)
+    if name in ("shm-store", "shm-store-miss"):
+        return StoreSender(MmStore(max(64 << 20, store_bytes)), threshold)
+    return None
 
 
 def _payload_bytes(codec: Any, msg: Any) -> int:
