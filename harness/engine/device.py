@@ -120,7 +120,7 @@ class MemoryPlan:
     weights: int
     kv_cache: int
     workspace: int
-    kv_tokens: int  # tokens the cache holds (max_num_seqs x max_model_len)
+    kv_tokens: int  # tokens the paged cache holds (--kv-cache-tokens, default max_num_seqs x max_model_len)
     free: int | None = None  # free device memory before allocating (CUDA only)
     total: int | None = None
 
@@ -138,9 +138,9 @@ class MemoryPlan:
         """Why it does not fit in ``free`` and what to lower; None when it fits (or free is unknown).
 
         An error rather than a quiet clamp (vLLM's gpu_memory_utilization shrinks
-        its paged cache instead): here the cache is one slot of max_model_len per
-        sequence, so fitting it means changing --max-num-seqs or --max-model-len,
-        which a benchmark must report as the user set them, not as the engine chose.
+        its paged cache instead): the cache's size is --kv-cache-tokens (by default
+        --max-num-seqs x --max-model-len), which a benchmark must report as the user
+        set it, not as the engine chose.
         """
         if self.free is None or self.needed <= self.free:
             return None
@@ -150,9 +150,9 @@ class MemoryPlan:
         return (
             f"the engine needs {self.needed / GIB:.1f} GiB on {where} but {self.free / GIB:.1f} GiB{total} are "
             f"free: weights {self.weights / GIB:.1f} GiB, KV cache {self.kv_cache / GIB:.1f} GiB "
-            f"({self.kv_tokens} tokens = max_num_seqs x max_model_len, {per_token // 1024} KiB a token), "
-            f"workspace ~{self.workspace / GIB:.1f} GiB. About {fits} KV tokens fit: lower --max-num-seqs or "
-            "--max-model-len so that their product is at most that."
+            f"({self.kv_tokens} tokens, {per_token // 1024} KiB a token), workspace ~{self.workspace / GIB:.1f} GiB. "
+            f"About {fits} KV tokens fit: set --kv-cache-tokens to at most that (its default is --max-num-seqs x "
+            "--max-model-len)."
         )
 
 
