@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.wire import curve, transport
+from harness.wire import curve, policy, transport
 from harness.wire.policy import LinkSettings, check_shm, check_transport_safety, insecure_warnings
 from harness.wire.transport import EngineAddresses
 
@@ -136,3 +136,24 @@ def test_shm_needs_an_out_of_band_codec_and_the_engine_on_this_host():
     assert "another host" in check_shm(LinkSettings("msgspec-oob", transport="shm"), remote)
     assert "frontend's choice" in check_shm(LinkSettings("msgspec-oob", transport="shm", engine_only=True), local)
     assert check_shm(LinkSettings("msgspec"), remote) is None
+
+
+@pytest.mark.parametrize("name", ["torch-shm", "shm-store"])
+def test_the_multimodal_transports_follow_shms_rules(name):
+    local, remote = EngineAddresses.tcp("127.0.0.1", 6000), EngineAddresses.tcp("10.1.2.3", 6000)
+    assert check_shm(LinkSettings("msgspec-oob", transport=name), local) is None
+    assert f"--transport {name} needs a codec with out-of-band" in check_shm(
+        LinkSettings("msgspec", transport=name), local
+    )
+    assert "another host" in check_shm(LinkSettings("msgspec-oob", transport=name), remote)
+    assert "frontend's choice" in check_shm(LinkSettings("msgspec-oob", transport=name, engine_only=True), local)
+
+
+def test_cuda_ipc_is_refused_without_a_cuda_device(monkeypatch):
+    from harness.experiment.arms import parse_arms
+
+    monkeypatch.setattr(policy, "_cuda_available", lambda: False)
+    (arm,) = parse_arms("msgspec-oob", "cuda-ipc")
+    assert arm.unsupported() == "--transport cuda-ipc needs a CUDA device; this machine has none"
+    monkeypatch.setattr(policy, "_cuda_available", lambda: True)
+    assert arm.unsupported() is None
