@@ -292,11 +292,13 @@ def limits_info(config: EngineConfig) -> dict[str, Any]:
         "max_model_len": config.max_model_len,
         "max_num_batched_tokens": config.max_num_batched_tokens,
         "long_prefill_token_threshold": config.long_prefill_token_threshold,
-        # What admission may reserve (prompt + max_tokens per request) ...
+        # What the paged KV cache holds (num_kv_blocks x kv_block_size) ...
         "kv_cache_tokens": config.kv_capacity,
         "kv_cache_tokens_set": config.kv_cache_tokens is not None,
         # ... and what that allows at the worst case of a whole max_model_len each.
         "max_seqs_at_max_model_len": min(config.max_num_seqs, config.kv_capacity // config.max_model_len),
+        "kv_block_size": config.kv_block_size,
+        "prefix_caching": config.prefix_caching,
     }
 
 
