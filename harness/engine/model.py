@@ -153,7 +153,7 @@ class StepBatch:
     decode_slots: Tensor | None  # [B, L] cache slots of each decode row's keys
     decode_mask: Tensor | None  # [B, 1, 1, L]
     chunk_slots: Tensor | None  # [C, L] cache slots of each chunk's keys
-    chunk_mask: Tensor | None  # [C, 1, G*T, L]
+    chunk_mask: Tensor | None  # [C, 1, T, L]; None with every chunk from position 0 (causal)
     chunk_dst: Tensor | None  # [Nc] each chunk row's place among the C x T padded queries
 
 
@@ -207,7 +207,7 @@ class Attention(nn.Module):
         row = plan.n_decode
         if batch.decode_slots is not None and batch.decode_mask is not None:
             parts.append(attention.decode(q[:row], self.k_cache, self.v_cache, batch.decode_slots, batch.decode_mask))
-        if batch.chunk_slots is not None and batch.chunk_mask is not None and batch.chunk_dst is not None:
+        if batch.chunk_slots is not None and batch.chunk_dst is not None:
             parts.append(
                 attention.chunks(
                     q[row:],
@@ -328,18 +328,19 @@ class Transformer(nn.Module):
         number of sequences: no value is read back.
         """
         row_slots, pos_rows, decode_tables, chunk_tables, dst = staged
-        bs, group = self.block_size, self.cfg.n_heads // self.cfg.n_kv_heads
+        bs, dtype = self.block_size, self.dtype
         decode_slots = decode_mask = chunk_slots = chunk_mask = chunk_dst = None
         b = plan.n_decode
         if b:
             length = plan.max_len
             decode_slots = attention.key_slots(decode_tables.view(b, -1), bs, length)
-            decode_mask = attention.decode_mask(pos_rows[:b], length)
+            decode_mask = attention.decode_mask(pos_rows[:b], length, dtype)
         if plan.chunks:
             c, width, length = len(plan.chunks), plan.chunk_width, plan.chunk_span
             chunk_slots = attention.key_slots(chunk_tables.view(c, -1), bs, length)
-            q_pos = pos_rows.new_zeros(c * width).index_copy_(0, dst, pos_rows[b:])
-            chunk_mask = attention.chunks_mask(q_pos.view(c, width), group, length)
+            if any(ch.start for ch in plan.chunks):  # else causal: no mask
+                q_pos = pos_rows.new_zeros(c * width).index_copy_(0, dst, pos_rows[b:])
+                chunk_mask = attention.chunks_mask(q_pos.view(c, width), length, dtype)
             chunk_dst = dst
         return StepBatch(
             plan,
