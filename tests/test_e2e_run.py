@@ -62,8 +62,8 @@ def test_interleaved_repeats_compare_two_codecs(tmp_path):
     engine = result["metadata"]["engine"]  # the engine's account of itself and of this run's steps
     assert engine["device"] == "cpu" and engine["preset"] == "tiny"
     assert engine["steps"] >= 20 and set(engine["steps_waiting"]) == {"kv_cache", "max_num_seqs", "token_budget"}
-    # The sonnet prompts share a prefix: the paged cache serves part of every later prompt.
-    assert engine["prefix_cache_hit_pct"] > 0 and engine["preemptions"] >= 0
+    # The paged cache's counters reach the run (prefix caching is off by default: no hits).
+    assert engine["prefix_cache_hit_pct"] == 0.0 and engine["preemptions"] == 0
     assert "Codec comparison" in done.stdout  # the report was printed; what it reports is read from the files
     # Two rounds: figures, never a verdict.
     verdicts = summary["comparison"]["verdicts"]["msgspec"]

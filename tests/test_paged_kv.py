@@ -44,6 +44,7 @@ def make_config(**kw: Any) -> EngineConfig:
         long_prefill_token_threshold=0,
         image_tokens=4,
         num_threads=1,
+        prefix_caching=True,
     )
     base.update(kw)
     return EngineConfig(**base)
