@@ -143,7 +143,7 @@ class Scheduler:
         self._cap = config.long_prefill_token_threshold
         self._kv_capacity = config.kv_capacity
         # Steps that left requests waiting, by what stopped admission: "kv_cache"
-        # (the next request's reservation does not fit), "max_num_seqs" (no free
+        # (the next request's prompt blocks are not free, or the step preempted), "max_num_seqs" (no free
         # slot) or "token_budget" (the step's tokens ran out first: not admission).
         self.blocked_steps: dict[str, int] = dict.fromkeys(BLOCKED_BY, 0)
         self.waiting_peak = 0

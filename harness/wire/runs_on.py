@@ -123,7 +123,7 @@ KV_COUNTERS = {
 }
 
 
-# Above this share of steps leaving requests waiting for a KV reservation or a
+# Above this share of steps leaving requests waiting for KV blocks or a
 # sequence slot, the report says admission limited concurrency.
 ADMISSION_LIMITED_SHARE = 0.05
 
@@ -132,7 +132,7 @@ def report_rows(engine: dict[str, Any] | None, request_tokens: float | None = No
     """(label, value) rows for the console report: what ran, and what admission allowed.
 
     ``request_tokens``: the workload's mean prompt + output tokens, which each
-    request reserves in the KV cache while it runs.
+    request holds in the KV cache at its longest.
     """
     if not engine:
         return []
@@ -172,7 +172,7 @@ def report_rows(engine: dict[str, Any] | None, request_tokens: float | None = No
             rows.append(
                 (
                     "Admission-limited:",
-                    f"in {share:.0%} of steps requests waited for a KV reservation or a sequence slot, not for "
+                    f"in {share:.0%} of steps requests waited for KV blocks or a sequence slot, not for "
                     "compute: concurrency was capped by --kv-cache-tokens / --max-num-seqs",
                 )
             )
