@@ -74,6 +74,15 @@ class EngineConfig:
         help="sim: ms per token (default: the model's own)",
         comparable=True,
     )
+    # sim: the host schedules step N+1 while the modelled GPU runs step N (harness/engine/overlap.py).
+    async_scheduling: bool = setting(
+        True,
+        flag="--no-async-scheduling",
+        help="sim: run schedule, launch, wait and update in series (default: one step of overlap, the host "
+        "schedules the next step while the modelled GPU runs this one, as vLLM's --async-scheduling; "
+        "the torch executor always runs in series)",
+        comparable=True,
+    )
     # Scheduler limits
     max_num_seqs: int = setting(64, flag="--max-num-seqs", comparable=True)
     max_num_batched_tokens: int = setting(2048, flag="--max-num-batched-tokens", comparable=True)

@@ -1,14 +1,18 @@
 """The engine's core step: schedule → execute → update, and errors as outputs.
 
-No sockets and no threads here (``harness.engine.process`` has those), so the
-step can be driven directly in tests.
+No sockets here (``harness.engine.process`` has those), so the step can be driven directly
+in tests. With ``async_scheduling`` and an executor that launches steps onto a device of its
+own (``sim``), one step of overlap: ``step()`` schedules and launches step N+1, then waits for
+step N and returns N's outputs (``harness.engine.overlap``).
 """
 
 from __future__ import annotations
 
+from harness.engine import overlap
 from harness.engine.config import EngineConfig
 from harness.engine.executor import make_executor
 from harness.engine.scheduler import Scheduler
+from harness.engine.sim_gpu import DeviceStats
 from harness.engine.step import SchedulerOutput
 from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, SchedulerStats
 
@@ -34,6 +38,14 @@ class EngineCore:
         self.step_index = 0
         # What the last step() scheduled (None before the first, or when it scheduled nothing).
         self.last_step: SchedulerOutput | None = None
+        # Executors with a device of their own launch a step and return a handle (sim); torch runs in series.
+        self._launch: overlap.Launch | None = getattr(self.executor, "launch", None)
+        self.overlapped = config.async_scheduling and self._launch is not None
+        self._inflight: overlap.InFlight | None = None
+        # The engine had work since the last step ended: the device's gap before the next one is idle time.
+        self._continuous = False
+        # The modelled GPU's start and end (monotonic ns) of the step whose outputs step() returned last.
+        self.device_span: tuple[int, int] | None = None
 
     def add_request(self, request: EngineCoreRequest) -> EngineCoreOutput | None:
         """Queue a request; an error output if it is invalid."""
@@ -47,7 +59,12 @@ class EngineCore:
         self.scheduler.abort_requests(request_ids)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self._inflight is not None or self.scheduler.has_unfinished_requests()
+
+    def device_stats(self) -> DeviceStats | None:
+        """The modelled GPU's busy and idle time so far (sim); None for an executor without one."""
+        stats = getattr(self.executor, "device_stats", None)
+        return stats() if stats is not None else None
 
     def scheduler_stats(self) -> SchedulerStats:
         """The scheduler's state after the last step (``--output-stats``)."""
@@ -60,20 +77,57 @@ class EngineCore:
         )
 
     def step(self) -> list[EngineCoreOutput]:
+        self.device_span = None
+        if self.overlapped:
+            return self._step_overlapped()
         scheduled = self.scheduler.schedule()
         self.last_step = scheduled if scheduled.total_num_tokens else None
         if not scheduled.total_num_tokens:
             return []
-        result = self.executor.execute(scheduled)
+        if self._launch is not None:
+            handle = self._launch(scheduled, self._continuous)
+            result = handle.wait()
+            self.device_span = (handle.start_ns, handle.end_ns)
+        else:
+            result = self.executor.execute(scheduled)
         self.step_index += 1
+        self._drop_images(scheduled)
+        outputs = self.scheduler.update_from_output(scheduled, result)
+        self._continuous = self.has_work()
+        return outputs
+
+    def _step_overlapped(self) -> list[EngineCoreOutput]:
+        """Schedule and launch step N+1, then wait for step N and return its outputs."""
+        previous = self._inflight
+        scheduled = self.scheduler.schedule()  # against step N's placeholders
+        self.last_step = scheduled if scheduled.total_num_tokens else None
+        self._inflight = None
+        if scheduled.total_num_tokens:
+            assert self._launch is not None
+            self._inflight = overlap.launch(
+                self.scheduler, scheduled, self._launch, previous is not None or self._continuous
+            )
+            self.step_index += 1
+            self._drop_images(scheduled)
+        outputs: list[EngineCoreOutput] = []
+        if previous is not None:
+            outputs = overlap.finish(self.scheduler, previous)
+            self.device_span = (previous.handle.start_ns, previous.handle.end_ns)
+        if self._inflight is not None:
+            overlap.add_placeholders(self.scheduler, self._inflight)
+        self._continuous = self.has_work()
+        return outputs
+
+    @staticmethod
+    def _drop_images(scheduled: SchedulerOutput) -> None:
         for new in scheduled.new_requests:
             # The executor has encoded its images: drop the payload now, not when the request ends,
             # so its memory (shared memory included, harness.wire.shm) is given back early.
             new.request.mm_inputs = None
-        return self.scheduler.update_from_output(scheduled, result)
 
     def fail_all(self, message: str) -> list[EngineCoreOutput]:
         """After a step raised: end every request with an error, keep serving."""
+        self._inflight = None  # its results, if any come, belong to requests that end here
         ids = list(self.scheduler.requests)
         self.scheduler.abort_requests(ids)
         return [error_output(rid, message, rejected=False) for rid in ids]

@@ -41,6 +41,7 @@ from harness.engine.device import (
 from harness.engine.logprobs import sim_logprobs, top_logprobs
 from harness.engine.model import build_model, get_model_config
 from harness.engine.sampler import Sampler, SampleRow, uses_penalties
+from harness.engine.sim_gpu import DeviceStats, SimDevice, StepHandle
 from harness.engine.staging import Stager, step_token_ids
 from harness.engine.step import ModelRunnerOutput, NewRequest, ScheduledChunk, SchedulerOutput
 from harness.engine.step_plan import Chunk, StepPlan
@@ -350,6 +351,7 @@ class SimExecutor:
         self.config = config
         self.states: dict[str, _SimState] = {}
         self.step_time = step_time_model(config.sim_step_model, config.sim_step_fixed_ms, config.sim_step_per_token_ms)
+        self.device = SimDevice()  # the modelled GPU: a worker thread that runs launched steps in order
 
     def info(self) -> dict[str, Any]:
         return {
@@ -379,11 +381,19 @@ class SimExecutor:
         return tok
 
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        t0 = time.perf_counter()
-        cfg = self.config
+        """Launch the step and wait for it: the engine loop in series."""
+        return self.launch(sched).wait()
+
+    def launch(self, sched: SchedulerOutput, continuous: bool = False) -> StepHandle[ModelRunnerOutput]:
+        """Hand the step to the modelled GPU (``harness.engine.sim_gpu``) and return at once.
+
+        The host does what a real executor's host does before a launch (per-request state, the
+        step's shape); the tokens are drawn on the device thread and known only through the
+        handle. ``continuous``: the engine had work since the previous step ended.
+        """
         # Cached tokens attention reads: a walk over the step's chunks, only for a model that charges them.
         context = sum(c.start_pos + len(c.token_ids) for c in sched.chunks) if self.step_time.kv_ms_per_token else 0
-        deadline = t0 + self.step_time.step_ms(sched.total_num_tokens, context) / 1e3
+        duration_s = self.step_time.step_ms(sched.total_num_tokens, context) / 1e3
         errors: dict[str, str] = {}
         for rid in sched.finished_req_ids:
             self.states.pop(rid, None)
@@ -392,14 +402,24 @@ class SimExecutor:
                 self.states[nr.request_id] = self._new_state(nr)
             except Exception as exc:  # bad payload: fail this request, not the step
                 errors[nr.request_id] = _error_text(exc)
-        sampled = {}
-        logprobs = {}
+        rows = []
         for c in sched.chunks:
             st = self.states.get(c.request_id)
             if c.sample and st is not None:
-                position = c.start_pos + len(c.token_ids)
-                tok = sampled[c.request_id] = self._token(st, position, c.suppress_token_ids)
+                rows.append((c.request_id, st, c.start_pos + len(c.token_ids), c.suppress_token_ids))
+
+        def sample() -> ModelRunnerOutput:
+            vocab = self.config.vocab_size
+            sampled = {}
+            logprobs = {}
+            for rid, st, position, suppress in rows:
+                tok = sampled[rid] = self._token(st, position, suppress)
                 if st.logprobs is not None:
-                    logprobs[c.request_id] = sim_logprobs(tok, st.logprobs, st.key + position, cfg.vocab_size)
-        wait_until(deadline)
-        return ModelRunnerOutput(sampled, errors, time.perf_counter() - t0, logprobs=logprobs)
+                    logprobs[rid] = sim_logprobs(tok, st.logprobs, st.key + position, vocab)
+            return ModelRunnerOutput(sampled, errors, duration_s, logprobs=logprobs)
+
+        return self.device.launch(duration_s, sample, continuous)
+
+    def device_stats(self) -> DeviceStats:
+        """The modelled GPU's busy and idle time so far."""
+        return self.device.stats

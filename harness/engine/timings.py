@@ -52,8 +52,19 @@ class EngineTimings:
                 points.added = now_ns
 
     def step(
-        self, index: int, start_ns: int, end_ns: int, tokens: int, new_ids: list[str], sampled_ids: list[str]
+        self,
+        index: int,
+        start_ns: int,
+        end_ns: int,
+        tokens: int,
+        new_ids: list[str],
+        sampled_ids: list[str],
+        device_span: tuple[int, int] | None = None,
     ) -> None:
+        """One call of the engine's step: what it scheduled, and the requests sampled in what it returned.
+
+        ``device_span``: the modelled GPU's start and end of the step whose tokens it returned (sim).
+        """
         with self._lock:
             for rid in new_ids:
                 points = self._pending.get(rid)
@@ -64,16 +75,17 @@ class EngineTimings:
                 if points is not None and not points.first_sampled:
                     points.first_sampled = end_ns
             if len(self._steps) < MAX_STEPS:
-                self._steps.append(
-                    {
-                        "index": index,
-                        "start": start_ns,
-                        "end": end_ns,
-                        "tokens": tokens,
-                        "new": len(new_ids),
-                        "sampled": len(sampled_ids),
-                    }
-                )
+                record = {
+                    "index": index,
+                    "start": start_ns,
+                    "end": end_ns,
+                    "tokens": tokens,
+                    "new": len(new_ids),
+                    "sampled": len(sampled_ids),
+                }
+                if device_span is not None:
+                    record["device_start"], record["device_end"] = device_span
+                self._steps.append(record)
 
     def dropped(self, request_ids: list[str]) -> None:
         with self._lock:

@@ -39,6 +39,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "sim_step_model": "llama8b-h100",
         # Given, not left to the model's default, so run files record the value the fit chose.
         "sim_step_fixed_ms": LLAMA8B_H100_FIXED_MS,
+        # vLLM 0.6.4 ran schedule, forward and update in series; the fixed ms was fitted so.
+        "no_async_scheduling": True,
         # V1's EngineCore under `vllm serve` (UsageContext.OPENAI_API_SERVER), whatever the flags said.
         "max_num_seqs": 1024,
         "max_num_batched_tokens": 2048,
@@ -51,10 +53,17 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def _as_flag(key: str, value: Any) -> str:
+    """'--flag value'; a switch (a bool) is its flag alone when on."""
+    flag = f"--{key.replace('_', '-')}"
+    if isinstance(value, bool):
+        return flag if value else f"no {flag}"
+    return f"{flag} {value}"
+
+
 def preset_help() -> str:
     return "; ".join(
-        f"{name}: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in values.items())
-        for name, values in PRESETS.items()
+        f"{name}: " + ", ".join(_as_flag(k, v) for k, v in values.items()) for name, values in PRESETS.items()
     )
 
 
@@ -63,6 +72,7 @@ FITTED_SETTINGS = (
     "executor",
     "sim_step_model",
     "sim_step_fixed_ms",
+    "no_async_scheduling",
     "max_num_seqs",
     "max_num_batched_tokens",
     "frontend_cpu_us_per_token",
@@ -73,9 +83,7 @@ def departures_from_fit(name: str, values: dict[str, Any]) -> list[str]:
     """The fitted settings a run changed from preset ``name``'s, as '--flag value'."""
     preset = PRESETS[name]
     return [
-        f"--{key.replace('_', '-')} {values.get(key)}"
-        for key in FITTED_SETTINGS
-        if key in preset and values.get(key) != preset[key]
+        _as_flag(key, values.get(key)) for key in FITTED_SETTINGS if key in preset and values.get(key) != preset[key]
     ]
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from harness.wire.spans import REQUEST_SPANS, IpcBudget, budget, span_stats
+from harness.wire.spans import REQUEST_SPANS, IpcBudget, budget, device_time, span_stats
 
 SPANS_PATH = "/v1/wirebench/spans"
 _TIMEOUT = aiohttp.ClientTimeout(total=30)
@@ -61,6 +61,7 @@ async def fetch_budget(
     for what in ("adapt", "encode", "encode_cpu", "wire", "decode", "decode_cpu"):  # per step, every batch of the run
         values = [float(b["spans_us"][what]) for b in body.get("batches") or () if b.get("spans_us")]
         result.spans[f"step.{what}"] = span_stats(values)
+    result.device = device_time(body.get("batches") or ())
     return result
 
 

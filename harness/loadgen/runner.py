@@ -277,8 +277,11 @@ class ServerLoad:
                 load, settings.request_rate, settings.max_concurrency, outputs_behind_share(self.before, after)
             ),
             ipc=budget,
-            engine=runs_on.with_step_counts(
-                runs_on.from_metrics(after) or runs_on.from_metrics(self.before), self.before, after
+            engine=runs_on.with_device_time(
+                runs_on.with_step_counts(
+                    runs_on.from_metrics(after) or runs_on.from_metrics(self.before), self.before, after
+                ),
+                budget.device if budget is not None else None,
             ),
         )
 

@@ -123,6 +123,13 @@ KV_COUNTERS = {
 }
 
 
+def with_device_time(engine: dict[str, Any] | None, device: dict[str, float] | None) -> dict[str, Any] | None:
+    """``engine`` plus the modelled GPU's busy and idle ms over the run (sim, from the request timelines)."""
+    if engine is None or not device:
+        return engine
+    return {**engine, "gpu_busy_ms": device["busy_ms"], "gpu_idle_ms": device["idle_ms"]}
+
+
 # Above this share of steps leaving requests waiting for KV blocks or a
 # sequence slot, the report says admission limited concurrency.
 ADMISSION_LIMITED_SHARE = 0.05
@@ -176,6 +183,11 @@ def report_rows(engine: dict[str, Any] | None, request_tokens: float | None = No
                     "compute: concurrency was capped by --kv-cache-tokens / --max-num-seqs",
                 )
             )
+    busy, idle = engine.get("gpu_busy_ms"), engine.get("gpu_idle_ms")
+    if isinstance(busy, (int, float)) and isinstance(idle, (int, float)) and busy > 0:
+        rows.append(
+            ("Modelled GPU idle between steps:", f"{idle / busy:.1%} of its busy time ({idle:,.0f} / {busy:,.0f} ms)")
+        )
     if engine.get("compile"):
         rows.append(("Engine torch.compile:", "on"))
     for key in ("device_warning", "sdpa_warning"):

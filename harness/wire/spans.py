@@ -129,6 +129,9 @@ class BatchPoints:
     decode_cpu: int = 0
     adapt: int = 0  # engine: the codec's adapter before encode (ns)
     front_adapt: int = 0  # frontend: the codec's adapter after decode (ns)
+    # The sim executor's modelled GPU as the batch left: busy and idle-between-steps ns so far (0 on torch).
+    device_busy: int = 0
+    device_idle: int = 0
 
     def spans_us(self) -> dict[str, float]:
         return {
@@ -241,6 +244,8 @@ class IpcBudget:
     requests: int = 0
     unavailable: str = ""  # why there is no budget (spans across hosts, server without spans)
     loop_lag: dict[str, float] = field(default_factory=dict)
+    # The modelled GPU over the run (sim): busy_ms, idle_ms between steps (device_time); empty otherwise.
+    device: dict[str, float] = field(default_factory=dict)
 
     def share_of_ttft(self, mean_ttft_ms: float) -> float:
         """Mean IPC on the first-token path over mean TTFT (NaN when unknown)."""
@@ -255,7 +260,25 @@ class IpcBudget:
             "unavailable": self.unavailable or None,
             "spans_us": {name: vars(s) for name, s in self.spans.items()},
             "loop_lag_ms": self.loop_lag,
+            **({"device": self.device} if self.device else {}),
         }
+
+
+def device_time(batches: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The modelled GPU's busy and idle ms between the first and last of a run's output batches.
+
+    Each batch carries the device's cumulative counters as it left, so their difference is the
+    run's share whatever steps sent no batch; empty when the engine has no modelled device.
+    """
+    marks = sorted(
+        (int(b.get("seq", 0)), int(b.get("device_busy") or 0), int(b.get("device_idle") or 0)) for b in batches
+    )
+    marks = [m for m in marks if m[1] > 0]
+    if len(marks) < 2 or marks[-1][1] <= marks[0][1]:
+        return {}
+    busy_ms = (marks[-1][1] - marks[0][1]) / 1e6
+    idle_ms = (marks[-1][2] - marks[0][2]) / 1e6
+    return {"busy_ms": round(busy_ms, 3), "idle_ms": round(idle_ms, 3)}
 
 
 def budget(timelines: Sequence[dict[str, Any]], loop_lag: dict[str, float] | None = None) -> IpcBudget:
