@@ -103,14 +103,17 @@ def workspace_bytes(cfg: ModelConfig, dtype: torch.dtype, max_rows: int, max_seq
     gate/up and its product), the sampler's float32 and int64 copies of up to
     ``max_seqs`` rows of logits, attention scores should SDPA fall back to its
     math kernel for a prefill chunk of ``max_rows`` tokens against ``max_len``
-    keys, and 1 GiB of allocator slack.
+    keys, the keys and values attention gathers out of the paged cache (one
+    layer's, for ``max_seqs`` sequences of ``max_len``: ``harness.engine.attention``),
+    and 1 GiB of allocator slack.
     """
     e = dtype.itemsize
     kv_dim = cfg.n_kv_heads * cfg.head_dim
     activations = max_rows * (4 * cfg.dim + (cfg.dim + 2 * kv_dim) + 3 * cfg.ffn_dim) * e
     sampler = max_seqs * cfg.vocab_size * 32
     scores = cfg.n_heads * min(max_rows, max_len) * max_len * 4
-    return activations + sampler + scores + GIB
+    gathered = 2 * max_seqs * max_len * kv_dim * e
+    return activations + sampler + scores + gathered + GIB
 
 
 @dataclass(frozen=True)
