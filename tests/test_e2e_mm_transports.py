@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -199,3 +200,22 @@ def test_cuda_ipc_serves_images():
         assert server.stop() == 0
     assert [s for s, _ in results] == [200] * 6
     assert leftovers() == before
+
+
+def test_bench_run_reports_the_stores_hit_rate_on_repeated_images(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "run", "--result-dir", str(tmp_path), "--no-progress"]
+        + ["--codec", "msgspec-oob", "--transport", "zmq,shm-store", "--image-reuse", "0.5", "--verify"]
+        + ["--images-per-request", "1", "--image-width", "64", "--image-height", "64", "--mm-payload", "tensor"]
+        + ["--num-prompts", "40", "--request-rate", "inf", "--sonnet-output-len", "4"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+    assert "store hit %" in done.stdout
+    (compare,) = tmp_path.glob("compare-*.json")
+    runs = {r["codec"]: r for r in json.loads(compare.read_text())["runs"]}
+    assert runs["msgspec-oob/zmq"]["figures"]["mm_store_hit_pct"] is None
+    hit = runs["msgspec-oob/shm-store"]["figures"]["mm_store_hit_pct"]
+    assert runs["msgspec-oob/shm-store"]["figures"]["failed"] == 0 and 0 < hit < 100, hit
