@@ -389,8 +389,10 @@ class SimExecutor:
 
         The host does what a real executor's host does before a launch (per-request state, the
         step's shape); the tokens are drawn on the device thread and known only through the
-        handle. ``continuous``: the engine had work since the previous step ended.
+        handle. ``continuous``: the engine had work since the previous step ended. The modelled
+        time starts as the call does: the fitted step times include the host's input preparation.
         """
+        launched_ns = time.monotonic_ns()
         # Cached tokens attention reads: a walk over the step's chunks, only for a model that charges them.
         context = sum(c.start_pos + len(c.token_ids) for c in sched.chunks) if self.step_time.kv_ms_per_token else 0
         duration_s = self.step_time.step_ms(sched.total_num_tokens, context) / 1e3
@@ -418,7 +420,7 @@ class SimExecutor:
                     logprobs[rid] = sim_logprobs(tok, st.logprobs, st.key + position, vocab)
             return ModelRunnerOutput(sampled, errors, duration_s, logprobs=logprobs)
 
-        return self.device.launch(duration_s, sample, continuous)
+        return self.device.launch(duration_s, sample, continuous, launched_ns)
 
     def device_stats(self) -> DeviceStats:
         """The modelled GPU's busy and idle time so far."""

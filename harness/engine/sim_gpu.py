@@ -105,9 +105,13 @@ class SimDevice:
         self._thread: threading.Thread | None = None
         self._end_ns = 0  # modelled end of the last step (device thread only)
 
-    def launch(self, duration_s: float, work: Callable[[], T], continuous: bool) -> StepHandle[T]:
-        """Queue a step; ``continuous``: the engine had work since the previous step ended."""
-        job: _Job[T] = _Job(time.monotonic_ns(), max(0, int(duration_s * 1e9)), work, continuous)
+    def launch(
+        self, duration_s: float, work: Callable[[], T], continuous: bool, launched_ns: int | None = None
+    ) -> StepHandle[T]:
+        """Queue a step; ``continuous``: the engine had work since the previous step ended;
+        ``launched_ns``: when the host began launching it (default: now)."""
+        launched = time.monotonic_ns() if launched_ns is None else launched_ns
+        job: _Job[T] = _Job(launched, max(0, int(duration_s * 1e9)), work, continuous)
         with self._lock:
             self._jobs.put(job)
             if self._thread is None:
