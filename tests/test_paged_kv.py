@@ -163,6 +163,36 @@ def test_prefix_hits_give_the_same_streams(kind: str) -> None:
     check_against_reference(core, streams, first + later)
 
 
+def _image(channel: int) -> dict:
+    """A 16 x 16 image of one pure colour (random-noise images all look alike to the random encoder)."""
+    pixels = np.zeros((3, 16, 16), dtype=np.uint8)
+    pixels[channel] = 255
+    return {"pixel_values": pixels}
+
+
+@pytest.mark.parametrize("kind", ["greedy", "seeded"])
+def test_a_prefix_hit_ending_inside_an_image_gives_the_same_stream(kind: str) -> None:
+    """The image sits at [28, 36) of a 38-token prompt. An earlier request with the same first 36
+    tokens and image leaves blocks 0-1 cached, so the second computes from position 32, inside the
+    image. Reference: the second request alone on a fresh engine (same weights), no prefix caching;
+    a blue image instead of the red one changes its tokens, so the image is really read."""
+    ph = [PlaceholderRange(28, 8)]
+    ids = prompt(38, seed=5)
+
+    def mm_request(rid: str, tokens: list[int], channel: int) -> EngineCoreRequest:
+        sp = SamplingParams(max_tokens=8, ignore_eos=True, **sampling(kind, 7))
+        return EngineCoreRequest(rid, None, tokens, sp, None, 0.0, mm_inputs=[_image(channel)], mm_placeholders=ph)
+
+    core = EngineCore(make_config(image_tokens=8))
+    streams = run(core, [mm_request("a", ids[:36] + prompt(10, seed=6), 0)], [mm_request("b", ids, 0)])
+    assert core.scheduler.prefix_hit_tokens == 32
+
+    def alone(channel: int) -> list[int]:
+        return run(EngineCore(make_config(image_tokens=8, prefix_caching=False)), [mm_request("b", ids, channel)])["b"]
+
+    assert streams["b"] == alone(0) != alone(2)
+
+
 # -- the scheduler alone ----------------------------------------------------------------
 
 
