@@ -66,21 +66,31 @@ def chunks(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, mask: Tensor | None, dst: Tensor, width: int
 ) -> Tensor:
     """Every prefill chunk at once: q [Nc, H, D] (the chunks' rows, concatenated) over the cache
-    [S, K, D] at ``slots`` [C, L], mask [C, 1, T, L] or None (every chunk from position 0:
-    causal); ``dst`` [Nc] is each row's place among the C x T padded queries (T = ``width``)
-    -> [Nc, H*D].
+    [S, K, D] at ``slots`` [C, L], mask [C, 1, G*T, L] (``chunks_mask``) or None (every chunk from
+    position 0: causal); ``dst`` [Nc] is each row's place among the C x T padded queries
+    (T = ``width``) -> [Nc, H*D].
+
+    Causal, SDPA reads shared K/V heads itself (``enable_gqa``, which the flash kernel takes).
+    Masked, each kv head's G query heads fold into the query length instead (row g*T + t is
+    query t of head g), so GQA needs no repeat and the efficient kernel, which takes masks but
+    not ``enable_gqa``, stays eligible on CUDA.
     """
     _, h, d = q.shape
     c, n_kv = slots.shape[0], k_cache.shape[1]
     g = h // n_kv
     padded = q.new_zeros(c * width, h, d).index_copy_(0, dst, q)
-    qh = padded.view(c, width, h, d).transpose(1, 2)  # [C, H, T, D]
     keys, values = gather(k_cache, slots), gather(v_cache, slots)  # [C, K, L, D]
-    gqa: dict[str, Any] = {"enable_gqa": g > 1} if SDPA_GQA else {}
-    if g > 1 and not SDPA_GQA:
-        keys, values = keys.repeat_interleave(g, dim=1), values.repeat_interleave(g, dim=1)
-    out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask, is_causal=mask is None, **gqa)
-    return out.transpose(1, 2).reshape(c * width, h * d).index_select(0, dst)  # [C, H, T, D] -> [Nc, H*D]
+    if mask is None:
+        qh = padded.view(c, width, h, d).transpose(1, 2)  # [C, H, T, D]
+        gqa: dict[str, Any] = {"enable_gqa": g > 1} if SDPA_GQA else {}
+        if g > 1 and not SDPA_GQA:
+            keys, values = keys.repeat_interleave(g, dim=1), values.repeat_interleave(g, dim=1)
+        out = F.scaled_dot_product_attention(qh, keys, values, is_causal=True, **gqa).transpose(1, 2)
+    else:
+        qf = padded.view(c, width, n_kv, g, d).permute(0, 2, 3, 1, 4).reshape(c, n_kv, g * width, d)
+        out = F.scaled_dot_product_attention(qf, keys, values, attn_mask=mask)  # [C, K, G*T, D]
+        out = out.view(c, n_kv, g, width, d).permute(0, 3, 1, 2, 4)  # [C, T, K, G, D]
+    return out.reshape(c * width, h * d).index_select(0, dst)
 
 
 def _additive(seen: Tensor, dtype: torch.dtype) -> Tensor:
@@ -94,11 +104,13 @@ def decode_mask(positions: Tensor, length: int, dtype: torch.dtype) -> Tensor:
     return _additive(seen, dtype)[:, None, None, :]
 
 
-def chunks_mask(q_pos: Tensor, length: int, dtype: torch.dtype) -> Tensor:
-    """``chunks``' mask [C, 1, T, length] from the padded queries' positions q_pos [C, T]: query t
-    sees keys j <= its position (a padding query, at position 0, sees key 0 and is dropped)."""
+def chunks_mask(q_pos: Tensor, group: int, length: int, dtype: torch.dtype) -> Tensor:
+    """``chunks``' mask [C, 1, G*T, length] from the padded queries' positions q_pos [C, T]: query t
+    sees keys j <= its position (a padding query, at position 0, sees key 0 and is dropped), its
+    row repeated per folded head (row g*T + t)."""
+    c, t = q_pos.shape
     seen = torch.arange(length, device=q_pos.device)[None, None, :] <= q_pos[:, :, None]  # [C, T, L]
-    return _additive(seen, dtype)[:, None]
+    return _additive(seen[:, None].expand(c, group, t, length).reshape(c, 1, group * t, length), dtype)
 
 
 def sdpa_backends(k_cache: Tensor, n_heads: int) -> dict[str, str]:
@@ -132,8 +144,9 @@ def sdpa_backends(k_cache: Tensor, n_heads: int) -> dict[str, str]:
     else:
         gqa, kv = {}, keys.repeat_interleave(g, dim=1)
     prefill = name(qh, kv, kv, None, 0.0, True, **gqa)
-    mask = torch.zeros(n, 1, n_len, n_len, device=dev, dtype=dt)
-    cached = name(qh, kv, kv, mask, 0.0, False, **gqa)
+    qf = torch.zeros(n, k, g * n_len, d, device=dev, dtype=dt)
+    mask = torch.zeros(n, 1, g * n_len, n_len, device=dev, dtype=dt)
+    cached = name(qf, keys, keys, mask, 0.0, False)
     qd = torch.zeros(n, k, g, d, device=dev, dtype=dt)
     mask = torch.zeros(n, 1, 1, n_len, device=dev, dtype=dt)
     decoded = name(qd, keys, keys, mask, 0.0, False)

@@ -153,7 +153,7 @@ class StepBatch:
     decode_slots: Tensor | None  # [B, L] cache slots of each decode row's keys
     decode_mask: Tensor | None  # [B, 1, 1, L]
     chunk_slots: Tensor | None  # [C, L] cache slots of each chunk's keys
-    chunk_mask: Tensor | None  # [C, 1, T, L]; None with every chunk from position 0 (causal)
+    chunk_mask: Tensor | None  # [C, 1, G*T, L]; None with every chunk from position 0 (causal)
     chunk_dst: Tensor | None  # [Nc] each chunk row's place among the C x T padded queries
 
 
@@ -328,7 +328,7 @@ class Transformer(nn.Module):
         number of sequences: no value is read back.
         """
         row_slots, pos_rows, decode_tables, chunk_tables, dst = staged
-        bs, dtype = self.block_size, self.dtype
+        bs, dtype, group = self.block_size, self.dtype, self.cfg.n_heads // self.cfg.n_kv_heads
         decode_slots = decode_mask = chunk_slots = chunk_mask = chunk_dst = None
         b = plan.n_decode
         if b:
@@ -340,7 +340,7 @@ class Transformer(nn.Module):
             chunk_slots = attention.key_slots(chunk_tables.view(c, -1), bs, length)
             if any(ch.start for ch in plan.chunks):  # else causal: no mask
                 q_pos = pos_rows.new_zeros(c * width).index_copy_(0, dst, pos_rows[b:])
-                chunk_mask = attention.chunks_mask(q_pos.view(c, width), length, dtype)
+                chunk_mask = attention.chunks_mask(q_pos.view(c, width), group, length, dtype)
             chunk_dst = dst
         return StepBatch(
             plan,
