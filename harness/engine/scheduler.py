@@ -352,13 +352,15 @@ class Scheduler:
 
         # 1. decodes (one un-fed token each), a new block at a block boundary; preempting the
         # newest requests when none is free (they come after this one: not scheduled yet)
+        bs = self._block
         for rid in list(self.running):
             if budget == 0:
                 break
             r = self.requests[rid]
             if r.slot < 0 or not self._is_decode(r):  # preempted above, or still in prefill
                 continue
-            if self._grow(r, rid, r.num_computed_tokens + 1, out):
+            # The fed token's position is num_computed_tokens: a new block only at a boundary.
+            if r.num_computed_tokens // bs < len(r.blocks) or self._grow(r, rid, r.num_computed_tokens + 1, out):
                 out.decodes.append(self._chunk(r, rid, 1))
                 budget -= 1
         # 2. running requests still in prefill (their blocks were taken at admission)
@@ -467,9 +469,10 @@ class Scheduler:
             suppress = list(sp.stop_token_ids)
             if r.eos_token_id is not None and not sp.ignore_eos:
                 suppress.append(r.eos_token_id)
-        self._cache_full_blocks(r)
-        blocks = r.blocks[: -(-r.num_computed_tokens // self._block)]
-        return ScheduledChunk(rid, r.slot, r.tokens(start, n), start, sample, suppress or None, blocks)
+        if r.cacheable and r.num_computed_tokens // self._block > r.num_cached_blocks:
+            self._cache_full_blocks(r)
+        # The request's own table, not a copy: the executor reads it during this step only.
+        return ScheduledChunk(rid, r.slot, r.tokens(start, n), start, sample, suppress or None, r.blocks)
 
     def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Append sampled tokens, check stop conditions, free finished requests."""

@@ -36,7 +36,8 @@ class ScheduledChunk:
     sample: bool
     # Token ids the sampler must not pick (EOS / stop ids before min_tokens).
     suppress_token_ids: list[int] | None = None
-    # The request's KV blocks covering positions [0, start_pos+len) (harness.engine.kv_blocks).
+    # The request's KV block table (harness.engine.kv_blocks), covering at least [0, start_pos+len):
+    # the scheduler's own list, to read during this step only (it grows and is replaced later).
     block_ids: list[int] = field(default_factory=list)
 
 
