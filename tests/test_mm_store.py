@@ -9,7 +9,7 @@ import pytest
 
 from harness.frontend.mm_senders import StoreSender
 from harness.wire import transport
-from harness.wire.mm_store import MmStore, content_key
+from harness.wire.mm_store import Entry, MmStore, content_key
 from harness.wire.shm import SHM_DIR
 
 FRAME = 20_000  # three fit a 64 KB store (each block has a header and is aligned)
@@ -27,7 +27,7 @@ def frame(seed: int) -> memoryview:
     return memoryview(np.random.default_rng(seed).integers(0, 255, FRAME, dtype=np.uint8).tobytes())
 
 
-def put(store: MmStore, seed: int) -> tuple[bytes, object]:
+def put(store: MmStore, seed: int) -> tuple[bytes, Entry]:
     key = content_key(frame(seed))
     made = store.insert(key, FRAME)
     assert made is not None
@@ -78,3 +78,28 @@ def test_the_sender_names_a_held_frame_and_sends_what_does_not_fit(store):
     full = asyncio.run(send(4))
     assert full[0][0] == transport.ADD and bytes(full[-1]) == bytes(frame(4))  # the fallback: in the message
     assert store.counts == {"hit": 1, "miss": 4, "eviction": 0, "fallback": 1}
+
+
+def test_a_pixel_tensor_is_keyed_by_the_image_paths_hash_not_hashed_again(store):
+    import torch
+
+    from harness.micro import payloads
+    from harness.wire.messages import EngineCoreRequest
+
+    def request(seed: int, mm_hash: str) -> EngineCoreRequest:
+        req = payloads.text_request()
+        req.mm_inputs = [{"pixel_values": torch.from_numpy(np.frombuffer(frame(seed), dtype=np.uint8).copy())}]
+        req.mm_hashes = [mm_hash]
+        return req
+
+    sender = StoreSender(store, threshold=1024)
+
+    async def send(req: EngineCoreRequest) -> list:
+        message, _ = await sender.message("r", [b"body", req.mm_inputs[0]["pixel_values"].numpy()], req)
+        return message
+
+    first = asyncio.run(send(request(1, "aa")))
+    again = asyncio.run(send(request(1, "aa")))  # a new tensor of the same picture: a hit by its hash
+    other = asyncio.run(send(request(2, "bb")))
+    assert again[1] == first[1] and other[1] != first[1]
+    assert sender.hashed_bytes == 0 and store.counts["hit"] == 1 and store.counts["miss"] == 2

@@ -17,7 +17,7 @@ class CudaIpcSender:
         self._serial = 0
         self._held: dict[int, Any] = {}  # serial → the CUDA tensor, until the engine reports it taken
 
-    async def message(self, rid: str, frames: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    async def message(self, rid: str, frames: Sequence[Any], request: Any = None) -> tuple[list[Any], list[Any]]:
         table: list[list[Any]] = []
         out: list[Any] = [frames[0]]
         held: list[int] = []

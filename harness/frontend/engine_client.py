@@ -295,7 +295,7 @@ class ZmqEngineClient:
         held: list[Any] = []
         if self._shm is not None:
             try:
-                message, held = await self._shm.message(rid, frames)
+                message, held = await self._shm.message(rid, frames, request)
             except ShmError as exc:
                 raise OverloadedError(str(exc)) from exc
         if self._verify:  # the digest travels outside the codec: flagged kind, one last frame

@@ -25,8 +25,9 @@ HASH_IN_THREAD_BYTES = 1 << 20  # hashing bigger frames leaves the event loop (h
 
 
 class FrameSender(Protocol):
-    async def message(self, rid: str, frames: Sequence[Any]) -> tuple[list[Any], list[Any]]:
-        """The ZeroMQ message for a request, and what it holds (given back by ``unsent`` if never sent)."""
+    async def message(self, rid: str, frames: Sequence[Any], request: Any = None) -> tuple[list[Any], list[Any]]:
+        """The ZeroMQ message for a request (``request``: the message the frames encode, for what its fields
+        tell a sender), and what it holds (given back by ``unsent`` if never sent)."""
         ...
 
     def released(self, entries: Sequence[Sequence[Any]]) -> None:
@@ -43,6 +44,10 @@ def _flat(frame: Any) -> memoryview:
     return view.cast("B") if view.ndim != 1 or view.format != "B" else view
 
 
+def _address_of(view: memoryview) -> int:
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+
+
 def _fault() -> str:
     return os.environ.get("WIREBENCH_FAULT", "")
 
@@ -52,6 +57,17 @@ async def _copy(dst: Any, view: memoryview) -> None:
         await asyncio.to_thread(copy_into, memoryview(dst), view)
     else:
         copy_into(memoryview(dst), view)
+
+
+def known_keys(request: Any) -> dict[int, tuple[int, bytes]]:
+    """The store's keys of a request's pixel tensors, by their address: the image path hashed the decoded
+    pixels already (``mm_hashes``), so a frame that is one of these tensors needs no hashing of its own."""
+    out: dict[int, tuple[int, bytes]] = {}
+    for item, mm_hash in zip(getattr(request, "mm_inputs", None) or [], getattr(request, "mm_hashes", None) or []):
+        t: Any = item.get("pixel_values") if isinstance(item, dict) else None
+        if mm_hash and hasattr(t, "data_ptr") and t.is_contiguous():
+            out[t.data_ptr()] = (t.nbytes, mm_store.pixels_key(mm_hash, tuple(t.shape), str(t.dtype)))
+    return out
 
 
 class TorchShmSender:
@@ -66,7 +82,7 @@ class TorchShmSender:
         self._fault_free_early = _fault() == torch_shm.FAULT_FREE_EARLY
         self.copied_bytes = 0
 
-    async def message(self, rid: str, frames: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    async def message(self, rid: str, frames: Sequence[Any], request: Any = None) -> tuple[list[Any], list[Any]]:
         table: list[list[int]] = []
         out: list[Any] = [frames[0]]
         held: list[tuple[int, int]] = []
@@ -121,22 +137,31 @@ class StoreSender:
         self._fault_rewrite = _fault() == mm_store.FAULT_REWRITE_PINNED
         self.copied_bytes = 0
         self.fallback_bytes = 0
+        self.hashed_bytes = 0  # frames keyed by hashing them here (no key from the image path)
 
-    async def message(self, rid: str, frames: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    async def message(self, rid: str, frames: Sequence[Any], request: Any = None) -> tuple[list[Any], list[Any]]:
+        """``request``: its pixel tensors' keys come from the image path's hashes (``known_keys``); other big
+        frames are hashed here."""
         table: list[list[Any]] = []
         out: list[Any] = [frames[0]]
         held: list[tuple[int, int]] = []
         store = self.store
+        known = known_keys(request) if request is not None else {}
         try:
             for i, frame in enumerate(frames[1:], start=1):
                 view = _flat(frame)
                 if view.nbytes < self.threshold:
                     out.append(frame)
                     continue
-                if view.nbytes >= HASH_IN_THREAD_BYTES:
+                hint = known.get(_address_of(view)) if known else None
+                if hint is not None and hint[0] == view.nbytes:
+                    key = hint[1]
+                elif view.nbytes >= HASH_IN_THREAD_BYTES:
                     key = await asyncio.to_thread(mm_store.content_key, view)
+                    self.hashed_bytes += view.nbytes
                 else:
                     key = mm_store.content_key(view)
+                    self.hashed_bytes += view.nbytes
                 entry = store.lookup(key)
                 if entry is not None:
                     held.append((entry.block, entry.generation))

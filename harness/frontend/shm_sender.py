@@ -32,7 +32,7 @@ class ShmSender:
         self.copied_bytes = 0
         self.zero_copy_bytes = 0
 
-    async def message(self, rid: str, frames: Sequence[Any]) -> tuple[list[Any], list[Handle]]:
+    async def message(self, rid: str, frames: Sequence[Any], request: Any = None) -> tuple[list[Any], list[Handle]]:
         """The ZeroMQ message for a request, and the blocks it holds (to give back if it is never sent).
         The frames that must be copied get their blocks all at once (``Arena.alloc_many``)."""
         table: list[list[Any]] = []

@@ -20,8 +20,9 @@ flight at a time, so no queueing enters the figure. Transports:
 - ``torch-shm``: big frames copied into torch shared storages, one per frame and send
   (``harness.wire.torch_shm``), through the serving loop's sender (its event loop included);
 - ``shm-store``: through the content-addressed store (``harness.wire.mm_store``), the same
-  payload every send: after the first, each send is a hit (hashed, not copied);
-  ``shm-store-miss``: the store forgets it after each send, so each is a miss (hashed and copied);
+  payload every send: after the first, each send is a hit (not copied); a pixel tensor is keyed by
+  the request's ``mm_hashes``, as in serving, other big frames are hashed;
+  ``shm-store-miss``: the store forgets it after each send, so each is a miss (copied);
 - ``shm-bell``: ``shm``'s arena and message, the message sent as one packet on
   a Unix SOCK_SEQPACKET socket instead of ZeroMQ: what the notify would cost
   without ZeroMQ's I/O threads (four thread hand-overs per message: sender →
@@ -254,7 +255,7 @@ def measure(
             frames = calls.encode(native)
             encoded = time.monotonic_ns()
             if sender is not None:
-                message, _ = loop.run_until_complete(sender.message(rid, frames))
+                message, _ = loop.run_until_complete(sender.message(rid, frames, native))
             else:
                 message = _message(frames, arena, threshold, rid)
             placed = time.monotonic_ns()

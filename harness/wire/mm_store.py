@@ -1,17 +1,15 @@
 """``shm-store``: a bounded shared-memory object store of big frames, addressed by their content.
 
 One segment of ``--mm-store-bytes`` (an ``Arena``: first-fit blocks, each with a generation header,
-in ``/dev/shm/wirebench-<pid>-<hex>``, mode 0600) holds frames keyed by a hash of their bytes. The
-frontend keeps the index; a frame already held (the same image again: identical pixel bytes) is not
-copied again, only named: the message carries its key and where it lies. The engine views it in
-place, as over ``shm``.
+in ``/dev/shm/wirebench-<pid>-<hex>``, mode 0600) holds frames keyed by a content hash. The frontend
+keeps the index; a frame already held (the same image again) is not copied again, only named: the
+message carries where it lies. The engine views it in place, as over ``shm``.
 
-The key is SHA-256 (first 16 bytes) of the frame's bytes, the tensor the engine will decode: the
-transport sees only frames, so it needs no help from the image path, and equal pixels hit whatever
-file they came from. SHA-256 rather than blake2b because it is the faster of hashlib's strong
-hashes where the CPU has SHA extensions (9.6 against 12.6 ms for 12.6 MB on the development VM);
-hashing the encoded image instead would be cheaper, but the key would have to come from the image
-path, outside the transport.
+Keys: a pixel tensor's comes from the request's ``mm_hashes`` (the SHA-256 of the decoded image, which
+the image path computes for every image anyway) with the tensor's shape and dtype (``pixels_key``), so
+a hit costs no hashing; any other big frame's is the SHA-256 of its bytes (``content_key``): faster
+than blake2b where the CPU has SHA extensions, and still as costly as a copy, since an exact key
+reads every byte.
 
 Bound and eviction: a frame that does not fit evicts least-recently-used entries that no request in
 flight points at (an entry is pinned from the moment a message names it until the engine's RELEASE
@@ -37,8 +35,14 @@ EVENTS = ("hit", "miss", "eviction", "fallback")
 
 
 def content_key(view: memoryview) -> bytes:
-    """The store's key of a frame (hashlib releases the GIL: big frames are keyed off the event loop)."""
+    """A frame's key from its bytes (hashlib releases the GIL: big frames are keyed off the event loop)."""
     return hashlib.sha256(view).digest()[:KEY_BYTES]
+
+
+def pixels_key(mm_hash: str, shape: tuple[int, ...], dtype: str) -> bytes:
+    """The store's key of a pixel tensor from the hash the image path computed anyway (``mm_hashes``: SHA-256
+    of the decoded image), with the tensor's shape and dtype: the same picture processed alike."""
+    return hashlib.sha256(f"pixels:{mm_hash}:{shape}:{dtype}".encode()).digest()[:KEY_BYTES]
 
 
 @dataclass
