@@ -213,7 +213,7 @@ def test_bench_run_reports_the_stores_hit_rate_on_repeated_images(tmp_path):
         timeout=600,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr
-    assert "store hit %" in done.stdout
+    assert "store hit %" in done.stdout and "Store hit rate (%):" in done.stdout  # the table, each run's report
     (compare,) = tmp_path.glob("compare-*.json")
     runs = {r["codec"]: r for r in json.loads(compare.read_text())["runs"]}
     assert runs["msgspec-oob/zmq"]["figures"]["mm_store_hit_pct"] is None

@@ -139,6 +139,8 @@ def _codec_rows(figures: CodecFigures | None, mean_ttft_ms: float) -> list[str]:
         _title("Serialization in TTFT", "-"),
         _row("Serialization, first-token path (us):", figures.first_token_path_us, ".2f"),
         _row("Share of mean TTFT (%):", share * 100.0, ".3f"),
+        # --transport shm-store: the share of frames the store already held, measured over the run.
+        *([_row("Store hit rate (%):", figures.mm_store_hit_pct, ".2f")] if figures.mm_store else []),
     ]
 
 
