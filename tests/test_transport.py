@@ -157,3 +157,9 @@ def test_cuda_ipc_is_refused_without_a_cuda_device(monkeypatch):
     assert arm.unsupported() == "--transport cuda-ipc needs a CUDA device; this machine has none"
     monkeypatch.setattr(policy, "_cuda_available", lambda: True)
     assert arm.unsupported() is None
+    open_tcp, ipc = EngineAddresses.tcp("127.0.0.1", 6000), EngineAddresses.private_ipc()
+    try:
+        assert "unpickle" in (check_shm(LinkSettings("msgspec-oob", transport="cuda-ipc"), open_tcp) or "")
+        assert check_shm(LinkSettings("msgspec-oob", transport="cuda-ipc"), ipc) is None
+    finally:
+        ipc.cleanup()

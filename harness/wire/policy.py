@@ -87,6 +87,12 @@ def check_shm(link: LinkSettings, addresses: EngineAddresses) -> str | None:
         return f"--transport {link.transport} is the frontend's choice: start the engine without it"
     if not all(a.startswith("ipc://") or is_loopback(a) for a in (addresses.input, addresses.output)):
         return f"--transport {link.transport} needs the engine on this host: {addresses.input} is another host"
+    open_tcp = _tcp(addresses) and not addresses.authenticated
+    if link.transport == "cuda-ipc" and open_tcp and not link.allow_insecure_pickle:
+        return (
+            "--transport cuda-ipc has the engine unpickle torch's CUDA IPC handles: over unauthenticated tcp any "
+            "local process could send one that runs its code. Drop --no-auth, use ipc, or pass --allow-insecure-pickle."
+        )
     return None
 
 
