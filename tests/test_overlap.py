@@ -20,7 +20,7 @@ from harness.engine.overlap import PLACEHOLDER
 from harness.engine.sim_gpu import SimDevice
 from harness.wire import runs_on
 from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, SamplingParams
-from harness.wire.spans import device_time
+from harness.wire.spans import device_time, trace_events
 
 EOS = 3
 VOCAB = 40  # small, so stop tokens and EOS come up often
@@ -223,3 +223,12 @@ def test_streams_equal_when_the_paged_cache_preempts(prefix_caching):
     overlapped = serve(overlapped_core, load(), {})
     assert overlapped == series
     assert series_core.scheduler.preemptions > 0 and overlapped_core.scheduler.preemptions > 0
+
+
+def test_a_trace_shows_the_modelled_gpu_as_a_track_of_its_own():
+    steps = [{"index": 1, "start": 5_000, "end": 9_000, "device_start": 4_000, "device_end": 8_000}]
+    doc = trace_events([], [], steps, 10, 20)
+    gpu = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["name"] == "gpu step"]
+    assert [(e["pid"], e["tid"], e["ts"], e["dur"]) for e in gpu] == [(20, 4, 4.0, 4.0)]
+    torch_doc = trace_events([], [], [{"index": 1, "start": 5, "end": 9}], 10, 20)
+    assert not [e for e in torch_doc["traceEvents"] if e.get("name") in ("gpu step", "thread_name") and e["tid"] == 4]

@@ -292,7 +292,7 @@ def budget(timelines: Sequence[dict[str, Any]], loop_lag: dict[str, float] | Non
 
 # --- Chrome trace events (Perfetto, chrome://tracing) -----------------------------------------------
 
-FRONTEND_TID, ENGINE_INPUT_TID, ENGINE_LOOP_TID, ENGINE_OUTPUT_TID = 1, 1, 2, 3
+FRONTEND_TID, ENGINE_INPUT_TID, ENGINE_LOOP_TID, ENGINE_OUTPUT_TID, ENGINE_DEVICE_TID = 1, 1, 2, 3, 4
 # Slices that readers of a trace look up by name (scripts/studies/vllm_client_check/).
 PREPARE_SLICE, FIRST_CHUNK_SLICE, STEP_SLICE = "prepare", "relay first chunk", "step"
 
@@ -318,6 +318,8 @@ def trace_events(
     meta(engine_pid, ENGINE_INPUT_TID, "engine", "input thread")
     meta(engine_pid, ENGINE_LOOP_TID, "engine", "busy loop")
     meta(engine_pid, ENGINE_OUTPUT_TID, "engine", "output thread")
+    if any("device_start" in s for s in steps):
+        meta(engine_pid, ENGINE_DEVICE_TID, "engine", "modelled GPU (sim)")
 
     def slice_(name: str, cat: str, pid: int, tid: int, start: int, end: int, args: dict[str, Any]) -> None:
         if start > 0 and end >= start:
@@ -365,6 +367,10 @@ def trace_events(
             int(s["end"]),
             {k: v for k, v in s.items() if k not in ("start", "end")},
         )
+        if "device_start" in s:  # the step whose tokens this call returned, on the modelled GPU's timeline
+            slice_(
+                "gpu step", "device", engine_pid, ENGINE_DEVICE_TID, int(s["device_start"]), int(s["device_end"]), {}
+            )
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
