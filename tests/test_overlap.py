@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from harness.analysis.comparable import run_settings
+from harness.analysis.runs import RunEntry
 from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore
 from harness.engine.overlap import PLACEHOLDER
@@ -232,3 +234,16 @@ def test_a_trace_shows_the_modelled_gpu_as_a_track_of_its_own():
     assert [(e["pid"], e["tid"], e["ts"], e["dur"]) for e in gpu] == [(20, 4, 4.0, 4.0)]
     torch_doc = trace_events([], [], [{"index": 1, "start": 5, "end": 9}], 10, 20)
     assert not [e for e in torch_doc["traceEvents"] if e.get("name") in ("gpu step", "thread_name") and e["tid"] == 4]
+
+
+def test_runs_compare_by_the_loop_they_ran():
+    """Torch always ran in series, and so did sim runs recorded before the setting came."""
+
+    def loop(flags: dict[str, Any]) -> Any:
+        doc = {"metadata": {"flags": flags}}
+        return run_settings(RunEntry("msgspec", 0, "ok", "", None, doc, None)).get("no_async_scheduling")
+
+    assert loop({"executor": "sim"}) is True  # an older sim run
+    assert loop({"executor": "sim", "no_async_scheduling": False}) is False
+    assert loop({"executor": "torch", "no_async_scheduling": False}) is True
+    assert loop({"endpoint": "/v1/completions"}) is None  # older still: nothing to say

@@ -32,7 +32,6 @@ from harness.engine import receivers
 from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore, error_output
 from harness.engine.scheduler import Scheduler
-from harness.engine.sim_gpu import DeviceStats
 from harness.engine.timings import EngineTimings
 from harness.wire import curve, shm, torch_shm, transport
 from harness.wire.heap import freeze_heap
@@ -100,8 +99,6 @@ class EngineProcess:
         self.verify_outputs = False
         # What the engine is holding now (busy loop writes, heartbeats read): requests running and waiting.
         self.load: dict[str, int] = {"running": 0, "waiting": 0}
-        # The sim executor's modelled GPU (busy and idle ns), read by the output thread; set once the core exists.
-        self.device: DeviceStats | None = None
 
     # --- input thread -------------------------------------------------------
     def _input_loop(self, sock: zmq.Socket) -> None:
@@ -267,8 +264,6 @@ class EngineProcess:
                 "sent": sent,
                 "bytes": transport.frames_nbytes(frames),
             }
-            if self.device is not None:  # the modelled GPU's time so far (sim), cumulative
-                record["device_busy"], record["device_idle"] = self.device.busy_ns, self.device.idle_ns
             self.timings.batch_sent(record, [o.request_id for o in batch.outputs])
 
     def _send_reusing_buffer(self, sock: zmq.Socket, message: list[Any]) -> None:
@@ -399,17 +394,10 @@ class EngineProcess:
             except Exception as exc:
                 log.exception("engine step failed")
                 outputs = core.fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
-            # Overlapped (core.overlapped), a call schedules step N+1 and returns step N's outputs.
-            if self.timings is not None and (core.last_step is not None or outputs):
-                scheduled = core.last_step
+            if self.timings is not None and (core.last_step is not None or outputs):  # overlapped: N+1 in, N out
+                sampled = [o.request_id for o in outputs]
                 self.timings.step(
-                    core.step_index,
-                    start_ns,
-                    time.monotonic_ns(),
-                    scheduled.total_num_tokens if scheduled is not None else 0,
-                    [nr.request_id for nr in scheduled.new_requests] if scheduled is not None else [],
-                    [o.request_id for o in outputs],
-                    device_span=core.device_span,
+                    core.step_index, start_ns, time.monotonic_ns(), core.last_step, sampled, core.device_span
                 )
             if outputs:
                 stats = core.scheduler_stats() if self.config.output_stats else None
@@ -463,7 +451,8 @@ class EngineProcess:
             in_sock.close()
             out_sock.close()
             raise SystemExit(1) from exc
-        self.device = core.device_stats()
+        if self.timings is not None:
+            self.timings.device = core.device_stats()  # the sim's modelled GPU, in every batch's record
         if self.config.gc_freeze:
             freeze_heap()  # the model is loaded: keep it out of full collections
         info = {

@@ -19,6 +19,8 @@ from collections import OrderedDict
 from dataclasses import asdict
 from typing import Any
 
+from harness.engine.sim_gpu import DeviceStats
+from harness.engine.step import SchedulerOutput
 from harness.wire.spans import EnginePoints
 
 FLUSH_INTERVAL_S = 0.05
@@ -34,6 +36,8 @@ class EngineTimings:
         self._batches: list[dict[str, Any]] = []
         self._steps: list[dict[str, Any]] = []
         self._last_flush = time.monotonic()
+        # The sim executor's modelled GPU (harness.engine.sim_gpu), set once the engine core exists.
+        self.device: DeviceStats | None = None
 
     # input thread
     def received(
@@ -56,15 +60,17 @@ class EngineTimings:
         index: int,
         start_ns: int,
         end_ns: int,
-        tokens: int,
-        new_ids: list[str],
+        scheduled: SchedulerOutput | None,
         sampled_ids: list[str],
         device_span: tuple[int, int] | None = None,
     ) -> None:
-        """One call of the engine's step: what it scheduled, and the requests sampled in what it returned.
+        """One call of the engine's step: what it scheduled, and the requests sampled in what it returned
+        (overlapped, the step before: ``harness.engine.overlap``).
 
         ``device_span``: the modelled GPU's start and end of the step whose tokens it returned (sim).
         """
+        tokens = scheduled.total_num_tokens if scheduled is not None else 0
+        new_ids = [nr.request_id for nr in scheduled.new_requests] if scheduled is not None else []
         with self._lock:
             for rid in new_ids:
                 points = self._pending.get(rid)
@@ -95,6 +101,8 @@ class EngineTimings:
     # output thread
     def batch_sent(self, batch: dict[str, Any], request_ids: list[str]) -> None:
         """A batch went out: it carries the first output of those of ``request_ids`` still pending."""
+        if self.device is not None:  # the modelled GPU's time so far, cumulative
+            batch["device_busy"], batch["device_idle"] = self.device.busy_ns, self.device.idle_ns
         with self._lock:
             self._batches.append(batch)
             for rid in request_ids:
