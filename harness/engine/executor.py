@@ -336,7 +336,8 @@ class _SimState:
 
 class SimExecutor:
     """No model: a step takes the time ``harness.engine.step_time`` models for it (``sim_step_model``;
-    the default, ``linear``, is ``sim_step_fixed_ms + sim_step_per_token_ms * tokens``).
+    the default, ``linear``, is ``sim_step_fixed_ms + sim_step_per_token_ms * tokens``), on a modelled
+    GPU of its own, a thread (``harness.engine.sim_gpu``): ``launch`` returns at once with a handle.
 
     Tokens are a deterministic hash of (seed, request id, image checksums,
     position) in [0, vocab_size), never the request's EOS id (nor, before
