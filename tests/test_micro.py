@@ -304,7 +304,7 @@ def test_copies_after_a_pause_run_the_pause_outside_the_clock_and_warm_up_once()
 
 
 @pytest.mark.slow  # a receiver process per transport
-@pytest.mark.parametrize("transport", ["torch-shm", "shm-store", "shm-store-miss"])
+@pytest.mark.parametrize("transport", ["torch-shm", "torch-shm-inplace", "shm-store", "shm-store-miss"])
 def test_the_multimodal_transports_deliver_intact_bytes_in_parts(transport: str) -> None:
     """The warm-up sends are digested by the receiver: an ok cell got the bytes that were sent."""
     msg = payloads.tensor_request(torch.float16, 336)

@@ -141,7 +141,7 @@ def format_row(m: Measurement) -> str:
 DELIVERY_COLUMNS = [
     ("codec", 14),
     ("payload", 21),
-    ("transport", 14),
+    ("transport", 18),
     ("p50 µs", 11),
     ("p99 µs", 11),
     ("memcpy µs", 10),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import weakref
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -71,16 +72,43 @@ def known_keys(request: Any) -> dict[int, tuple[int, bytes]]:
 
 
 class TorchShmSender:
-    """torch-shm: each big frame copied into a torch shared storage; the storage is held until the engine
-    reports it mapped (harness.wire.torch_shm has the lifetime rules)."""
+    """torch-shm: each big frame in a torch shared storage, held until the engine reports it mapped
+    (harness.wire.torch_shm has the lifetime rules). A pixel tensor built in one (``tensors``, with
+    --mm-payload tensor) travels as it is; any other big frame is copied into a new one."""
 
     def __init__(self, threshold: int = DEFAULT_THRESHOLD) -> None:
         self.threshold = threshold
         self._serial = 0
         # (fd, serial) → the storage: alive, so its fd number names it, until the engine's TAKEN.
         self._held: dict[tuple[int, int], Any] = {}
+        # Tensors ``tensors`` built, by address: (bytes, a weak reference); gone with the tensor.
+        self._built: dict[int, tuple[int, weakref.ref]] = {}
         self._fault_free_early = _fault() == torch_shm.FAULT_FREE_EARLY
         self.copied_bytes = 0
+        self.zero_copy_bytes = 0
+
+    def tensors(self, shapes: list[tuple[int, ...]], dtype: Any) -> list[Any]:
+        """A request's empty pixel tensors, each in a torch shared storage of its own (images.TensorAlloc:
+        the image thread calls it), so the frame that carries one needs no copy."""
+        import torch
+
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        out = []
+        for shape in shapes:
+            nbytes = int(np.prod(shape)) * itemsize
+            t = torch.empty(0, dtype=dtype).set_(torch.UntypedStorage._new_shared(nbytes), 0, shape)  # type: ignore[call-overload]
+            self._built[t.data_ptr()] = (nbytes, weakref.ref(t))
+            weakref.finalize(t, self._built.pop, t.data_ptr(), None)
+            out.append(t)
+        return out
+
+    def _built_storage(self, view: memoryview) -> Any:
+        """The shared storage of a tensor ``tensors`` built, when ``view`` is exactly its bytes; else None."""
+        if self._fault_free_early:  # the fault rewrites what it hands over: a copy, never the request's tensor
+            return None
+        entry = self._built.get(_address_of(view))
+        tensor = entry[1]() if entry is not None and entry[0] == view.nbytes else None
+        return tensor.untyped_storage() if tensor is not None else None
 
     async def message(self, rid: str, frames: Sequence[Any], request: Any = None) -> tuple[list[Any], list[Any]]:
         table: list[list[int]] = []
@@ -93,13 +121,20 @@ class TorchShmSender:
                     out.append(frame)
                     continue
                 self._serial += 1
-                storage, handle, array = torch_shm.share_copy(view, self._serial)
-                self._held[(handle.fd, handle.serial)] = storage
-                held.append((handle.fd, handle.serial))
-                await _copy(array, view)
-                self.copied_bytes += view.nbytes
-                if self._fault_free_early:  # the fault: the next request's bytes land in it first
-                    array[:] = np.roll(array, 1) ^ 0x5A
+                storage = self._built_storage(view)
+                if storage is not None:
+                    handle = torch_shm.handle_of(storage, view.nbytes, self._serial)
+                    self._held[(handle.fd, handle.serial)] = storage
+                    held.append((handle.fd, handle.serial))
+                    self.zero_copy_bytes += view.nbytes
+                else:
+                    storage, handle, array = torch_shm.share_copy(view, self._serial)
+                    self._held[(handle.fd, handle.serial)] = storage
+                    held.append((handle.fd, handle.serial))
+                    await _copy(array, view)
+                    self.copied_bytes += view.nbytes
+                    if self._fault_free_early:  # the fault: the next request's bytes land in it first
+                        array[:] = np.roll(array, 1) ^ 0x5A
                 table.append([i, *handle.to_list()])
                 out.append(b"")
         except BaseException:

@@ -19,6 +19,8 @@ flight at a time, so no queueing enters the figure. Transports:
   arena (as ``--mm-payload tensor`` does on the shm transport): nothing is copied;
 - ``torch-shm``: big frames copied into torch shared storages, one per frame and send
   (``harness.wire.torch_shm``), through the serving loop's sender (its event loop included);
+  ``torch-shm-inplace``: the payload's tensor built in a shared storage in the first place (as
+  ``--mm-payload tensor`` does on torch-shm): nothing is copied;
 - ``shm-store``: through the content-addressed store (``harness.wire.mm_store``), the same
   payload every send: after the first, each send is a hit (not copied); a pixel tensor is keyed by
   the request's ``mm_hashes``, as in serving, other big frames are hashed;
@@ -72,8 +74,9 @@ from harness.wire.mm_store import MmStore
 from harness.wire.shm import DEFAULT_THRESHOLD, Arena, Handle, Mappings, copy_into
 from harness.wire.torch_shm import TAKEN
 
-TRANSPORTS = ("zmq", "shm", "shm-inplace", "shm-bell", "torch-shm", "shm-store", "shm-store-miss")
-_SENDERS = ("torch-shm", "shm-store", "shm-store-miss")  # measured through the serving loop's senders
+TRANSPORTS = ("zmq", "shm", "shm-inplace", "shm-bell", "torch-shm", "torch-shm-inplace", "shm-store", "shm-store-miss")
+# Measured through the serving loop's senders.
+_SENDERS = ("torch-shm", "torch-shm-inplace", "shm-store", "shm-store-miss")
 WARMUP_SENDS = 3  # untimed; the first of them is reported as first_us
 CHECK_ID = "check"  # the request id of warm-up sends: the receiver digests what it decoded
 
@@ -247,6 +250,8 @@ def measure(
             sock.connect(address)
         if arena is not None and transport_name == "shm-inplace":
             native = calls.to_native(_place_in_arena(msg, arena))
+        if transport_name == "torch-shm-inplace":
+            native = calls.to_native(_place_in_torch_shm(msg, sender))
         stamps: list[tuple[int, int, int, int, int]] = []  # start, encoded, placed, received, done
         expected = request_digest(msg) if isinstance(msg, EngineCoreRequest) else None
         for i in range(WARMUP_SENDS + iterations):
@@ -309,11 +314,28 @@ def measure(
 
 def _sender(name: str, threshold: int, store_bytes: int) -> Any:
     """The serving loop's sender of a transport bench micro measures through it (None for the others)."""
-    if name == "torch-shm":
+    if name in ("torch-shm", "torch-shm-inplace"):
         return TorchShmSender(threshold)
     if name in ("shm-store", "shm-store-miss"):
         return StoreSender(MmStore(max(64 << 20, store_bytes)), threshold)
     return None
+
+
+def _place_in_torch_shm(msg: Any, sender: TorchShmSender) -> Any:
+    """A copy of ``msg`` whose pixel tensor lives in a torch shared storage (a frontend's on torch-shm)."""
+    import copy
+
+    import torch
+
+    out = copy.copy(msg)
+    out.mm_inputs = [dict(item) if isinstance(item, dict) else item for item in msg.mm_inputs or []]
+    for item in out.mm_inputs:
+        if isinstance(item, dict) and isinstance(item.get("pixel_values"), torch.Tensor):
+            src = item["pixel_values"]
+            (dst,) = sender.tensors([tuple(src.shape)], src.dtype)
+            dst.copy_(src)
+            item["pixel_values"] = dst
+    return out
 
 
 def _payload_bytes(codec: Any, msg: Any) -> int:

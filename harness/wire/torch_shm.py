@@ -69,6 +69,12 @@ def share_copy(view: memoryview, serial: int) -> tuple[Any, TorchHandle, np.ndar
     return storage, TorchHandle(os.getpid(), fd, nbytes, os.fstat(fd).st_ino, serial), array
 
 
+def handle_of(storage: Any, length: int, serial: int) -> TorchHandle:
+    """The handle of a shared storage built elsewhere (a pixel tensor made in one): its first ``length`` bytes."""
+    fd, _ = storage._share_fd_cpu_()
+    return TorchHandle(os.getpid(), fd, length, os.fstat(fd).st_ino, serial)
+
+
 def open_handle(handle: TorchHandle) -> memoryview:
     """The receiver's view on a handle's storage; the mapping lives as long as the view (and what views it)."""
     import torch
