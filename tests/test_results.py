@@ -301,3 +301,24 @@ def test_report_png_draws_one_png_and_no_page_unless_asked(
 
     assert cli.main(["report", str(tmp_path / "nothing.json"), "--png", str(target)]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_a_trace_replayed_at_its_timestamps_has_no_planned_rate_and_no_judged_throughput() -> None:
+    """Its recorded --request-rate (inf by default) played no part, so req/s is not judged as at
+    rate inf, and the table shows each figure once."""
+    from harness.analysis.compare import figures_table
+    from harness.analysis.documents import run_figures
+    from harness.analysis.figures import SHOWN_FIGURES, THROUGHPUT_FIGURES
+    from harness.analysis.runs import RunEntry
+
+    def entry(flags: dict[str, str]) -> RunEntry:
+        doc = {"request_rate": "inf", "metadata": {"flags": flags}, "request_throughput": 3.8}
+        return RunEntry("msgspec", 0, "ok", "", None, doc, run_figures(doc))
+
+    timed = entry({"dataset_name": "trace", "trace_arrivals": "timestamps"})
+    assert math.isnan(timed.figures["request_rate"])
+    assert not set(THROUGHPUT_FIGURES) & set(judged_figures([timed]))
+    planned = entry({"dataset_name": "trace", "trace_arrivals": "rate"})
+    assert set(THROUGHPUT_FIGURES) <= set(judged_figures([planned]))
+    header = figures_table(Comparison([], judged_figures([planned])), SHOWN_FIGURES)[0]
+    assert header.count("req/s") == 1, header

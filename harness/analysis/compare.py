@@ -199,7 +199,8 @@ def median_cell(arm: Arm, key: str) -> str:
 
 def figures_table(comparison: Comparison, extra: Sequence[Figure] = ()) -> list[str]:
     """Side by side: per arm, each figure's median over rounds (± half the range)."""
-    figures = [*comparison.figures, *(f for f in extra if f not in comparison.figures)]
+    keys = {f.key for f in comparison.figures}
+    figures = [*comparison.figures, *(f for f in extra if f.key not in keys)]
     headers = ["arm", "rounds", *(f.label for f in figures)]
     rows = [[arm.label, str(len(arm.measured)), *(median_cell(arm, f.key) for f in figures)] for arm in comparison.arms]
     return text_table.format_table(headers, rows)

@@ -377,6 +377,15 @@ def as_float(value: Any) -> float:
         return math.nan
 
 
+def _planned_rate(doc: dict[str, Any]) -> float:
+    """The rate the run planned its sends at: NaN when a trace's timestamps set them (its recorded
+    --request-rate, inf by default, played no part), so its throughput is never judged as at rate inf."""
+    flags = (doc.get("metadata") or {}).get("flags") or {}
+    if flags.get("dataset_name") == "trace" and flags.get("trace_arrivals") == "timestamps":
+        return math.nan
+    return as_float(doc.get("request_rate"))
+
+
 def run_figures(doc: dict[str, Any]) -> dict[str, float]:
     """Every summary figure of a run document, flat: ``mean_ttft_ms``, ``p99_chunk_itl_ms``,
     ``request_encode_us``, ... (NaN where the document lacks it). The one reader of figures:
@@ -386,7 +395,7 @@ def run_figures(doc: dict[str, Any]) -> dict[str, float]:
         "completed": as_float(doc.get("completed")),
         "failed": as_float(doc.get("failed")),
         "duration_s": as_float(doc.get("duration")),
-        "request_rate": as_float(doc.get("request_rate")),
+        "request_rate": _planned_rate(doc),
     }
     for key in ("request_throughput", "request_goodput", "output_throughput", "total_token_throughput"):
         out[key] = as_float(doc.get(key))
