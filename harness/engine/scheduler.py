@@ -45,14 +45,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from harness.engine.config import EngineConfig
 from harness.engine.kv_blocks import BlockHash, BlockPool, ImageSpan, block_hash, image_digest
+from harness.engine.request_checks import check_request
 from harness.engine.step import ModelRunnerOutput, NewRequest, ScheduledChunk, SchedulerOutput
-from harness.engine.vision import check_mm_input
-from harness.wire.limits import check_sampling_bounds
-from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, validate_sampling_params
+from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
 
 BLOCKED_BY = ("kv_cache", "max_num_seqs", "token_budget")
 
@@ -104,15 +101,6 @@ class _Request:
     def token_ids(self) -> list[int]:
         """Prompt then outputs, as one list (for inspection; the step uses ``tokens``)."""
         return [int(t) for t in self.prompt] + self.outputs
-
-
-def _id_range(ids: Sequence[int]) -> tuple[int, int]:
-    """The smallest and largest token id, vectorised for an array (a list of non-ints raises TypeError)."""
-    if isinstance(ids, np.ndarray):
-        if ids.dtype.kind not in "iu" or ids.ndim != 1:
-            raise ValueError(f"prompt token ids must be a 1-d integer array, got {ids.dtype} {ids.shape}")
-        return int(ids.min()), int(ids.max())
-    return min(ids), max(ids)
 
 
 class Scheduler:
@@ -208,62 +196,9 @@ class Scheduler:
         return spans
 
     def _validate(self, req: EngineCoreRequest) -> int:
-        cfg = self.config
-        sp = req.sampling_params
-        rid = req.request_id
-        if rid in self.requests:
-            raise ValueError(f"duplicate request id {rid!r}: a request with this id is still in the engine")
-        n = len(req.prompt_token_ids)
-        if n == 0:
-            raise ValueError("the prompt is empty: at least one prompt token is required")
-        if n >= cfg.max_model_len:
-            raise ValueError(
-                f"prompt of {n} tokens leaves no room to generate within max_model_len {cfg.max_model_len}"
-            )
-        max_tokens = sp.max_tokens if sp.max_tokens is not None else cfg.max_model_len - n
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        if n + max_tokens > cfg.max_model_len:
-            raise ValueError(
-                f"prompt of {n} tokens + max_tokens {max_tokens} = {n + max_tokens} exceeds "
-                f"max_model_len {cfg.max_model_len}"
-            )
-        if n + max_tokens > self._kv_capacity:
-            raise ValueError(
-                f"prompt of {n} tokens + max_tokens {max_tokens} = {n + max_tokens} can never fit "
-                f"in the KV cache of {self._kv_capacity} tokens"
-            )
-        lo, hi = _id_range(req.prompt_token_ids)
-        if lo < 0 or hi >= cfg.vocab_size:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"prompt token id {bad} outside the vocabulary [0, {cfg.vocab_size})")
-        if sp.min_tokens < 0 or sp.min_tokens > max_tokens:
-            raise ValueError(f"min_tokens must be in [0, max_tokens={max_tokens}], got {sp.min_tokens}")
-        check_sampling_bounds(sp, cfg.request_limits)  # lengths first: validation walks the lists
-        validate_sampling_params(sp)
-        self._validate_mm(req, n)
-        return max_tokens
-
-    def _validate_mm(self, req: EngineCoreRequest, prompt_len: int) -> None:
-        items = req.mm_inputs or []
-        ranges = req.mm_placeholders or []
-        if len(items) != len(ranges):
-            raise ValueError(f"{len(items)} multimodal inputs but {len(ranges)} placeholder ranges")
-        if len(ranges) * self.config.image_tokens > prompt_len:  # before they are sorted and walked
-            raise ValueError(
-                f"{len(ranges)} images of {self.config.image_tokens} tokens do not fit a {prompt_len}-token prompt"
-            )
-        prev_end = 0
-        for item, pr in sorted(zip(items, ranges, strict=True), key=lambda pair: pair[1].offset):
-            if pr.length != self.config.image_tokens:
-                raise ValueError(f"placeholder length {pr.length} != image_tokens {self.config.image_tokens}")
-            if pr.offset < prev_end or pr.offset + pr.length > prompt_len:
-                raise ValueError(
-                    f"placeholder [{pr.offset}, {pr.offset + pr.length}) overlaps another or lies "
-                    f"outside the prompt of {prompt_len} tokens"
-                )
-            prev_end = pr.offset + pr.length
-            check_mm_input(item)
+        if req.request_id in self.requests:
+            raise ValueError(f"duplicate request id {req.request_id!r}: a request with this id is still in the engine")
+        return check_request(req, self.config, self._kv_capacity)
 
     def _free(self, rid: str) -> None:
         r = self.requests.pop(rid)
