@@ -5,10 +5,9 @@
   output thread  codec.encode(EngineCoreOutputs) → send_multipart(copy=False);
                  heartbeats and the engine's span timestamps (JSON) when due
 
-Socket I/O and codec work sit on their own threads, as in vLLM's engine core,
-so the model step overlaps them (torch releases the GIL in its kernels).
-A frame that fails to decode, or a request that fails validation, becomes an
-error output for its request id; the engine keeps serving.
+Socket I/O and codec work sit on their own threads, as in vLLM's engine core, so the model step
+overlaps them (torch releases the GIL in its kernels). A frame that fails to decode, or a request
+that fails validation, becomes an error output for its request id; the engine keeps serving.
 """
 
 from __future__ import annotations
@@ -290,10 +289,8 @@ class EngineProcess:
             self._send(sock, [transport.envelope(transport.SPANS), msgspec.json.encode(ready)])
 
     def _encode_outputs(self, batch: EngineCoreOutputs) -> tuple[list[Any], CodecClock, int]:
-        """The batch's codec frames, the encode's clock and the adapter's ns.
-
-        A batch the codec cannot encode becomes error outputs for its requests.
-        """
+        """The batch's codec frames, the encode's clock and the adapter's ns; a batch the codec cannot
+        encode becomes error outputs for its requests."""
         batch.timestamp = time.time()
         calls = self.calls_out
         adapt_start = time.monotonic_ns()
@@ -357,9 +354,8 @@ class EngineProcess:
         return parent is not None and not parent.is_alive()
 
     def _remove_frontend_leftovers(self) -> None:
-        """What a killed frontend could not remove and nobody else will: its shared memory (the segments
-        mapped here, and the one it named at spawn even if nothing was sent through it) and the private
-        ipc directory of the sockets."""
+        """What a killed frontend could not remove and nobody else will: its shared memory (segments
+        mapped here, and the one it named at spawn) and the sockets' private ipc directory."""
         self.mappings.unlink_all()
         if self.addresses.frontend_segment:
             shm.unlink_segment(self.addresses.frontend_segment)

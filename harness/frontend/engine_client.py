@@ -1,20 +1,18 @@
 """The frontend's side of the ZeroMQ link: the ``EngineClient`` interface and ``ZmqEngineClient``.
 
-The frontend needs only the ``EngineClient`` surface; tests of the HTTP layer
-alone use an in-process fake with the same surface. ``ZmqEngineClient`` talks
-to the engine process over ZeroMQ through the selected codec.
+The frontend needs only the ``EngineClient`` surface; tests of the HTTP layer alone use an
+in-process fake with the same surface. ``ZmqEngineClient`` talks to the engine process over ZeroMQ
+through the selected codec.
 
-Requests are encoded on the event loop and sent with ``copy=False`` (pyzmq
-still copies frames under its copy threshold, where that is cheaper). One
-reader task decodes every output batch and routes each output to its
-request's queue. A monitor task watches the engine, in three states:
+Requests are encoded on the event loop and sent with ``copy=False`` (pyzmq still copies frames
+under its copy threshold, where that is cheaper). One reader task decodes every output batch and
+routes each output to its request's queue. A monitor task watches the engine, in three states:
 
 - ok: messages (outputs, heartbeats every 0.25 s) arrive;
 - stalled: nothing for the stall timeout (``STALL_TIMEOUT_S``, ``bench serve
-  --engine-stall-timeout``): every request in flight fails with
-  ``EngineDeadError`` and is aborted in the engine; the first message that
-  arrives again makes the engine ok again (a paused, swapping or restarted
-  remote engine is taken back; ZeroMQ reconnects by itself);
+  --engine-stall-timeout``): every request in flight fails with ``EngineDeadError`` and is aborted
+  in the engine; the first message that arrives again makes the engine ok again (a paused,
+  swapping or restarted remote engine is taken back; ZeroMQ reconnects by itself);
 - dead: the spawned engine process exited, or this frontend shuts down. Final.
 """
 
