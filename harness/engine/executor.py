@@ -10,9 +10,10 @@ spends the time a step is modelled to take. Both take a ``SchedulerOutput`` and 
 Per-request state (sampling params, seeded generator, image embeddings and,
 only for requests with penalties, their token history) is created the first
 time a request appears in ``new_requests`` and dropped when its id shows up
-in ``finished_req_ids``. A request whose inputs can't be processed (say, an
-image that fails to decode) is reported in ``ModelRunnerOutput.errors``
-instead of failing the step for everyone.
+in ``finished_req_ids``; so is its row of the persistent batch
+(``harness.engine.input_batch``), whose columns feed the sampler. A request
+whose inputs can't be processed (say, an image that fails to decode) is
+reported in ``ModelRunnerOutput.errors`` instead of failing the step for everyone.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -38,6 +40,7 @@ from harness.engine.device import (
     synchronize,
     workspace_bytes,
 )
+from harness.engine.input_batch import InputBatch
 from harness.engine.logprobs import sim_logprobs, top_logprobs
 from harness.engine.model import build_model, get_model_config
 from harness.engine.sampler import Sampler, SampleRow, uses_penalties
@@ -148,6 +151,9 @@ class TorchExecutor:
         self.sampler = Sampler(config.vocab_size, config.seed, self.device, self.stager)
         self.states: dict[str, _TorchState] = {}
         self.logprob_ids: set[str] = set()  # running requests that asked for logprobs: most steps have none
+        # Requests with a logit bias or penalties: the sampler needs more of them than columns hold.
+        self.special_ids: set[str] = set()
+        self.batch = InputBatch(config.max_num_seqs)  # a row per live request: its sampling columns
         self.sdpa = self.model.sdpa_backends()
         self.compile_s: float | None = None
         if config.compile:
@@ -213,11 +219,16 @@ class TorchExecutor:
             for rid in sched.finished_req_ids:
                 self.states.pop(rid, None)
                 self.logprob_ids.discard(rid)
+                self.special_ids.discard(rid)
+                self.batch.remove(rid)
             for nr in sched.new_requests:
                 try:
-                    self.states[nr.request_id] = self._new_state(nr)
-                    if nr.request.sampling_params.logprobs is not None:
+                    st = self.states[nr.request_id] = self._new_state(nr)
+                    self.batch.add(nr.request_id, st.params, st.generator)
+                    if st.params.logprobs is not None:
                         self.logprob_ids.add(nr.request_id)
+                    if st.params.logit_bias or st.output_ids is not None:
+                        self.special_ids.add(nr.request_id)
                 except Exception as exc:  # bad payload: fail this request, not the step
                     errors[nr.request_id] = _error_text(exc)
             decodes = [c for c in sched.decodes if c.request_id in self.states]
@@ -254,7 +265,19 @@ class TorchExecutor:
         logits = self.model.forward_step(x, batch, None if every_row else row_idx)
         if not sample_chunks:
             return {}, {}
-        tokens = self.sampler.sample_tensor(logits, [self._sample_row(c) for c in sample_chunks])
+        rids = [c.request_id for c in sample_chunks]
+        batch_rows = self.batch.rows(rids)
+        suppress = [(i, c.suppress_token_ids) for i, c in enumerate(sample_chunks) if c.suppress_token_ids]
+        cols = self.batch.columns(batch_rows, suppress)
+        if self.special_ids:  # the few rows that need their state: bias lists, token history
+            for i, c in enumerate(sample_chunks):
+                if c.request_id in self.special_ids:
+                    row = self._sample_row(c)
+                    if row.params.logit_bias:
+                        cols.biased[i] = row
+                    if uses_penalties(row.params):
+                        cols.penalized[i] = row
+        tokens = self.sampler.sample_columns(logits, cols)
         wanted = self.logprob_ids
         asked = [i for i, c in enumerate(sample_chunks) if c.request_id in wanted] if wanted else []
         logprobs: dict[str, Logprobs] = {}
@@ -263,7 +286,16 @@ class TorchExecutor:
             ks = [self.states[sample_chunks[i].request_id].params.logprobs or 0 for i in asked]
             found = top_logprobs(logits[at_rows], tokens[at_rows], ks, self.config.vocab_size)
             logprobs = {sample_chunks[i].request_id: lp for i, lp in zip(asked, found, strict=True)}
-        return dict(zip((c.request_id for c in sample_chunks), self.stager.fetch(tokens), strict=True)), logprobs
+        picked = self.stager.fetch_array(tokens)
+        # Where each sampled row's token is fed next: the decode's position + 1, or its chunk's end.
+        ends = np.concatenate(
+            [
+                np.asarray(plan.decode_positions, dtype=np.int64) + 1,
+                np.array([ch.end for ch, c in zip(plan.chunks, prefills, strict=True) if c.sample], dtype=np.int64),
+            ]
+        )
+        self.batch.record(batch_rows, picked, ends)
+        return dict(zip(rids, picked.tolist(), strict=True)), logprobs
 
     def _sample_row(self, c: ScheduledChunk) -> SampleRow:
         st = self.states[c.request_id]

@@ -38,7 +38,7 @@ Not implemented: logprobs (the frontend refuses them).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -62,6 +62,46 @@ class SampleRow:
     output_token_ids: Sequence[int] | None = None  # generated so far, oldest first
     # params.logit_bias as (ids, biases) in the vocabulary, when the caller made it once (Sampler.bias_lists)
     bias: tuple[list[int], list[float]] | None = None
+
+
+@dataclass
+class SampleColumns:
+    """A step's sampling inputs as columns, one entry per logits row (``Sampler.sample_columns``).
+
+    ``top_k`` is 0 and ``top_p`` 1.0 where that filter is off, as in ``SamplingParams``; the
+    float columns are float64, so comparisons see the params' own values.
+    """
+
+    temperature: np.ndarray
+    top_p: np.ndarray
+    top_k: np.ndarray  # int64
+    min_p: np.ndarray
+    greedy: np.ndarray  # bool
+    # logits row -> the request's own generator, for seeded non-greedy rows only
+    generators: dict[int, torch.Generator]
+    # (logits row, ids it must not pick), only for rows that have any
+    suppress: list[tuple[int, list[int]]]
+    # The rows with a logit bias or penalties, with what those need (few rows in most steps).
+    biased: dict[int, SampleRow] = field(default_factory=dict)
+    penalized: dict[int, SampleRow] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.temperature)
+
+    @classmethod
+    def of_rows(cls, rows: list[SampleRow]) -> SampleColumns:
+        params = [r.params for r in rows]
+        return cls(
+            np.array([p.temperature for p in params], dtype=np.float64),
+            np.array([p.top_p for p in params], dtype=np.float64),
+            np.array([p.top_k for p in params], dtype=np.int64),
+            np.array([p.min_p for p in params], dtype=np.float64),
+            np.array([is_greedy(p) for p in params], dtype=np.bool_),
+            {i: r.generator for i, r in enumerate(rows) if r.generator is not None and not is_greedy(r.params)},
+            [(i, r.suppress_token_ids) for i, r in enumerate(rows) if r.suppress_token_ids],
+            {i: r for i, r in enumerate(rows) if r.params.logit_bias},
+            {i: r for i, r in enumerate(rows) if uses_penalties(r.params)},
+        )
 
 
 def is_greedy(params: SamplingParams) -> bool:
@@ -111,45 +151,55 @@ class Sampler:
         """
         if logits.shape[0] != len(rows) or not rows:
             raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sample rows")
+        return self.sample_columns(logits, SampleColumns.of_rows(rows))
+
+    def sample_columns(self, logits: Tensor, cols: SampleColumns) -> Tensor:
+        """``sample_tensor`` for rows given as columns (``harness.engine.input_batch``): the same draws."""
+        n = len(cols)
+        if logits.shape[0] != n or not n:
+            raise ValueError(f"{logits.shape[0]} logit rows for {n} sample rows")
         logits = logits[:, : self.vocab_size].float()
-        biased = [i for i, r in enumerate(rows) if r.params.logit_bias]
-        penalized = [i for i, r in enumerate(rows) if uses_penalties(r.params)]
         # Both work out of place: the caller's logits stay as they were.
-        if biased:
-            logits = self._with_logit_bias(logits, [rows[i] for i in biased], biased)
-        if penalized:
-            logits = self._with_penalties(logits, [rows[i] for i in penalized], penalized)
-        logits = self._with_suppressed(logits, rows)
-        rand = [i for i, r in enumerate(rows) if not is_greedy(r.params)]
-        if not rand:
+        if cols.biased:
+            biased = sorted(cols.biased)
+            logits = self._with_logit_bias(logits, [cols.biased[i] for i in biased], biased)
+        if cols.penalized:
+            penalized = sorted(cols.penalized)
+            logits = self._with_penalties(logits, [cols.penalized[i] for i in penalized], penalized)
+        logits = self._with_suppressed(logits, cols.suppress)
+        rand = np.flatnonzero(~cols.greedy)
+        if not rand.size:
             return _argmax(logits)
         # Shared-generator rows first, then each seeded row: the noise of the
         # shared ones is one draw, each seeded row draws its own.
-        shared = [i for i in rand if rows[i].generator is None]
-        seeded = [i for i in rand if rows[i].generator is not None]
-        order = shared + seeded
-        params = [rows[i].params for i in order]
-        filters = any(has_filters(p) for p in params)
-        whole = order == list(range(len(rows)))
+        gens = cols.generators
+        is_seeded = np.fromiter((i in gens for i in rand.tolist()), dtype=np.bool_, count=rand.size)
+        shared, seeded = rand[~is_seeded], rand[is_seeded]
+        order = np.concatenate([shared, seeded])
+        top_k, top_p, min_p = cols.top_k[order], cols.top_p[order], cols.min_p[order]
+        filters = bool(((top_k > 0) | (top_p < 1.0) | (min_p > 0.0)).any())
+        whole = order.size == n and bool((order == np.arange(n)).all())
         ints = self.stager.ints(
-            [] if whole else order, [p.top_k if p.top_k > 0 else self.vocab_size for p in params] if filters else []
+            np.zeros(0, np.int64) if whole else order,
+            np.where(top_k > 0, top_k, self.vocab_size) if filters else np.zeros(0, np.int64),
         )
+        none = np.zeros(0, np.float64)
         floats = self.stager.floats(
-            [p.temperature for p in params],
+            cols.temperature[order],
             # inf / 0 where a filter is off, so its comparisons are never true.
-            [p.top_p if p.top_p < 1.0 else float("inf") for p in params] if filters else [],
-            [p.min_p for p in params] if filters else [],
+            np.where(top_p < 1.0, top_p, np.inf) if filters else none,
+            min_p if filters else none,
         )
-        idx, top_k = ints
-        temps, top_p, min_p = floats
+        idx, top_k_t = ints
+        temps, top_p_t, min_p_t = floats
         sub = logits if whole else logits.index_select(0, idx)
         scaled = sub / temps[:, None]
-        probs = self._probs(scaled, top_k, top_p, min_p) if filters else torch.softmax(scaled, dim=-1)
+        probs = self._probs(scaled, top_k_t, top_p_t, min_p_t) if filters else torch.softmax(scaled, dim=-1)
         noise = torch.empty_like(probs)
-        if shared:
-            noise[: len(shared)].exponential_(generator=self.generator)
-        for j, i in enumerate(seeded, start=len(shared)):
-            noise[j].exponential_(generator=rows[i].generator)
+        if shared.size:
+            noise[: shared.size].exponential_(generator=self.generator)
+        for j, i in enumerate(seeded.tolist(), start=shared.size):
+            noise[j].exponential_(generator=gens[i])
         # Exp(1) may return 0: keep the ratio finite (a zero-probability token stays at 0).
         picks = (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
         usable = torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)
@@ -177,13 +227,13 @@ class Sampler:
         drop = torch.zeros_like(drop).scatter_(1, order, drop)
         return torch.softmax(logits.masked_fill(drop, float("-inf")), dim=-1)
 
-    def _with_suppressed(self, logits: Tensor, rows: list[SampleRow]) -> Tensor:
-        """A copy of logits with each row's suppressed ids at -inf (all of a row never)."""
+    def _with_suppressed(self, logits: Tensor, suppress: list[tuple[int, list[int]]]) -> Tensor:
+        """A copy of logits with each (row, ids)'s ids at -inf on that row (all of a row never)."""
         at_row: list[int] = []
         at_tok: list[int] = []
-        for i, row in enumerate(rows):
-            if row.suppress_token_ids:
-                ids = [t for t in row.suppress_token_ids if 0 <= t < self.vocab_size]
+        for i, suppressed in suppress:
+            if suppressed:
+                ids = [t for t in suppressed if 0 <= t < self.vocab_size]
                 if len(ids) < self.vocab_size:  # never suppress everything
                     at_row += [i] * len(ids)
                     at_tok += ids

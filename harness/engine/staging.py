@@ -66,7 +66,7 @@ class Stager:
         """Each list as an int64 tensor on the device, all in one transfer."""
         return self._stage(lists, torch.int64)
 
-    def floats(self, *lists: Sequence[float]) -> list[Tensor]:
+    def floats(self, *lists: Sequence[float] | np.ndarray) -> list[Tensor]:
         """Each list as a float32 tensor on the device, all in one transfer."""
         return self._stage(lists, torch.float32)
 
@@ -86,3 +86,8 @@ class Stager:
         """The step's sampled ids on the host: one copy, the one sync the step needs."""
         self.fetches += 1
         return t.to("cpu").tolist()
+
+    def fetch_array(self, t: Tensor) -> np.ndarray:
+        """``fetch`` as a numpy array: the step's outputs stay one array until they are handed out."""
+        self.fetches += 1
+        return t.to("cpu").numpy()

@@ -1,0 +1,116 @@
+"""The torch executor's persistent batch: one row per request, kept while the request lives.
+
+A request takes a row when it first appears in ``SchedulerOutput.new_requests`` and gives it
+back when its id is in ``finished_req_ids`` (a preempted request keeps its row: it comes back
+to recompute). Each row holds the request's sampling parameters as numpy columns, its newest
+token id and the position after it, so a step gathers its sampler inputs with one fancy index
+over its rows instead of one Python object per sequence. Rows are reused; the columns grow
+(doubling) only when more requests are alive at once than ever before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from harness.engine.sampler import SampleColumns, is_greedy
+from harness.wire.messages import SamplingParams
+
+
+class InputBatch:
+    """Per-request rows of sampling parameters and decode state, added and removed by request id."""
+
+    generators: list[torch.Generator | None]  # a seeded request's own generator, per row
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.row_of: dict[str, int] = {}
+        self._free: list[int] = []
+        self._size = 0  # rows ever handed out: [0, _size) are used or free
+        self._alloc(max(capacity, 1))
+
+    def _alloc(self, n: int) -> None:
+        """Columns of ``n`` rows, the used ones [0, _size) copied over."""
+        old = self._size
+
+        def grow(name: str, dtype: type, fill: float = 0) -> np.ndarray:
+            out: np.ndarray = np.full(n, fill, dtype=dtype)
+            if old:
+                out[:old] = getattr(self, name)[:old]
+            return out
+
+        # float64, as the params are: the sampler's comparisons (top_p < 1.0) see the same values
+        self.temperature = grow("temperature", np.float64)
+        self.top_p = grow("top_p", np.float64, 1.0)
+        self.top_k = grow("top_k", np.int64)
+        self.min_p = grow("min_p", np.float64)
+        self.greedy = grow("greedy", np.bool_)
+        self.last_token = grow("last_token", np.int64, -1)  # the newest sampled id, -1 before the first
+        self.position = grow("position", np.int64)  # where that token is fed
+        gens: list[torch.Generator | None] = [None] * n
+        gens[:old] = self.generators[:old] if old else []
+        self.generators = gens
+        self.capacity = n
+
+    def __len__(self) -> int:
+        return len(self.row_of)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self.row_of
+
+    def add(self, request_id: str, params: SamplingParams, generator: torch.Generator | None) -> int:
+        """Give ``request_id`` a row holding ``params``; returns the row."""
+        if self._free:
+            row = self._free.pop()
+        else:
+            if self._size == self.capacity:
+                self._alloc(2 * self.capacity)
+            row = self._size
+            self._size += 1
+        self.temperature[row] = params.temperature
+        self.top_p[row] = params.top_p
+        self.top_k[row] = params.top_k
+        self.min_p[row] = params.min_p
+        self.greedy[row] = is_greedy(params)
+        self.last_token[row] = -1
+        self.position[row] = 0
+        self.generators[row] = generator
+        self.row_of[request_id] = row
+        return row
+
+    def remove(self, request_id: str) -> None:
+        """Free the request's row (no-op for an unknown id)."""
+        row = self.row_of.pop(request_id, None)
+        if row is not None:
+            self.generators[row] = None
+            self._free.append(row)
+
+    def rows(self, request_ids: Sequence[str]) -> np.ndarray:
+        """The rows of ``request_ids``, in their order, as an int64 array."""
+        row_of = self.row_of
+        return np.fromiter((row_of[r] for r in request_ids), dtype=np.int64, count=len(request_ids))
+
+    def columns(self, rows: np.ndarray, suppress: list[tuple[int, list[int]]]) -> SampleColumns:
+        """The sampler's inputs for a step whose logits row i belongs to batch row ``rows[i]``."""
+        greedy = self.greedy[rows]
+        gens = self.generators
+        generators = {}
+        for i in np.flatnonzero(~greedy).tolist():  # only non-greedy rows can hold a generator
+            g = gens[rows[i]]
+            if g is not None:
+                generators[i] = g
+        return SampleColumns(
+            self.temperature[rows],
+            self.top_p[rows],
+            self.top_k[rows],
+            self.min_p[rows],
+            greedy,
+            generators,
+            suppress,
+        )
+
+    def record(self, rows: np.ndarray, tokens: np.ndarray, positions: np.ndarray) -> None:
+        """The step's sampled ``tokens`` for ``rows``, next fed at ``positions``."""
+        self.last_token[rows] = tokens
+        self.position[rows] = positions
