@@ -1,12 +1,16 @@
-"""The executor's persistent batch: rows kept per request, columns gathered per step."""
+"""The executor's persistent inputs: batch rows kept per request, step buffers reused, plans vectorised."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from harness.engine.input_batch import InputBatch
 from harness.engine.sampler import SampleColumns, SampleRow
+from harness.engine.staging import StepBuffers
+from harness.engine.step_plan import Chunk, StepPlan
 from harness.wire.messages import SamplingParams
 
 
@@ -41,3 +45,30 @@ def test_columns_of_rows_match_the_rows() -> None:
     assert len(cols) == 4 and cols.greedy.tolist() == [True, False, True, False]
     assert cols.generators == {1: gen} and cols.suppress == [(0, [2])]
     assert list(cols.biased) == [3] and list(cols.penalized) == [3]
+
+
+def test_step_buffers_reuse_one_buffer_and_grow() -> None:
+    bufs = StepBuffers(torch.device("cpu"), capacity=4)
+    a, b = bufs.ints([1, 2], np.array([3], dtype=np.int32))
+    assert a.tolist() == [1, 2] and b.tolist() == [3] and bufs.capacity == 4
+    (c,) = bufs.ints(list(range(9)))  # past the capacity: one larger buffer from now on
+    assert c.tolist() == list(range(9)) and bufs.capacity >= 9
+    host = bufs.host
+    bufs.ints([7])
+    assert bufs.host is host  # no allocation per step
+
+
+def test_index_lists_match_a_per_token_walk() -> None:
+    bs = 4
+    decode_blocks: list[Sequence[int]] = [[5, 9], [2], [11, 12, 13]]
+    decode_positions = [6, 0, 8]
+    chunks = [Chunk([20, 21, 22], 3, 7), Chunk([30], 0, 2)]
+    plan = StepPlan(decode_blocks, decode_positions, chunks)
+    plan.check(64, bs, 64)
+    slots, pos, d_tables, c_tables, dst = plan.index_lists(bs)
+    want = [(t[p // bs] * bs + p % bs, p) for t, p in zip(decode_blocks, decode_positions, strict=True)]
+    want += [(c.blocks[p // bs] * bs + p % bs, p) for c in chunks for p in range(c.start, c.end)]
+    assert slots.tolist() == [w[0] for w in want] and pos.tolist() == [w[1] for w in want]
+    assert d_tables.reshape(3, -1).tolist() == [[5, 9, 0], [2, 0, 0], [11, 12, 13]]
+    assert c_tables.reshape(2, -1).tolist() == [[20, 21, 22], [30, 0, 0]]
+    assert dst.tolist() == [*range(7), 7, 8]

@@ -45,7 +45,7 @@ from harness.engine.logprobs import sim_logprobs, top_logprobs
 from harness.engine.model import build_model, get_model_config
 from harness.engine.sampler import Sampler, SampleRow, uses_penalties
 from harness.engine.sim_gpu import DeviceStats, SimDevice, StepHandle
-from harness.engine.staging import Stager, step_token_ids
+from harness.engine.staging import Stager, StepBuffers, step_token_ids
 from harness.engine.step import ModelRunnerOutput, NewRequest, ScheduledChunk, SchedulerOutput
 from harness.engine.step_plan import Chunk, StepPlan
 from harness.engine.step_time import step_time_model
@@ -107,7 +107,8 @@ class TorchExecutor:
 
     A step's decode rows and every prefill chunk (of any number of requests)
     run as one batch; all of the step's integer inputs reach the device in one
-    non-blocking copy (``harness.engine.staging``), images as their raw bytes;
+    non-blocking copy into preallocated buffers (``harness.engine.staging.StepBuffers``),
+    images as their raw bytes;
     the sampled ids come back in one copy, the step's only host sync.
     """
 
@@ -148,6 +149,8 @@ class TorchExecutor:
             mc.vision_dim, mc.dim, config.image_tokens, self.device, self.dtype, config.seed + 1
         )
         self.stager = Stager(self.device)
+        # A step's int inputs (token ids, positions, cache slots, tables) cross in these, reused every step.
+        self.step_buffers = StepBuffers(self.device)
         self.sampler = Sampler(config.vocab_size, config.seed, self.device, self.stager)
         self.states: dict[str, _TorchState] = {}
         self.logprob_ids: set[str] = set()  # running requests that asked for logprobs: most steps have none
@@ -254,7 +257,7 @@ class TorchExecutor:
         sample_chunks = decodes + [c for c in prefills if c.sample]
         rows = list(range(len(decodes))) + [r for r, c in zip(last, prefills, strict=True) if c.sample]
         every_row = len(rows) == plan.n_rows  # a pure decode step: no row selection
-        batch, (ids, row_idx) = self.model.stage(plan, token_ids, [] if every_row else rows)  # type: ignore[arg-type]
+        batch, (ids, row_idx) = self.model.stage(plan, token_ids, [] if every_row else rows, buffers=self.step_buffers)
         x = self.model.embed(ids)  # [N, dim]
         at = plan.n_decode
         for c in prefills:

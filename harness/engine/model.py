@@ -43,16 +43,17 @@ length, S cache slots, V vocab.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from harness.engine import attention
-from harness.engine.staging import Stager
+from harness.engine.staging import Stager, StepBuffers
 from harness.engine.step_plan import Chunk, StepPlan
 
 _HAS_RMS_NORM = hasattr(F, "rms_norm")
@@ -369,10 +370,17 @@ class Transformer(nn.Module):
             x = x.index_select(0, rows)
         return self.output(self.norm(x)).float()
 
-    def stage(self, plan: StepPlan, *extra: list[int]) -> tuple[StepBatch, list[Tensor]]:
-        """The plan's batch plus ``extra`` int lists on the device, in one host-to-device transfer."""
+    def stage(
+        self, plan: StepPlan, *extra: Sequence[int] | np.ndarray, buffers: StepBuffers | None = None
+    ) -> tuple[StepBatch, list[Tensor]]:
+        """The plan's batch plus ``extra`` int lists on the device, in one host-to-device transfer.
+
+        Through ``buffers`` (the executor's, reused every step) when given: the tensors are then
+        valid until the next call with them; else into fresh ones.
+        """
         plan.check(self.num_blocks, self.block_size, self.max_model_len)
-        staged = self._stager.ints(*plan.index_lists(self.block_size), *extra)
+        stage = self._stager.ints if buffers is None else buffers.ints
+        staged = stage(*plan.index_lists(self.block_size), *extra)
         return self.make_batch(plan, staged[:5]), staged[5:]
 
     def slot_blocks(self, slot: int) -> list[int]:

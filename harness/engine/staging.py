@@ -9,7 +9,8 @@ is done, so nothing is overwritten early. On the CPU the buffer is the tensor
 (no copy at all). Either way no ``torch.tensor`` of Python data is built, so
 no op that makes the host wait is dispatched (``harness.engine.opcount``).
 
-``fetch`` is the one intended sync of a step: the sampled ids to the host.
+``StepBuffers`` does the same into buffers made once and reused every step (the engine's
+step inputs); ``fetch`` is the one intended sync of a step: the sampled ids to the host.
 """
 
 from __future__ import annotations
@@ -91,3 +92,45 @@ class Stager:
         """``fetch`` as a numpy array: the step's outputs stay one array until they are handed out."""
         self.fetches += 1
         return t.to("cpu").numpy()
+
+
+class StepBuffers:
+    """Preallocated buffers a step's int inputs cross in: a host one (pinned on CUDA) and a device one.
+
+    ``ints`` writes every list into the host buffer and sends them in one non-blocking copy into
+    the device buffer; the tensors it returns are views of that, valid until the next call. Nothing
+    is allocated per step. Before the host buffer is rewritten, the previous copy out of it must
+    have finished: an event recorded after the copy is waited for (a step ends with a sync, so it
+    has long finished). On the CPU the host buffer is the device one: no copy at all.
+    """
+
+    def __init__(self, device: torch.device, capacity: int = 1 << 14) -> None:
+        self.device = device
+        self.pinned = device.type == "cuda"
+        self._copied: torch.cuda.Event | None = None
+        self._alloc(capacity)
+
+    def _alloc(self, n: int) -> None:
+        self.host = torch.empty(n, dtype=torch.int64, pin_memory=self.pinned)
+        self._view = self.host.numpy()  # writes through numpy dispatch no torch op
+        self.dev = torch.empty(n, dtype=torch.int64, device=self.device) if self.pinned else self.host
+        self.capacity = n
+
+    def ints(self, *lists: Sequence[int] | np.ndarray) -> list[Tensor]:
+        """Each list as an int64 tensor on the device (views of the device buffer), in one transfer."""
+        sizes = [len(x) for x in lists]
+        total = sum(sizes)
+        if self._copied is not None:
+            self._copied.synchronize()
+        if total > self.capacity:  # grow once to the largest step seen (the old buffers are free)
+            self._alloc(max(total, 2 * self.capacity))
+        at = 0
+        for values, n in zip(lists, sizes, strict=True):
+            self._view[at : at + n] = values
+            at += n
+        flat = self.dev[:total]
+        if self.pinned:
+            flat.copy_(self.host[:total], non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+        return list(flat.split(sizes))

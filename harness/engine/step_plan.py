@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -78,35 +79,25 @@ class StepPlan:
         Tables are flat, one row per decode (chunk) padded with block 0 to the longest
         one's blocks: positions past a sequence's own are never visible to its queries.
         Chunk c's rows sit at [c * chunk_width, c * chunk_width + length) of the padded queries.
+        Built with whole-array numpy ops: no Python loop over rows or tokens.
         """
         bs = block_size
-        slots, positions = [], []
-        nb_d = _ceil_div(self.max_len, bs)
-        decode_tables = np.zeros((self.n_decode, nb_d), dtype=np.int64)
-        for b, (blocks, p) in enumerate(zip(self.decode_blocks, self.decode_positions, strict=True)):
-            slots.append(blocks[p // bs] * bs + p % bs)
-            positions.append(p)
-            n = min(len(blocks), nb_d)
-            decode_tables[b, :n] = blocks[:n]
-        head = [np.asarray(slots, dtype=np.int64)], [np.asarray(positions, dtype=np.int64)]
-        nb_c = _ceil_div(self.chunk_span, bs)
+        dpos = np.asarray(self.decode_positions, dtype=np.int64)
+        decode_tables = _padded(self.decode_blocks, _ceil_div(self.max_len, bs))
+        d_slots = decode_tables[np.arange(len(dpos)), dpos // bs] * bs + dpos % bs
         width = self.chunk_width
-        chunk_tables = np.zeros((len(self.chunks), nb_c), dtype=np.int64)
-        dst = []
-        for i, c in enumerate(self.chunks):
-            table = np.asarray(c.blocks[:nb_c], dtype=np.int64)
-            chunk_tables[i, : len(table)] = table
-            pos = np.arange(c.start, c.end, dtype=np.int64)
-            head[0].append(table[pos // bs] * bs + pos % bs)
-            head[1].append(pos)
-            dst.append(np.arange(i * width, i * width + c.length, dtype=np.int64))
-        cat = np.concatenate
+        chunk_tables = _padded([c.blocks for c in self.chunks], _ceil_div(self.chunk_span, bs))
+        starts = np.fromiter((c.start for c in self.chunks), np.int64, len(self.chunks))
+        lengths = np.fromiter((c.length for c in self.chunks), np.int64, len(self.chunks))
+        which, offset = _ragged_index(lengths)  # each chunk row's chunk, and its place in it
+        c_pos = starts[which] + offset
+        c_slots = chunk_tables[which, c_pos // bs] * bs + c_pos % bs
         return (
-            cat(head[0]),
-            cat(head[1]),
+            np.concatenate([d_slots, c_slots]),
+            np.concatenate([dpos, c_pos]),
             decode_tables.reshape(-1),
             chunk_tables.reshape(-1),
-            cat(dst) if dst else np.zeros(0, dtype=np.int64),
+            which * width + offset,
         )
 
     def last_rows(self) -> list[int]:
@@ -123,19 +114,45 @@ class StepPlan:
         for c in self.chunks:
             if c.length <= 0 or c.start < 0 or c.end > max_model_len:
                 raise ValueError(f"prefill chunk [{c.start}, {c.end}) outside [0, {max_model_len})")
-        for p in self.decode_positions:
-            if not 0 <= p < max_model_len:
-                raise ValueError(f"decode position {p} outside [0, {max_model_len})")
-        spans = [(t, p + 1) for t, p in zip(self.decode_blocks, self.decode_positions, strict=True)]
-        spans += [(c.blocks, c.end) for c in self.chunks]
-        for table, end in spans:
-            if len(table) * block_size < end:
-                raise ValueError(f"a block table of {len(table)} blocks does not cover {end} positions")
-            if len(table) and not (min(table) >= 0 and max(table) < num_blocks):
-                raise ValueError(f"a block id outside [0, {num_blocks})")
+        dpos = np.asarray(self.decode_positions, dtype=np.int64)
+        bad = np.flatnonzero((dpos < 0) | (dpos >= max_model_len))
+        if bad.size:
+            raise ValueError(f"decode position {dpos[bad[0]]} outside [0, {max_model_len})")
+        tables = [*self.decode_blocks, *(c.blocks for c in self.chunks)]
+        ends = np.concatenate([dpos + 1, np.fromiter((c.end for c in self.chunks), np.int64, len(self.chunks))])
+        lengths = np.fromiter(map(len, tables), np.int64, len(tables))
+        short = np.flatnonzero(lengths * block_size < ends)
+        if short.size:
+            i = short[0]
+            raise ValueError(f"a block table of {lengths[i]} blocks does not cover {ends[i]} positions")
+        flat = np.fromiter(chain.from_iterable(tables), np.int64, int(lengths.sum()))
+        if flat.size and not (flat.min() >= 0 and flat.max() < num_blocks):
+            raise ValueError(f"a block id outside [0, {num_blocks})")
         # The block each sequence writes first: two sequences writing one block is a scheduler bug
         # (shared prefix blocks are full and only read).
-        written = [t[p // block_size] for t, p in zip(self.decode_blocks, self.decode_positions, strict=True)]
-        written += [c.blocks[c.start // block_size] for c in self.chunks]
-        if len(set(written)) != len(written):
+        first = np.cumsum(lengths) - lengths  # where each table starts in flat
+        starts = np.concatenate([dpos, ends[len(dpos) :] - [c.length for c in self.chunks]]).astype(np.int64)
+        written = flat[first + starts // block_size]
+        if np.unique(written).size != written.size:
             raise ValueError("two sequences of one step write the same KV block")
+
+
+def _padded(tables: Sequence[Sequence[int]], width: int) -> np.ndarray:
+    """Block tables as one [len(tables), width] int64 array: each cut to ``width``, padded with block 0."""
+    n = len(tables)
+    out = np.zeros((n, width), dtype=np.int64)
+    if not n or not width:
+        return out
+    lengths = np.fromiter(map(len, tables), np.int64, n)
+    flat = np.fromiter(chain.from_iterable(tables), np.int64, int(lengths.sum()))
+    row, col = _ragged_index(lengths)
+    keep = col < width
+    out[row[keep], col[keep]] = flat[keep]
+    return out
+
+
+def _ragged_index(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For parts of ``lengths`` laid end to end: each element's part, and its index within the part."""
+    part = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    first = np.cumsum(lengths) - lengths
+    return part, np.arange(part.size, dtype=np.int64) - first[part]
