@@ -1,18 +1,35 @@
 #!/usr/bin/env bash
 # Run the serving loop on CUDA for a few minutes, where a GPU exists; never pass falsely.
-#   scripts/gpu_check.sh [--wheels DIR] [PRESET]   (default preset: llama-8b, random weights)
+#   scripts/gpu_check.sh [--wheels DIR] [--only checks|seed|all] [--seed-seconds S]
+#                        [--seed-block-size N] [--seed-rounds R] [--dry-run-cpu] [PRESET]
+#   (default preset: llama-8b, random weights)
+#
+# What runs (--only, default all):
+#   checks  the text and image workloads, pickle and msgspec-oob, a few minutes
+#   seed    the seed's workload (docs/seed.md: 1,000 sonnet prompts at 40 req/s, 150 tokens out,
+#           200-token shared prefix) on the real torch executor, bf16, prefix caching, 256
+#           sequences, msgspec against pickle (outputs msgspec in both, as in the seed's PR), in
+#           blocks of --seed-block-size requests (default 1000: the arms take whole-workload
+#           turns with both servers up); rounds start while the next one is expected to end
+#           within --seed-seconds (default 300) of the step's start, at most --seed-rounds
+#           (default 30); results and scripts/gpu_check_seed.py's summary in .../seed/
+#   --dry-run-cpu (or WIREBENCH_GPU_CHECK_DRY_RUN=1): the seed step alone on the CPU, tiny
+#           model, 16 prompts at 8 req/s, --seed-rounds rounds (default 1); no GPU is looked for
 #
 # Exit status:
 #   0  the checks passed, or no GPU is visible on this machine at all (CI has none)
 #   3  a GPU is visible (nvidia-smi -L lists one, or /dev/nvidia[0-9]* exists) but
 #      torch cannot use it (CPU wheel, driver mismatch, no torch): the reason is printed
-#   1  a check failed (a bench run failed, a codec was refused, or it did not run on cuda)
+#   1  a check failed (a bench run failed, a codec was refused, or it did not run on cuda;
+#      the seed step: no round finished, a run failed or lost requests)
 #   2  usage error
 # Python: $PYTHON, else .venv/bin/python if it exists, else python3. The project runs
 # from this working tree (harness/ and codecs/ on PYTHONPATH; codecs/ is importable as
 # `wirecodecs` through a symlink in a temp dir), so it need not be pip-installed.
-# Results: results/gpu_check/<timestamp>/{text,image}/, server output in .../server.log.
-# Tests: WIREBENCH_NVIDIA_DEV_GLOB replaces the device-node glob; nvidia-smi is found on PATH.
+# Results: results/gpu_check/<timestamp>/{text,image}/, server output in .../server.log;
+# the seed step's compare and run files, server log, request traces and summary.json in .../seed/.
+# Tests: WIREBENCH_NVIDIA_DEV_GLOB replaces the device-node glob; nvidia-smi is found on PATH;
+# WIREBENCH_GPU_CHECK_RESULTS replaces results/gpu_check.
 #
 # Offline GPU host (system Python 3.11+ with a CUDA torch preinstalled, no network):
 #   1. On a machine with network, same checkout, for the host's Python version:
@@ -29,15 +46,38 @@
 set -euo pipefail
 wheels=""
 preset=llama-8b
+only=all
+seed_seconds=300
+seed_block=1000
+seed_rounds=""
+dry_run=${WIREBENCH_GPU_CHECK_DRY_RUN:-0}
+[ "$dry_run" = 0 ] || [ "$dry_run" = 1 ] || { echo "gpu_check: WIREBENCH_GPU_CHECK_DRY_RUN must be 0 or 1" >&2; exit 2; }
+positive() {  # positive NAME VALUE: a whole number > 0, else a usage error
+  [[ $2 =~ ^[0-9]+$ ]] && [ "$2" -gt 0 ] || { echo "gpu_check: $1 needs a whole number > 0, got '$2'" >&2; exit 2; }
+}
 while [ $# -gt 0 ]; do
   case $1 in
     --wheels) [ $# -ge 2 ] || { echo "gpu_check: --wheels needs a folder" >&2; exit 2; }
               wheels=$2; shift 2 ;;
+    --only) [ $# -ge 2 ] || { echo "gpu_check: --only needs checks, seed or all" >&2; exit 2; }
+            case $2 in checks|seed|all) only=$2 ;;
+              *) echo "gpu_check: --only takes checks, seed or all, not '$2'" >&2; exit 2 ;; esac
+            shift 2 ;;
+    --seed-seconds) [ $# -ge 2 ] || { echo "gpu_check: --seed-seconds needs a number" >&2; exit 2; }
+                    positive --seed-seconds "$2"; seed_seconds=$2; shift 2 ;;
+    --seed-block-size) [ $# -ge 2 ] || { echo "gpu_check: --seed-block-size needs a number" >&2; exit 2; }
+                       positive --seed-block-size "$2"; seed_block=$2; shift 2 ;;
+    --seed-rounds) [ $# -ge 2 ] || { echo "gpu_check: --seed-rounds needs a number" >&2; exit 2; }
+                   positive --seed-rounds "$2"; seed_rounds=$2; shift 2 ;;
+    --dry-run-cpu) dry_run=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) preset=$1; shift ;;
   esac
 done
+if [ "$dry_run" = 1 ] && [ "$only" = checks ]; then
+  echo "gpu_check: --dry-run-cpu runs the seed step alone, not --only checks" >&2; exit 2
+fi
 if [ -n "$wheels" ]; then
   [ -d "$wheels" ] || { echo "gpu_check: no wheel folder $wheels" >&2; exit 2; }
   wheels=$(cd "$wheels" && pwd)
@@ -76,6 +116,11 @@ elif [ -x .venv/bin/python ]; then
 else
   python=python3
 fi
+
+if [ "$dry_run" = 1 ]; then  # the seed step's path on the CPU: no GPU is looked for
+  echo "gpu_check: dry run on the CPU: the seed step alone, tiny sizes; no GPU looked for."
+  only=seed
+else  # (the GPU's detection and probe below, not indented: their heredocs are Python)
 
 # --- is a GPU visible to the machine? ------------------------------------------
 visible=""
@@ -155,25 +200,29 @@ if [ "$probe_rc" -ne 0 ]; then
 fi
 echo "gpu_check: torch can use the GPU (${visible:-torch sees it; nvidia-smi and device nodes do not})."
 report
+fi  # dry run
 
 # --- the checks: from this working tree, no install needed ---------------------------
 shim=$(mktemp -d)
 trap 'rm -rf "$shim"' EXIT
 ln -s "$repo/codecs" "$shim/wirecodecs"
 export PYTHONPATH="$shim:$repo${PYTHONPATH:+:$PYTHONPATH}"
-out=results/gpu_check/$(date +%Y%m%d-%H%M%S)
+results_root=${WIREBENCH_GPU_CHECK_RESULTS:-results/gpu_check}
+out=$results_root/$(date +%Y%m%d-%H%M%S)
 mkdir -p "$out"
-[ -f results/gpu_check/.gitignore ] || echo '*' > results/gpu_check/.gitignore
+[ -f "$results_root/.gitignore" ] || echo '*' > "$results_root/.gitignore"
 codecs=pickle,msgspec-oob
 bench=("$python" -m harness.cli run --codec "$codecs" --device cuda --model-preset "$preset"
        --max-num-seqs 128 --server-log "$out/server.log" --no-progress)
 failed=0
-echo "gpu_check: [1/2] text: 200 sonnet prompts at 20 req/s, pickle and msgspec-oob interleaved"
-"${bench[@]}" --num-prompts 200 --request-rate 20 --result-dir "$out/text" || failed=1
-echo "gpu_check: [2/2] image: 40 requests of one 336x336 image as bfloat16 pixel tensors, at 8 req/s"
-"${bench[@]}" --images-per-request 1 --image-width 336 --image-height 336 \
-  --mm-payload tensor --mm-tensor-dtype bfloat16 --num-prompts 40 --request-rate 8 \
-  --result-dir "$out/image" || failed=1
+if [ "$only" != seed ]; then
+  echo "gpu_check: [1/2] text: 200 sonnet prompts at 20 req/s, pickle and msgspec-oob interleaved"
+  "${bench[@]}" --num-prompts 200 --request-rate 20 --result-dir "$out/text" || failed=1
+  echo "gpu_check: [2/2] image: 40 requests of one 336x336 image as bfloat16 pixel tensors, at 8 req/s"
+  "${bench[@]}" --images-per-request 1 --image-width 336 --image-height 336 \
+    --mm-payload tensor --mm-tensor-dtype bfloat16 --num-prompts 40 --request-rate 8 \
+    --result-dir "$out/image" || failed=1
+fi
 
 # --- what ran where: result metadata (metadata["engine"] when present) and the server log ---
 read -r -d '' summary_py <<'PY' || true
@@ -211,10 +260,76 @@ for b in dict.fromkeys(bad):
 sys.exit(1 if bad else 0)
 PY
 echo "gpu_check: results in $out"
-"$python" -c "$summary_py" "$out" || failed=1
+if [ "$only" != seed ]; then
+  "$python" -c "$summary_py" "$out" || failed=1
+  if [ "$failed" -ne 0 ]; then
+    echo "gpu_check: FAIL (last lines of $out/server.log follow)"
+    tail -n 20 "$out/server.log" 2>/dev/null || true
+  fi
+fi
+
+# --- the seed's workload on the real engine (docs/gpu.md, docs/seed.md) -------------------
+if [ "$only" != checks ]; then
+  seed_out=$out/seed
+  mkdir -p "$seed_out"
+  if [ "$dry_run" = 1 ]; then  # the same path, sized for a CPU and a test
+    seed_model=(--device cpu --dtype float32 --model-preset tiny)
+    seed_load=(--num-prompts 16 --request-rate 8 --sonnet-output-len 16)
+    seed_rounds=${seed_rounds:-1}
+    seed_block=16
+  else
+    seed_model=(--device cuda --dtype bfloat16 --model-preset "$preset")
+    seed_load=(--num-prompts 1000 --request-rate 40 --sonnet-output-len 150)
+    seed_rounds=${seed_rounds:-30}  # a ceiling: rounds stop at the --seed-seconds budget
+  fi
+  # The seed's workload (bench run --preset seed-10245's workload flags) on the torch executor.
+  # 256 sequences of ~660 tokens; 131,072 KV tokens (16 GiB for llama-8b) hold them with the
+  # 200-token prefix cached once, and keep both arms' engines (all up for a round) on an 80 GB card.
+  seed_cmd=("$python" -m harness.cli run --codec msgspec,pickle --output-codec msgspec
+            --dataset-name sonnet --sonnet-input-len 516 --sonnet-prefix-len 200 "${seed_load[@]}"
+            --executor torch "${seed_model[@]}" --prefix-caching --max-num-seqs 256
+            --max-num-batched-tokens 2048 --max-model-len 1024 --kv-cache-tokens 131072
+            --block-size "$seed_block" --repeat "$seed_rounds"
+            --result-dir "$seed_out" --server-log "$seed_out/server.log"
+            --trace-file "$seed_out/trace.json" --no-progress)
+  echo "gpu_check: [seed] msgspec against pickle on the seed's workload (${seed_load[*]}), blocks of" \
+    "$seed_block, rounds while they fit in ${seed_seconds}s"
+  printf '%q ' "${seed_cmd[@]}" > "$seed_out/command.txt"; echo >> "$seed_out/command.txt"
+  # A round starts only if the rounds so far say it ends within the budget: Ctrl-C (SIGINT) to
+  # bench run between rounds keeps what finished. timeout cuts a first round that runs 3 minutes
+  # past the budget (an engine far slower than the load), keeping what it served, so the whole
+  # step stays inside a lent device's 10 minutes a command.
+  pidfile=$seed_out/.bench.pid
+  set +e  # bench run's own status, not the pipeline's, decides below
+  timeout -s INT -k 60 $((seed_seconds + 180)) \
+    bash -c 'echo $$ > "$0"; exec "$@"' "$pidfile" "${seed_cmd[@]}" 2>&1 \
+    | { started=$SECONDS; last=$SECONDS; longest=0
+        while IFS= read -r line; do
+          printf '%s\n' "$line"
+          if [[ $line =~ ^\[round\ ([0-9]+)/ ]] && [ "${BASH_REMATCH[1]}" -gt 1 ]; then
+            took=$((SECONDS - last)); last=$SECONDS
+            [ "$took" -gt "$longest" ] && longest=$took
+            if [ $((SECONDS - started + longest)) -gt "$seed_seconds" ]; then
+              echo "gpu_check: [seed] round ${BASH_REMATCH[1]} would end past ${seed_seconds}s" \
+                "(longest round ${longest}s): stopping after $((BASH_REMATCH[1] - 1)) rounds"
+              kill -INT "$(cat "$pidfile")" 2>/dev/null || true
+            fi
+          fi
+        done; }
+  seed_rc=${PIPESTATUS[0]}
+  set -e
+  rm -f "$pidfile"
+  echo "gpu_check: [seed] bench run exited $seed_rc; results in $seed_out"
+  [ "$dry_run" = 1 ] && want=cpu || want=cuda
+  "$python" "$repo/scripts/gpu_check_seed.py" "$seed_out" --device "$want" || failed=1
+fi
+
 if [ "$failed" -ne 0 ]; then
-  echo "gpu_check: FAIL (last lines of $out/server.log follow)"
-  tail -n 20 "$out/server.log" 2>/dev/null || true
+  echo "gpu_check: FAIL"
   exit 1
 fi
-echo "gpu_check: PASS: text and image workloads on cuda, both codecs."
+case $only in
+  checks) echo "gpu_check: PASS: text and image workloads on cuda, both codecs." ;;
+  seed) echo "gpu_check: PASS: the seed's workload ran on ${want:-cuda}, both codecs." ;;
+  all) echo "gpu_check: PASS: text and image workloads and the seed's workload on cuda, both codecs." ;;
+esac

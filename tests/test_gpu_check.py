@@ -5,15 +5,19 @@ pointed into a temp folder; CUDA_VISIBLE_DEVICES="" makes torch unusable even
 where a real GPU and a CUDA torch exist, so the script never starts the
 minutes-long checks here. setup.sh runs in its dry-run mode against a fake venv
 whose ``python`` only answers whether torch imports: nothing is installed.
+The seed step runs for real in gpu_check.sh's CPU dry run (tiny model, 16 prompts).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_CHECK = REPO / "scripts" / "gpu_check.sh"
@@ -40,6 +44,8 @@ def run_gpu_check(
     dev_nodes: tuple[str, ...] = (),
     python: str = sys.executable,
     args: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
+    timeout: float = 120,
 ) -> subprocess.CompletedProcess[str]:
     dev = tmp_path / "dev"
     dev.mkdir()
@@ -55,8 +61,10 @@ def run_gpu_check(
         "PYTHON": python,
         "CUDA_VISIBLE_DEVICES": "",
         "WIREBENCH_NVIDIA_DEV_GLOB": f"{dev}/nvidia[0-9]*",
+        "WIREBENCH_GPU_CHECK_RESULTS": str(tmp_path / "results"),
+        **(extra_env or {}),
     }
-    return subprocess.run(["bash", str(GPU_CHECK), *args], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(["bash", str(GPU_CHECK), *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def test_visible_gpu_that_torch_cannot_use_fails_with_the_reason(tmp_path: Path) -> None:
@@ -94,6 +102,60 @@ def test_a_python_that_does_not_run_is_a_reason_too(tmp_path: Path) -> None:
 def test_wheels_folder_must_exist(tmp_path: Path) -> None:
     proc = run_gpu_check(tmp_path, args=("--wheels", str(tmp_path / "missing")))
     assert proc.returncode == 2 and "no wheel folder" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "said"),
+    [
+        (("--only", "everything"), {}, "--only takes checks, seed or all"),
+        (("--only",), {}, "--only needs"),
+        (("--seed-seconds", "0"), {}, "--seed-seconds needs a whole number > 0"),
+        (("--seed-rounds", "two"), {}, "--seed-rounds needs a whole number > 0"),
+        (("--seed-block-size",), {}, "--seed-block-size needs a number"),
+        (("--dry-run-cpu", "--only", "checks"), {}, "runs the seed step alone"),
+        ((), {"WIREBENCH_GPU_CHECK_DRY_RUN": "yes"}, "must be 0 or 1"),
+        (("--bogus",), {}, "unknown option --bogus"),
+    ],
+)
+def test_bad_arguments_are_usage_errors(tmp_path: Path, args: tuple[str, ...], env: dict[str, str], said: str) -> None:
+    proc = run_gpu_check(tmp_path, args=args, extra_env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert said in proc.stderr and not (tmp_path / "results").exists()  # refused before anything ran
+
+
+def test_help_names_what_runs(tmp_path: Path) -> None:
+    proc = run_gpu_check(tmp_path, args=("--help",))
+    assert proc.returncode == 0
+    for option in ("--only checks|seed|all", "--seed-seconds", "--dry-run-cpu", "WIREBENCH_GPU_CHECK_DRY_RUN"):
+        assert option in proc.stdout
+
+
+def test_the_seed_step_alone_without_a_gpu_checks_nothing(tmp_path: Path) -> None:
+    proc = run_gpu_check(tmp_path, args=("--only", "seed", "--seed-seconds", "60"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "nothing was checked" in out and not (tmp_path / "results").exists()
+
+
+@pytest.mark.slow
+def test_cpu_dry_run_runs_the_seed_step_and_stops_at_its_budget(tmp_path: Path) -> None:
+    """The seed step for real on the CPU: round 2 would end past a 1 s budget, so one round runs."""
+    proc = run_gpu_check(tmp_path, args=("--dry-run-cpu", "--seed-rounds", "2", "--seed-seconds", "1"), timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "stopping after 1 rounds" in out and "PASS: the seed's workload ran on cpu" in out
+    (seed,) = (tmp_path / "results").glob("*/seed")
+    assert list(seed.glob("compare-*.json")) and (seed / "server.log").exists()
+    assert list(seed.glob("trace-msgspec-r0*.json")) and (seed / "command.txt").exists()
+    summary = json.loads((seed / "summary.json").read_text())
+    assert summary["problems"] == []
+    assert set(summary["arms"]) == {"msgspec", "pickle"}
+    for arm in summary["arms"].values():
+        assert arm["rounds"] == 1 and arm["request_throughput"] > 0 and arm["preemptions"] == 0
+        assert arm["prefix_cache_hit_pct"] > 0  # the sonnet prompts share a 200-token prefix
+        assert arm["step_p50_ms"] > 0  # read from the request traces
+    for line in ("seed msgspec: 1 rounds; served", "TPOT mean", "ITL p50", "prefix-cache hits", "seed verdict pickle"):
+        assert line in out
 
 
 # --- setup.sh ------------------------------------------------------------------
