@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import pytest
 import torch
 
 from harness.engine.input_batch import InputBatch
@@ -72,3 +73,21 @@ def test_index_lists_match_a_per_token_walk() -> None:
     assert d_tables.reshape(3, -1).tolist() == [[5, 9, 0], [2, 0, 0], [11, 12, 13]]
     assert c_tables.reshape(2, -1).tolist() == [[20, 21, 22], [30, 0, 0]]
     assert dst.tolist() == [*range(7), 7, 8]
+
+
+def test_block_tables_copy_only_new_blocks() -> None:
+    batch = InputBatch(capacity=2, table_width=2)
+    rows = np.array([batch.add("a", SamplingParams(), None), batch.add("b", SamplingParams(), None)])
+    a, b = [3, 4], [7]
+    table, lens = batch.tables(rows, [a, b], 2, 64)
+    assert table.tolist() == [[3, 4], [7, 0]] and lens.tolist() == [2, 1]
+    a.extend([5, 6])  # the scheduler's list grew: the row takes the new blocks (and widens)
+    table, lens = batch.tables(rows, [a, b], 4, 64)
+    assert table.tolist() == [[3, 4, 5, 6], [7, 0, 0, 0]] and lens.tolist() == [4, 1]
+    table, _ = batch.tables(rows[:1], [[9]], 4, 64)  # a new list (after preemption): no stale blocks
+    assert table.tolist() == [[9, 0, 0, 0]]
+    with pytest.raises(ValueError, match="outside"):
+        batch.tables(rows[1:], [[7, 64]], 2, 64)
+    batch.remove("b")
+    c = batch.add("c", SamplingParams(), None)
+    assert batch.block_table[c].tolist() == [0, 0, 0, 0]

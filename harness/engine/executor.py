@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 import zlib
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -156,7 +157,8 @@ class TorchExecutor:
         self.logprob_ids: set[str] = set()  # running requests that asked for logprobs: most steps have none
         # Requests with a logit bias or penalties: the sampler needs more of them than columns hold.
         self.special_ids: set[str] = set()
-        self.batch = InputBatch(config.max_num_seqs)  # a row per live request: its sampling columns
+        # A row per live request: its sampling columns and block table.
+        self.batch = InputBatch(config.max_num_seqs, -(-config.max_model_len // config.kv_block_size))
         self.sdpa = self.model.sdpa_backends()
         self.compile_s: float | None = None
         if config.compile:
@@ -246,15 +248,24 @@ class TorchExecutor:
         self, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk]
     ) -> tuple[dict[str, int], dict[str, Logprobs]]:
         """One forward over decode rows then prefill chunks; sample where a chunk reaches the end."""
+        sample_chunks = decodes + [c for c in prefills if c.sample]
+        rids = [c.request_id for c in sample_chunks]
+        batch_rows = self.batch.rows(rids)
+        decode_blocks: list[Sequence[int]] = [c.block_ids for c in decodes]
+        positions = [c.start_pos for c in decodes]
+        # The decode rows' tables from the persistent batch: only blocks new since the last step are copied.
+        width = -(-(max(positions) + 1) // self.config.kv_block_size) if positions else 0
+        table, lens = self.batch.tables(batch_rows[: len(decodes)], decode_blocks, width, self.config.num_kv_blocks)
         plan = StepPlan(
-            [c.block_ids for c in decodes],
-            [c.start_pos for c in decodes],
+            decode_blocks,
+            positions,
             [Chunk(c.block_ids, c.start_pos, len(c.token_ids)) for c in prefills],
+            decode_table=table,
+            decode_table_lens=lens,
         )
         # Prompt chunks that arrived packed (int32 views) are cast as arrays, never one Python int per token.
         token_ids = step_token_ids([c.token_ids[0] for c in decodes], [c.token_ids for c in prefills])
         last = plan.last_rows()
-        sample_chunks = decodes + [c for c in prefills if c.sample]
         rows = list(range(len(decodes))) + [r for r, c in zip(last, prefills, strict=True) if c.sample]
         every_row = len(rows) == plan.n_rows  # a pure decode step: no row selection
         batch, (ids, row_idx) = self.model.stage(plan, token_ids, [] if every_row else rows, buffers=self.step_buffers)
@@ -268,8 +279,6 @@ class TorchExecutor:
         logits = self.model.forward_step(x, batch, None if every_row else row_idx)
         if not sample_chunks:
             return {}, {}
-        rids = [c.request_id for c in sample_chunks]
-        batch_rows = self.batch.rows(rids)
         suppress = [(i, c.suppress_token_ids) for i, c in enumerate(sample_chunks) if c.suppress_token_ids]
         cols = self.batch.columns(batch_rows, suppress)
         if self.special_ids:  # the few rows that need their state: bias lists, token history

@@ -3,9 +3,10 @@
 A request takes a row when it first appears in ``SchedulerOutput.new_requests`` and gives it
 back when its id is in ``finished_req_ids`` (a preempted request keeps its row: it comes back
 to recompute). Each row holds the request's sampling parameters as numpy columns, its newest
-token id and the position after it, so a step gathers its sampler inputs with one fancy index
-over its rows instead of one Python object per sequence. Rows are reused; the columns grow
-(doubling) only when more requests are alive at once than ever before.
+token id and the position after it, and its KV block table, so a step gathers its sampler inputs
+and decode tables with one fancy index over its rows instead of one Python object per sequence;
+a table takes only the blocks the scheduler added since the last step. Rows are reused; the
+columns grow (doubling) only when more requests are alive at once than ever before.
 """
 
 from __future__ import annotations
@@ -24,10 +25,15 @@ class InputBatch:
 
     generators: list[torch.Generator | None]  # a seeded request's own generator, per row
 
-    def __init__(self, capacity: int = 64) -> None:
+    def __init__(self, capacity: int = 64, table_width: int = 16) -> None:
         self.row_of: dict[str, int] = {}
         self._free: list[int] = []
         self._size = 0  # rows ever handed out: [0, _size) are used or free
+        # Each row's KV block table, padded with block 0, and how many blocks it holds; the
+        # scheduler's list it copies (a request's list only grows, and is a new one after preemption).
+        self.block_table = np.zeros((0, max(table_width, 1)), dtype=np.int64)
+        self._num_blocks: list[int] = []
+        self._table_src: list[Sequence[int] | None] = []
         self._alloc(max(capacity, 1))
 
     def _alloc(self, n: int) -> None:
@@ -51,6 +57,11 @@ class InputBatch:
         gens: list[torch.Generator | None] = [None] * n
         gens[:old] = self.generators[:old] if old else []
         self.generators = gens
+        table = np.zeros((n, self.block_table.shape[1]), dtype=np.int64)
+        table[:old] = self.block_table[:old]
+        self.block_table = table
+        self._num_blocks += [0] * (n - len(self._num_blocks))
+        self._table_src += [None] * (n - len(self._table_src))
         self.capacity = n
 
     def __len__(self) -> int:
@@ -84,7 +95,41 @@ class InputBatch:
         row = self.row_of.pop(request_id, None)
         if row is not None:
             self.generators[row] = None
+            self.block_table[row, : self._num_blocks[row]] = 0
+            self._num_blocks[row], self._table_src[row] = 0, None
             self._free.append(row)
+
+    def tables(
+        self, rows: np.ndarray, tables: Sequence[Sequence[int]], width: int, num_blocks: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The block tables of ``rows`` (the scheduler's ``tables``, in order) as [len(rows), width]
+        padded with block 0, and their lengths.
+
+        Only blocks a row does not hold yet are copied (a decode step adds at most one per
+        request); those are checked to lie in [0, num_blocks).
+        """
+        held, src = self._num_blocks, self._table_src
+        for r, t in zip(rows.tolist(), tables, strict=True):
+            n = len(t)
+            if src[r] is t and held[r] == n:
+                continue
+            have = held[r] if src[r] is t else 0
+            if n > self.block_table.shape[1]:
+                wider = np.zeros((self.capacity, max(n, 2 * self.block_table.shape[1])), dtype=np.int64)
+                wider[:, : self.block_table.shape[1]] = self.block_table
+                self.block_table = wider
+            new = np.asarray(t[have:n], dtype=np.int64)
+            if new.size and not (new.min() >= 0 and new.max() < num_blocks):
+                raise ValueError(f"a block id outside [0, {num_blocks})")
+            self.block_table[r, have:n] = new
+            self.block_table[r, n : held[r]] = 0  # a shorter new list: no stale blocks past its end
+            held[r], src[r] = n, t
+        lens = np.fromiter((held[r] for r in rows.tolist()), dtype=np.int64, count=len(rows))
+        if width > self.block_table.shape[1]:
+            out = np.zeros((len(rows), width), dtype=np.int64)
+            out[:, : self.block_table.shape[1]] = self.block_table[rows]
+            return out, lens
+        return self.block_table[:, :width][rows], lens
 
     def rows(self, request_ids: Sequence[str]) -> np.ndarray:
         """The rows of ``request_ids``, in their order, as an int64 array."""

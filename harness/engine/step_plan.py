@@ -48,6 +48,11 @@ class StepPlan:
     decode_blocks: list[Sequence[int]] = field(default_factory=list)
     decode_positions: list[int] = field(default_factory=list)
     chunks: list[Chunk] = field(default_factory=list)
+    # The decode rows' tables already as one array [B, width] padded with block 0, and their
+    # lengths (a persistent batch's, whose block ids were checked as they arrived): when given,
+    # ``decode_blocks`` is not converted again.
+    decode_table: np.ndarray | None = None
+    decode_table_lens: np.ndarray | None = None
 
     @property
     def n_decode(self) -> int:
@@ -83,7 +88,11 @@ class StepPlan:
         """
         bs = block_size
         dpos = np.asarray(self.decode_positions, dtype=np.int64)
-        decode_tables = _padded(self.decode_blocks, _ceil_div(self.max_len, bs))
+        nb_d = _ceil_div(self.max_len, bs)
+        if self.decode_table is None:
+            decode_tables = _padded(self.decode_blocks, nb_d)
+        else:  # covers nb_d blocks: check() saw every table cover its position
+            decode_tables = np.ascontiguousarray(self.decode_table[:, :nb_d])
         d_slots = decode_tables[np.arange(len(dpos)), dpos // bs] * bs + dpos % bs
         width = self.chunk_width
         chunk_tables = _padded([c.blocks for c in self.chunks], _ceil_div(self.chunk_span, bs))
@@ -118,21 +127,32 @@ class StepPlan:
         bad = np.flatnonzero((dpos < 0) | (dpos >= max_model_len))
         if bad.size:
             raise ValueError(f"decode position {dpos[bad[0]]} outside [0, {max_model_len})")
-        tables = [*self.decode_blocks, *(c.blocks for c in self.chunks)]
-        ends = np.concatenate([dpos + 1, np.fromiter((c.end for c in self.chunks), np.int64, len(self.chunks))])
+        c_ends = np.fromiter((c.end for c in self.chunks), np.int64, len(self.chunks))
+        c_starts = c_ends - np.fromiter((c.length for c in self.chunks), np.int64, len(self.chunks))
+        ends = np.concatenate([dpos + 1, c_ends])
+        given = self.decode_table is not None and self.decode_table_lens is not None
+        # The tables converted here: every one, or only the chunks' when the decode rows' come as an array.
+        tables = [c.blocks for c in self.chunks] if given else [*self.decode_blocks, *(c.blocks for c in self.chunks)]
         lengths = np.fromiter(map(len, tables), np.int64, len(tables))
+        if given:
+            lengths = np.concatenate([np.asarray(self.decode_table_lens, dtype=np.int64), lengths])
         short = np.flatnonzero(lengths * block_size < ends)
         if short.size:
             i = short[0]
             raise ValueError(f"a block table of {lengths[i]} blocks does not cover {ends[i]} positions")
-        flat = np.fromiter(chain.from_iterable(tables), np.int64, int(lengths.sum()))
+        converted = lengths[len(dpos) :] if given else lengths
+        flat = np.fromiter(chain.from_iterable(tables), np.int64, int(converted.sum()))
         if flat.size and not (flat.min() >= 0 and flat.max() < num_blocks):
             raise ValueError(f"a block id outside [0, {num_blocks})")
         # The block each sequence writes first: two sequences writing one block is a scheduler bug
         # (shared prefix blocks are full and only read).
-        first = np.cumsum(lengths) - lengths  # where each table starts in flat
-        starts = np.concatenate([dpos, ends[len(dpos) :] - [c.length for c in self.chunks]]).astype(np.int64)
-        written = flat[first + starts // block_size]
+        first = np.cumsum(converted) - converted  # where each converted table starts in flat
+        if given:
+            assert self.decode_table is not None
+            d_written = self.decode_table[np.arange(len(dpos)), dpos // block_size]
+            written = np.concatenate([d_written, flat[first + c_starts // block_size]])
+        else:
+            written = flat[first + np.concatenate([dpos, c_starts]) // block_size]
         if np.unique(written).size != written.size:
             raise ValueError("two sequences of one step write the same KV block")
 
