@@ -242,8 +242,12 @@ def test_sonnet_images_repeat_with_reuse_and_not_without(tok: TextTokenizer) -> 
     assert repeated_share(sonnet(*images, "--image-reuse", "1")) == 78 / 80
     # Without reuse an image is what it was before --image-reuse existed: seeded by (seed, request, slot).
     assert make_image_urls(ImageSpec(2, 8, 8, "png"), 3, 0) == draw_image_urls([[(8, 8)] * 2] * 3, "png", 0)
+    # --image-reuse alone: sonnet attaches one image a request; a dataset without images refuses it.
+    alone = WorkloadSpec.from_args(parser().parse_args(["--num-prompts", "40", "--image-reuse", "0.5"]))
+    assert alone.images_per_request == 1 and all(len(r.image_data_urls) == 1 for r in build_workload(alone, tok))
     with pytest.raises(ValueError, match="--image-reuse needs images"):
-        build_workload(WorkloadSpec.from_args(parser().parse_args(["--image-reuse", "0.5"])), tok)
+        argv = ["--dataset-name", "random", "--image-reuse", "0.5"]
+        build_workload(WorkloadSpec.from_args(parser().parse_args(argv)), tok)
 
 
 # -- end to end ---------------------------------------------------------------------------------

@@ -91,8 +91,8 @@ class WorkloadSpec:
         type=reuse_share,
         metavar="P",
         help="probability that an image repeats, byte for byte, one of an earlier request (of its size, "
-        "not yet in its request), else it is new; about a share P of the images repeat "
-        "(default: %(default)s)",
+        "not yet in its request), else it is new; about a share P of the images repeat; with sonnet and "
+        "no --images-per-request, one image per request (default: %(default)s)",
         comparable=True,
     )
     seed: int = setting(
@@ -111,6 +111,9 @@ class WorkloadSpec:
             object.__setattr__(self, "options", kind())
         elif type(self.options) is not kind:  # exactly: random-mm's options are a subclass of random's
             raise ValueError(f"dataset {self.dataset_name!r} takes {kind.__name__}, not {type(self.options).__name__}")
+        if self.image_reuse and not self.has_images and self.dataset.takes_images:
+            # --image-reuse alone asks for images to repeat: a dataset that attaches them gets one each.
+            object.__setattr__(self, "images_per_request", 1)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WorkloadSpec:
