@@ -91,3 +91,12 @@ def test_block_tables_copy_only_new_blocks() -> None:
     batch.remove("b")
     c = batch.add("c", SamplingParams(), None)
     assert batch.block_table[c].tolist() == [0, 0, 0, 0]
+
+
+def test_a_plan_checks_decode_tables_given_as_arrays() -> None:
+    table, lens = np.array([[3, 4], [3, 0]]), np.array([2, 1])
+    with pytest.raises(ValueError, match="same KV block"):
+        StepPlan([[3, 4], [3]], [1, 2], decode_table=table, decode_table_lens=lens).check(64, 4, 64)
+    with pytest.raises(ValueError, match="does not cover 5"):
+        StepPlan([[3, 4], [3]], [1, 4], decode_table=table, decode_table_lens=lens).check(64, 4, 64)
+    StepPlan([[3, 4], [5]], [5, 2], decode_table=np.array([[3, 4], [5, 0]]), decode_table_lens=lens).check(64, 4, 64)

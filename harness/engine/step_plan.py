@@ -124,36 +124,36 @@ class StepPlan:
             if c.length <= 0 or c.start < 0 or c.end > max_model_len:
                 raise ValueError(f"prefill chunk [{c.start}, {c.end}) outside [0, {max_model_len})")
         dpos = np.asarray(self.decode_positions, dtype=np.int64)
-        bad = np.flatnonzero((dpos < 0) | (dpos >= max_model_len))
-        if bad.size:
-            raise ValueError(f"decode position {dpos[bad[0]]} outside [0, {max_model_len})")
-        c_ends = np.fromiter((c.end for c in self.chunks), np.int64, len(self.chunks))
-        c_starts = c_ends - np.fromiter((c.length for c in self.chunks), np.int64, len(self.chunks))
-        ends = np.concatenate([dpos + 1, c_ends])
+        if dpos.size and (dpos.min() < 0 or dpos.max() >= max_model_len):
+            bad = dpos[(dpos < 0) | (dpos >= max_model_len)][0]
+            raise ValueError(f"decode position {bad} outside [0, {max_model_len})")
+        bs = block_size
+        spans = [(c.blocks, c.end) for c in self.chunks]
         given = self.decode_table is not None and self.decode_table_lens is not None
-        # The tables converted here: every one, or only the chunks' when the decode rows' come as an array.
-        tables = [c.blocks for c in self.chunks] if given else [*self.decode_blocks, *(c.blocks for c in self.chunks)]
-        lengths = np.fromiter(map(len, tables), np.int64, len(tables))
         if given:
-            lengths = np.concatenate([np.asarray(self.decode_table_lens, dtype=np.int64), lengths])
-        short = np.flatnonzero(lengths * block_size < ends)
-        if short.size:
-            i = short[0]
-            raise ValueError(f"a block table of {lengths[i]} blocks does not cover {ends[i]} positions")
-        converted = lengths[len(dpos) :] if given else lengths
-        flat = np.fromiter(chain.from_iterable(tables), np.int64, int(converted.sum()))
-        if flat.size and not (flat.min() >= 0 and flat.max() < num_blocks):
-            raise ValueError(f"a block id outside [0, {num_blocks})")
+            assert self.decode_table is not None and self.decode_table_lens is not None
+            # The decode rows' tables as arrays (their ids were checked as they arrived): whole-array checks.
+            lens = np.asarray(self.decode_table_lens, dtype=np.int64)
+            short = np.flatnonzero(lens * bs <= dpos)
+            if short.size:
+                i = short[0]
+                raise ValueError(f"a block table of {lens[i]} blocks does not cover {dpos[i] + 1} positions")
+            written = self.decode_table[np.arange(len(dpos)), dpos // bs].tolist()
+        else:
+            spans = [(t, p + 1) for t, p in zip(self.decode_blocks, self.decode_positions, strict=True)] + spans
+            written = []
+        # Tables given as lists: few in an engine step (its prefill chunks), so a loop is cheapest.
+        for table, end in spans:
+            if len(table) * bs < end:
+                raise ValueError(f"a block table of {len(table)} blocks does not cover {end} positions")
+            if len(table) and not (min(table) >= 0 and max(table) < num_blocks):
+                raise ValueError(f"a block id outside [0, {num_blocks})")
         # The block each sequence writes first: two sequences writing one block is a scheduler bug
         # (shared prefix blocks are full and only read).
-        first = np.cumsum(converted) - converted  # where each converted table starts in flat
-        if given:
-            assert self.decode_table is not None
-            d_written = self.decode_table[np.arange(len(dpos)), dpos // block_size]
-            written = np.concatenate([d_written, flat[first + c_starts // block_size]])
-        else:
-            written = flat[first + np.concatenate([dpos, c_starts]) // block_size]
-        if np.unique(written).size != written.size:
+        if not given:
+            written = [t[p // bs] for t, p in zip(self.decode_blocks, self.decode_positions, strict=True)]
+        written += [c.blocks[c.start // bs] for c in self.chunks]
+        if len(set(written)) != len(written):
             raise ValueError("two sequences of one step write the same KV block")
 
 
