@@ -94,6 +94,9 @@ class StepPlan:
         else:  # covers nb_d blocks: check() saw every table cover its position
             decode_tables = np.ascontiguousarray(self.decode_table[:, :nb_d])
         d_slots = decode_tables[np.arange(len(dpos)), dpos // bs] * bs + dpos % bs
+        if not self.chunks:  # a pure decode step, the commonest: no chunk arrays to build
+            none = np.zeros(0, dtype=np.int64)
+            return d_slots, dpos, decode_tables.reshape(-1), none, none
         width = self.chunk_width
         chunk_tables = _padded([c.blocks for c in self.chunks], _ceil_div(self.chunk_span, bs))
         starts = np.fromiter((c.start for c in self.chunks), np.int64, len(self.chunks))
@@ -134,9 +137,9 @@ class StepPlan:
             assert self.decode_table is not None and self.decode_table_lens is not None
             # The decode rows' tables as arrays (their ids were checked as they arrived): whole-array checks.
             lens = np.asarray(self.decode_table_lens, dtype=np.int64)
-            short = np.flatnonzero(lens * bs <= dpos)
-            if short.size:
-                i = short[0]
+            short = lens * bs <= dpos
+            if short.any():
+                i = int(short.argmax())
                 raise ValueError(f"a block table of {lens[i]} blocks does not cover {dpos[i] + 1} positions")
             written = self.decode_table[np.arange(len(dpos)), dpos // bs].tolist()
         else:
