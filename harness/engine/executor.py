@@ -253,16 +253,12 @@ class TorchExecutor:
         batch_rows = self.batch.rows(rids)
         decode_blocks: list[Sequence[int]] = [c.block_ids for c in decodes]
         positions = [c.start_pos for c in decodes]
-        # The decode rows' tables from the persistent batch: only blocks new since the last step are copied.
-        width = -(-(max(positions) + 1) // self.config.kv_block_size) if positions else 0
-        table, lens = self.batch.tables(batch_rows[: len(decodes)], decode_blocks, width, self.config.num_kv_blocks)
-        plan = StepPlan(
-            decode_blocks,
-            positions,
-            [Chunk(c.block_ids, c.start_pos, len(c.token_ids)) for c in prefills],
-            decode_table=table,
-            decode_table_lens=lens,
-        )
+        plan = StepPlan(decode_blocks, positions, [Chunk(c.block_ids, c.start_pos, len(c.token_ids)) for c in prefills])
+        if decodes:  # their tables from the persistent batch: only blocks new since the last step are copied
+            width = -(-(max(positions) + 1) // self.config.kv_block_size)
+            plan.decode_table, plan.decode_table_lens = self.batch.tables(
+                batch_rows[: len(decodes)], decode_blocks, width, self.config.num_kv_blocks
+            )
         # Prompt chunks that arrived packed (int32 views) are cast as arrays, never one Python int per token.
         token_ids = step_token_ids([c.token_ids[0] for c in decodes], [c.token_ids for c in prefills])
         last = plan.last_rows()
