@@ -9,15 +9,20 @@ Three steps are measured, each as the scheduler builds it:
 - mixed: those decodes plus one new request's prompt (what most steps of a
   steady load look like).
 Op and sync counts come from one step under ``harness.engine.opcount.OpCounter``;
-times are medians over ``--iters`` steps without it.
+times are medians over ``--iters`` steps without it. ``--stub-forward`` leaves out the
+model's forward (fixed logits instead): what remains is the host's time.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -37,7 +42,9 @@ def _request(i: int, prompt_len: int, max_tokens: int, vocab: int, params: dict)
     return EngineCoreRequest(f"r{i}", None, ids, sp, None, 0.0)
 
 
-def _measure(name: str, build: Callable[[], SchedulerOutput], run: Callable[[SchedulerOutput], None], iters: int):
+def _measure(
+    name: str, build: Callable[[], SchedulerOutput], run: Callable[[SchedulerOutput], None], iters: int
+) -> dict[str, Any]:
     sched = build()
     with OpCounter() as ops:
         run(sched)
@@ -50,6 +57,30 @@ def _measure(name: str, build: Callable[[], SchedulerOutput], run: Callable[[Sch
     syncs = ", ".join(f"{k} x{v}" for k, v in ops.syncs.most_common()) or "none"
     ms = statistics.median(times) * 1e3 if times else float("nan")
     print(f"{name:<8} {sched.total_num_tokens:>6} tokens  {ops.num_ops:>6} ops  {ms:8.2f} ms   syncs: {syncs}")
+    return {"tokens": sched.total_num_tokens, "ops": ops.num_ops, "median_ms": round(ms, 3), "syncs": syncs}
+
+
+def _save(path: Path, label: str, args: dict[str, Any], steps: dict[str, Any]) -> None:
+    """Add this run to ``path`` under ``label`` (a before/after pair lives in one file)."""
+    doc: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"study": "step_profile"}
+    doc.setdefault("runs", {})[label] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": {"cpus": os.cpu_count(), "torch": torch.__version__},
+        "args": args,
+        "steps": steps,
+    }
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def _stub_forward(ex: TorchExecutor, max_rows: int) -> None:
+    """The model's forward as a slice of fixed logits: the step keeps its staging, embedding and sampling."""
+    logits = torch.randn(max_rows, ex.model_config.vocab_size, generator=torch.Generator().manual_seed(0))
+    logits = logits.to(ex.device)
+
+    def forward_step(x: torch.Tensor, batch: object, rows: torch.Tensor | None = None) -> torch.Tensor:
+        return logits[: x.shape[0] if rows is None else rows.shape[0]]
+
+    ex.model.forward_step = forward_step  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -66,6 +97,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seeded", action="store_true", help="every request has its own sampling seed")
     p.add_argument("--compile", action="store_true")
+    p.add_argument(
+        "--stub-forward",
+        action="store_true",
+        help="replace the model's forward with fixed random logits: what is left is the host's step time",
+    )
+    p.add_argument("--out", type=Path, help="also write the step times to this JSON file, under --label")
+    p.add_argument("--label", default="run", help="the run's name in --out (e.g. before, after)")
     a = p.parse_args(argv)
     cfg = EngineConfig(
         model_preset=a.preset,
@@ -82,6 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     if a.compile:  # a field since the GPU-path work; set after construction so older trees still run this script
         cfg.compile = True
     ex = TorchExecutor(cfg)
+    if a.stub_forward:
+        _stub_forward(ex, cfg.max_num_batched_tokens)
     print(
         f"{a.preset} on {ex.device} ({ex.dtype}, {torch.get_num_threads()} threads), torch {torch.__version__}, "
         f"{a.requests} decoding, prompts of {a.prompt_len}"
@@ -104,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         prefill_step.last = (sch, out)  # type: ignore[attr-defined]
         return out
 
-    _measure("prefill", prefill_step, run, a.iters)
+    steps = {"prefill": _measure("prefill", prefill_step, run, a.iters)}
 
     # Bring --requests requests into decode.
     sch = Scheduler(cfg)
@@ -128,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
         sch.update_from_output(s, ex.execute(s))
         synchronize(ex.device)
 
-    _measure("decode", decode_step, run_decode, a.iters)
+    steps["decode"] = _measure("decode", decode_step, run_decode, a.iters)
 
     def mixed_step() -> SchedulerOutput:
         i = next(counter)
@@ -136,7 +176,9 @@ def main(argv: list[str] | None = None) -> None:
         sch.add_request(_request(i, a.prompt_len, 900, a.vocab, sp))
         return sch.schedule()
 
-    _measure("mixed", mixed_step, run_decode, a.iters)
+    steps["mixed"] = _measure("mixed", mixed_step, run_decode, a.iters)
+    if a.out:
+        _save(a.out, a.label, {k: v for k, v in vars(a).items() if k not in ("out", "label")}, steps)
 
 
 if __name__ == "__main__":
