@@ -28,6 +28,7 @@ SCRIPT_OUTPUTS = {
     "big-bodies-no-pause.json",
     "logprob-streams.json",
     "overlap-sim.json",
+    "step-profile-batch.json",
     "seed-10245-client.json",
     "seed-10245-27rounds-client.json",
     "seed-10245-38rounds-client.json",
