@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import socket
 import time
@@ -9,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import aiohttp
 import zmq
 
 from harness.engine.config import EngineConfig
@@ -16,6 +18,9 @@ from harness.engine.process import run_engine
 from harness.experiment.server import ServerProcess
 from harness.wire import transport
 from harness.wire.transport import EngineAddresses
+from harness.workloads.images import synthetic_image, to_data_url
+
+MODEL = "wirebench-tiny"
 
 
 def child_pids(pid: int) -> list[int]:
@@ -118,3 +123,22 @@ def sim_engine() -> Iterator[tuple[multiprocessing.process.BaseProcess, zmq.Sock
         push.close(linger=0)
         pull.close(linger=0)
         ctx.term()
+
+
+async def chat_with_images(base: str, seeds: list[int], tokens: int = 4) -> list[tuple[int, dict]]:
+    """One chat request with an 80x80 image per seed, all at once; the same seed sends the same image bytes."""
+
+    async def one(session: aiohttp.ClientSession, seed: int) -> tuple[int, dict]:
+        url = to_data_url(synthetic_image(80, 80, seed), "png")
+        content = [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": url}}]
+        body = {
+            "model": MODEL,
+            "max_tokens": tokens,
+            "ignore_eos": True,
+            "messages": [{"role": "user", "content": content}],
+        }
+        async with session.post(f"{base}/v1/chat/completions", json=body) as resp:
+            return resp.status, await resp.json(content_type=None)
+
+    async with aiohttp.ClientSession() as session:
+        return await asyncio.gather(*(one(session, s) for s in seeds))

@@ -14,13 +14,11 @@ import aiohttp
 import pytest
 
 from harness.wire.shm import SHM_DIR
-from harness.workloads.images import synthetic_image, to_data_url
 
-from serve_process import shm_segments, start_serve, still_alive
+from serve_process import chat_with_images, shm_segments, start_serve, still_alive
 
 pytestmark = pytest.mark.slow  # each test starts real server processes
 
-MODEL = "wirebench-tiny"
 PAYLOAD = ("--mm-payload", "tensor", "--shm-threshold", "1024", "--executor", "sim")
 
 
@@ -31,25 +29,6 @@ def leftovers() -> set[str]:
 
 def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-async def chat(base: str, seeds: list[int], tokens: int = 4) -> list[tuple[int, dict]]:
-    """One request per seed, all at once; the same seed sends the same image bytes."""
-
-    async def one(session: aiohttp.ClientSession, seed: int) -> tuple[int, dict]:
-        url = to_data_url(synthetic_image(80, 80, seed), "png")
-        content = [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": url}}]
-        body = {
-            "model": MODEL,
-            "max_tokens": tokens,
-            "ignore_eos": True,
-            "messages": [{"role": "user", "content": content}],
-        }
-        async with session.post(f"{base}/v1/chat/completions", json=body) as resp:
-            return resp.status, await resp.json(content_type=None)
-
-    async with aiohttp.ClientSession() as session:
-        return await asyncio.gather(*(one(session, s) for s in seeds))
 
 
 async def store_counts(base: str) -> dict[str, float]:
@@ -68,8 +47,8 @@ def test_images_travel_and_nothing_outlives_a_clean_stop(transport):
     before = leftovers()
     server = start_serve("--transport", transport, *PAYLOAD, codec="msgspec-oob")
     try:
-        results = asyncio.run(chat(server.base_url, list(range(12))))
-        again = asyncio.run(chat(server.base_url, list(range(12))))
+        results = asyncio.run(chat_with_images(server.base_url, list(range(12))))
+        again = asyncio.run(chat_with_images(server.base_url, list(range(12))))
         counts = asyncio.run(store_counts(server.base_url)) if transport == "shm-store" else {}
     finally:
         assert server.stop() == 0
@@ -85,8 +64,8 @@ def test_a_small_store_evicts_and_serves_every_request():
     server = start_serve("--transport", "shm-store", *small, *PAYLOAD, codec="msgspec-oob")
     try:
         for seed in range(6):  # one at a time: each new image evicts an old one
-            assert [s for s, _ in asyncio.run(chat(server.base_url, [seed]))] == [200]
-        at_once = asyncio.run(chat(server.base_url, list(range(100, 112))))  # more than fit, all in flight
+            assert [s for s, _ in asyncio.run(chat_with_images(server.base_url, [seed]))] == [200]
+        at_once = asyncio.run(chat_with_images(server.base_url, list(range(100, 112))))  # more than fit, all in flight
         counts = asyncio.run(store_counts(server.base_url))
     finally:
         assert server.stop() == 0
@@ -100,10 +79,10 @@ def test_nothing_survives_a_sigkill_mid_transfer(transport, victim):
     before = leftovers()
     server = start_serve("--transport", transport, *PAYLOAD, codec="msgspec-oob")
     engine, children = server.engine_pid, server.child_pids
-    asyncio.run(chat(server.base_url, list(range(4))))
+    asyncio.run(chat_with_images(server.base_url, list(range(4))))
 
     async def kill_while_sending() -> None:
-        sending = asyncio.ensure_future(chat(server.base_url, list(range(40)), tokens=64))
+        sending = asyncio.ensure_future(chat_with_images(server.base_url, list(range(40)), tokens=64))
         await asyncio.sleep(0.3)
         os.kill(engine if victim == "engine" else server.proc.pid, signal.SIGKILL)
         await asyncio.gather(sending, return_exceptions=True)
@@ -140,9 +119,9 @@ def test_the_frontend_drops_what_the_engine_took():
     so its open file descriptors come back to where they were."""
     server = start_serve("--transport", "torch-shm", *PAYLOAD, codec="msgspec-oob")
     try:
-        asyncio.run(chat(server.base_url, [0]))
+        asyncio.run(chat_with_images(server.base_url, [0]))
         settled = open_fds(server.proc.pid)
-        assert [s for s, _ in asyncio.run(chat(server.base_url, list(range(20))))] == [200] * 20
+        assert [s for s, _ in asyncio.run(chat_with_images(server.base_url, list(range(20))))] == [200] * 20
         asyncio.run(asyncio.sleep(1.0))
         assert open_fds(server.proc.pid) <= settled + 2
     finally:
@@ -161,7 +140,7 @@ def test_verify_catches_what_a_broken_transport_serves_silently(monkeypatch, tra
     for flags, caught in (((), False), (("--verify",), True)):
         server = start_serve("--transport", transport, *PAYLOAD, *flags, codec="msgspec-oob")
         try:
-            results = asyncio.run(chat(server.base_url, list(range(6))))
+            results = asyncio.run(chat_with_images(server.base_url, list(range(6))))
         finally:
             server.stop()
         failed = [body["error"]["message"] for status, body in results if status != 200]
@@ -195,7 +174,7 @@ def test_cuda_ipc_serves_images():
     before = leftovers()
     server = start_serve("--transport", "cuda-ipc", "--verify", *PAYLOAD, codec="msgspec-oob")
     try:
-        results = asyncio.run(chat(server.base_url, list(range(6))))
+        results = asyncio.run(chat_with_images(server.base_url, list(range(6))))
     finally:
         assert server.stop() == 0
     assert [s for s, _ in results] == [200] * 6

@@ -10,39 +10,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from harness.wire.shm import SHM_DIR
-from harness.workloads.images import synthetic_image, to_data_url
 
-from serve_process import shm_segments, start_serve, still_alive
+from serve_process import chat_with_images, shm_segments, start_serve, still_alive
 
 pytestmark = pytest.mark.slow  # each test starts real server processes
 
-MODEL = "wirebench-tiny"
 SHM_FLAGS = ("--transport", "shm", "--mm-payload", "tensor", "--shm-threshold", "1024")
 
 
 def segments() -> set[str]:
     return shm_segments()
-
-
-async def chat_with_images(base: str, n: int, tokens: int = 4) -> list[tuple[int, dict]]:
-    async def one(session: aiohttp.ClientSession, seed: int) -> tuple[int, dict]:
-        url = to_data_url(synthetic_image(80, 80, seed), "png")
-        content = [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": url}}]
-        body = {
-            "model": MODEL,
-            "max_tokens": tokens,
-            "ignore_eos": True,
-            "messages": [{"role": "user", "content": content}],
-        }
-        async with session.post(f"{base}/v1/chat/completions", json=body) as resp:
-            return resp.status, await resp.json(content_type=None)
-
-    async with aiohttp.ClientSession() as session:
-        return await asyncio.gather(*(one(session, i) for i in range(n)))
 
 
 def test_images_travel_through_shared_memory_and_no_segment_outlives_a_clean_stop():
@@ -53,7 +33,7 @@ def test_images_travel_through_shared_memory_and_no_segment_outlives_a_clean_sto
         assert len(mine) == 1
         (name,) = mine
         assert oct((SHM_DIR / name).stat().st_mode & 0o777) == "0o600"
-        results = asyncio.run(chat_with_images(server.base_url, 30))
+        results = asyncio.run(chat_with_images(server.base_url, list(range(30))))
     finally:
         assert server.stop() == 0
     assert [status for status, _ in results] == [200] * 30
@@ -65,7 +45,7 @@ def test_no_segment_survives_a_sigkill(victim):
     before = segments()
     server = start_serve(*SHM_FLAGS, codec="pickle-oob")
     engine, children = server.engine_pid, server.child_pids
-    asyncio.run(chat_with_images(server.base_url, 4))
+    asyncio.run(chat_with_images(server.base_url, list(range(4))))
     if victim == "engine":
         os.kill(engine, signal.SIGKILL)
         assert server.stop() == 0  # the frontend notices, fails what was in flight, unlinks its arena
@@ -97,7 +77,7 @@ def test_verify_catches_every_buffer_a_broken_transport_swaps(monkeypatch):
     for flags, expect_caught in (((), False), (("--verify",), True)):
         server = start_serve(*SHM_FLAGS, "--executor", "sim", *flags, codec="msgspec-oob")
         try:
-            results = asyncio.run(chat_with_images(server.base_url, 12))
+            results = asyncio.run(chat_with_images(server.base_url, list(range(12))))
         finally:
             server.stop()
         failed = [body["error"]["message"] for status, body in results if status != 200]
