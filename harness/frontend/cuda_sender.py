@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Sequence
 from typing import Any
 
+from harness.frontend.shm_sender import add_message
 from harness.wire import cuda_ipc, torch_shm, transport
 from harness.wire.shm import DEFAULT_THRESHOLD
 
@@ -36,9 +36,7 @@ class CudaIpcSender:
         except BaseException:
             self.unsent(held)
             raise
-        if not table:
-            return [transport.envelope(transport.ADD, rid), *frames], []
-        return [transport.envelope(transport.ADD_CUDA, rid), json.dumps(table).encode(), *out], held
+        return add_message(transport.ADD_CUDA, rid, table, frames, out), held
 
     def released(self, entries: Sequence[Sequence[Any]]) -> None:
         for segment, _fd, serial in entries:

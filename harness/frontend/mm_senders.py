@@ -8,7 +8,6 @@ until the engine's RELEASE says it may go. The same surface as ``ShmSender`` (``
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import weakref
 from collections.abc import Sequence
@@ -16,7 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from harness.frontend.shm_sender import COPY_IN_THREAD_BYTES, ShmSender
+from harness.frontend.shm_sender import COPY_IN_THREAD_BYTES, ShmSender, add_message
 from harness.wire import mm_store, torch_shm, transport
 from harness.wire.mm_store import MmStore
 from harness.wire.policy import LinkSettings
@@ -140,9 +139,7 @@ class TorchShmSender:
         except BaseException:
             self.unsent(held)
             raise
-        if not table:
-            return [transport.envelope(transport.ADD, rid), *frames], []
-        return [transport.envelope(transport.ADD_TORCH, rid), json.dumps(table).encode(), *out], held
+        return add_message(transport.ADD_TORCH, rid, table, frames, out), held
 
     def released(self, entries: Sequence[Sequence[Any]]) -> None:
         for segment, fd, serial in entries:
@@ -224,9 +221,7 @@ class StoreSender:
         except BaseException:
             self.unsent(held)
             raise
-        if not table:
-            return [transport.envelope(transport.ADD, rid), *out], held
-        return [transport.envelope(transport.ADD_SHM, rid), json.dumps(table).encode(), *out], held
+        return add_message(transport.ADD_SHM, rid, table, frames, out), held
 
     def released(self, entries: Sequence[Sequence[Any]]) -> None:
         for segment, block, generation in entries:

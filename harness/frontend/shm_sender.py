@@ -66,10 +66,7 @@ class ShmSender:
         except BaseException:
             self.unsent(held)
             raise
-        if not table:  # nothing big: a plain ADD
-            return [transport.envelope(transport.ADD, rid), *frames], []
-        envelope = transport.envelope(transport.ADD_SHM, rid)
-        return [envelope, json.dumps(table).encode(), *out], held
+        return add_message(transport.ADD_SHM, rid, table, frames, out), held
 
     async def _copy(self, view: memoryview, dst: memoryview) -> None:
         if view.nbytes >= COPY_IN_THREAD_BYTES:
@@ -112,3 +109,12 @@ class ShmSender:
 
     def close(self) -> None:
         self.arena.close()
+
+
+def add_message(kind: int, rid: str, table: list[list[Any]], frames: Sequence[Any], out: list[Any]) -> list[Any]:
+    """A request's ADD as sent: the codec's ``frames`` plainly when none went apart (an empty
+    ``table``), else ``kind`` with the JSON table of the frames that did and ``out`` (an empty frame
+    in each one's place)."""
+    if not table:
+        return [transport.envelope(transport.ADD, rid), *frames]
+    return [transport.envelope(kind, rid), json.dumps(table).encode(), *out]
