@@ -322,3 +322,17 @@ def test_a_trace_replayed_at_its_timestamps_has_no_planned_rate_and_no_judged_th
     assert set(THROUGHPUT_FIGURES) <= set(judged_figures([planned]))
     header = figures_table(Comparison([], judged_figures([planned])), SHOWN_FIGURES)[0]
     assert header.count("req/s") == 1, header
+
+
+def test_the_ipc_table_shows_the_store_hit_rate_only_where_a_store_ran() -> None:
+    from harness.analysis.compare import Arm
+    from harness.analysis.comparison_text import ipc_lines
+    from harness.analysis.runs import RunEntry
+
+    def arm(label: str, figures: dict[str, float]) -> Arm:
+        return Arm(label, [RunEntry(label, 0, "ok", "", None, None, figures)])
+
+    plain = {"ipc_ipc_mean_us": 100.0}
+    assert "store hit %" not in "\n".join(ipc_lines([arm("zmq", plain)]))
+    stored = [arm("zmq", plain), arm("shm-store", {**plain, "mm_store_hit_pct": 50.0})]
+    assert "store hit %" in "\n".join(ipc_lines(stored))

@@ -21,13 +21,22 @@ def judge_arms(arm_list: list[Arm], margin_pct: float) -> tuple[Comparison | Non
     return comparison, full
 
 
+ONLY_WHEN_MEASURED = ("mm_store_hit_pct",)
+
+
+def _measured(arm_list: list[Arm], key: str) -> bool:
+    return any(math.isfinite(v) for a in arm_list for v in a.values(key))
+
+
 def ipc_lines(arm_list: list[Arm]) -> list[str]:
     """The IPC budget table; nothing when no run had request timelines."""
-    if not any(math.isfinite(v) for a in arm_list for v in a.values("ipc_ipc_mean_us")):
+    if not _measured(arm_list, "ipc_ipc_mean_us"):
         return []
+    # The store's hit rate only where some arm ran a store (--transport shm-store).
+    figures = [f for f in IPC_FIGURES if f.key not in ONLY_WHEN_MEASURED or _measured(arm_list, f.key)]
     table = text_table.format_table(
-        ["arm", *(f.label for f in IPC_FIGURES)],
-        [[a.label, *(median_cell(a, f.key) for f in IPC_FIGURES)] for a in arm_list if a.measured],
+        ["arm", *(f.label for f in figures)],
+        [[a.label, *(median_cell(a, f.key) for f in figures)] for a in arm_list if a.measured],
     )
     note = (
         "IPC budget, µs: p50 over each run's requests (first-token path), median over rounds; "
