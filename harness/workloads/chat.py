@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from harness.wire.tokenizer import TextTokenizer
+from harness.workloads.sample import SampleRequest
 
 
 def user_message(prompt: str, image_data_urls: Sequence[str] = ()) -> dict[str, Any]:
@@ -21,3 +22,22 @@ def user_message(prompt: str, image_data_urls: Sequence[str] = ()) -> dict[str, 
 def chat_prompt_len(tokenizer: TextTokenizer, prompt: str, image_data_urls: Sequence[str] = ()) -> int:
     """Tokens of ``prompt`` as the server sees it through the chat template."""
     return len(tokenizer.encode(tokenizer.apply_chat_template([user_message(prompt, image_data_urls)])))
+
+
+def chat_requests(
+    tokenizer: TextTokenizer, prompts: Sequence[str], urls: Sequence[tuple[str, ...]], output_lens: Sequence[int]
+) -> list[SampleRequest]:
+    """One request per prompt with its images, each counted through the chat template (batched); one
+    without images keeps its formatted text, for the completions endpoint."""
+    formatted = [tokenizer.apply_chat_template([user_message(p, u)]) for p, u in zip(prompts, urls, strict=True)]
+    lens = [len(ids) for ids in tokenizer.encode_batch(formatted)]
+    return [
+        SampleRequest(
+            prompt=p,
+            prompt_len=n,
+            expected_output_len=out,
+            image_data_urls=u,
+            completion_prompt=None if u else f,
+        )
+        for p, n, out, u, f in zip(prompts, lens, output_lens, urls, formatted, strict=True)
+    ]

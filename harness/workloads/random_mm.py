@@ -29,7 +29,7 @@ import numpy as np
 from harness.wire.declare import flag_type, setting
 from harness.wire.tokenizer import TextTokenizer
 from harness.workloads.base import Sampling, non_negative_int
-from harness.workloads.chat import user_message
+from harness.workloads.chat import chat_requests
 from harness.workloads.images import Size, check_format, check_reuse, draw_image_urls
 from harness.workloads.random_dataset import RandomOptions, sample_random_requests
 from harness.workloads.sample import SampleRequest
@@ -245,18 +245,7 @@ def sample_random_mm_requests(
         seed=seed,
     )
     urls = draw_image_urls(sizes, image_format, seed, image_reuse)
-    formatted = [tokenizer.apply_chat_template([user_message(r.prompt, u)]) for r, u in zip(text, urls)]
-    lens = [len(ids) for ids in tokenizer.encode_batch(formatted)]
-    return [
-        SampleRequest(
-            prompt=r.prompt,
-            prompt_len=n,
-            expected_output_len=r.expected_output_len,
-            image_data_urls=u,
-            completion_prompt=None if u else f,
-        )
-        for r, u, f, n in zip(text, urls, formatted, lens)
-    ]
+    return chat_requests(tokenizer, [r.prompt for r in text], urls, [r.expected_output_len for r in text])
 
 
 class RandomMMDataset:

@@ -25,7 +25,7 @@ from pathlib import Path
 from harness.wire.declare import setting
 from harness.wire.tokenizer import TextTokenizer
 from harness.workloads.base import Sampling, check_counts, non_negative_int, positive_int
-from harness.workloads.chat import chat_prompt_len, user_message
+from harness.workloads.chat import chat_prompt_len, chat_requests
 from harness.workloads.images import ImageSpec, make_image_urls
 from harness.workloads.sample import SampleRequest
 
@@ -137,18 +137,7 @@ def sample_sonnet_requests(
         for _ in range(num_requests)
     ]
     urls = make_image_urls(images, num_requests, seed)
-    formatted = [tokenizer.apply_chat_template([user_message(p, u)]) for p, u in zip(prompts, urls)]
-    lens = [len(ids) for ids in tokenizer.encode_batch(formatted)]
-    return [
-        SampleRequest(
-            prompt=p,
-            prompt_len=n,
-            expected_output_len=output_len,
-            image_data_urls=u,
-            completion_prompt=None if u else f,
-        )
-        for p, n, u, f in zip(prompts, lens, urls, formatted)
-    ]
+    return chat_requests(tokenizer, prompts, urls, [output_len] * num_requests)
 
 
 class SonnetDataset:
