@@ -11,8 +11,9 @@ import torch
 from PIL import Image
 
 from harness.engine.config import EngineConfig
-from harness.engine.executor import SimExecutor, TorchExecutor, make_executor, splice_images, wait_until
+from harness.engine.executor import SimExecutor, TorchExecutor, make_executor, splice_images
 from harness.engine.scheduler import Scheduler
+from harness.engine.sim_gpu import sleep_until_ns
 from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, PlaceholderRange, SamplingParams
 
 EOS = 1
@@ -116,9 +117,9 @@ def test_sim_tokens_are_deterministic_and_never_eos():
 def test_wait_until_never_returns_early():
     import time
 
-    deadline = time.perf_counter() + 0.003
-    wait_until(deadline)
-    assert time.perf_counter() >= deadline
+    deadline = time.monotonic_ns() + 3_000_000
+    sleep_until_ns(deadline)
+    assert time.monotonic_ns() >= deadline
 
 
 def test_greedy_tokens_match_a_model_prefill(torch_executor):

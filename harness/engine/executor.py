@@ -350,23 +350,6 @@ def _splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def wait_until(deadline: float) -> None:
-    """Sleep until ``perf_counter() >= deadline``, to within ~0.1 ms.
-
-    Coarse ``time.sleep`` first, then a spin that still yields the GIL
-    (``sleep(0)``) so the engine's socket threads keep running, as they would
-    while torch computes.
-    """
-    while True:
-        remaining = deadline - time.perf_counter()
-        if remaining <= 0:
-            return
-        if remaining > 1e-3:
-            time.sleep(remaining - 8e-4)
-        else:
-            time.sleep(0)
-
-
 @dataclass
 class _SimState:
     key: int

@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -51,13 +51,7 @@ class DeviceStats:
     late_ns: int = 0
 
     def as_dict(self) -> dict[str, int]:
-        return {
-            "steps": self.steps,
-            "busy_ns": self.busy_ns,
-            "idle_ns": self.idle_ns,
-            "gaps": self.gaps,
-            "late_ns": self.late_ns,
-        }
+        return asdict(self)
 
 
 class StepHandle(Generic[T]):
