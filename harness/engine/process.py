@@ -180,14 +180,8 @@ class EngineProcess:
 
     def _from_shm(self, frames: list[Any]) -> list[Any]:
         """An ADD_SHM's codec frames: the table's frames become views on the sender's shared memory."""
-        table = json.loads(frames[0].bytes if isinstance(frames[0], zmq.Frame) else frames[0])
-        body: list[Any] = list(frames[1:])
-        if not isinstance(table, list):
-            raise ValueError("the shared-memory table is not a list")
-        for entry in table:
-            index, *raw = entry
-            if not (isinstance(index, int) and 1 <= index < len(body)):
-                raise ValueError(f"shared-memory table names frame {index!r} of {len(body)}")
+        rows, body = receivers.table(frames, "shared-memory")
+        for index, *raw in rows:
             handle = Handle.from_list(raw)
             if self._fault_swap:  # a deliberately broken transport, for tests (WIREBENCH_FAULT)
                 handle, self._previous_handle = self._previous_handle or handle, handle

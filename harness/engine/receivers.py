@@ -18,23 +18,25 @@ from harness.wire.torch_shm import TorchHandle, open_handle
 Taken = Callable[[int, int], None]
 
 
-def _table(frames: list[Any]) -> tuple[list[Any], list[Any]]:
-    table = json.loads(frames[0].bytes if isinstance(frames[0], zmq.Frame) else frames[0])
-    if not isinstance(table, list) or not all(isinstance(row, list) and row for row in table):
-        raise ValueError("the out-of-band table is not a list of rows")
+def table(frames: list[Any], what: str = "out-of-band") -> tuple[list[Any], list[Any]]:
+    """A message's table of rows [index, *handle] (checked: each names a codec frame) and its codec
+    frames, the named ones still to be replaced; ``what`` names the transport in errors."""
+    rows = json.loads(frames[0].bytes if isinstance(frames[0], zmq.Frame) else frames[0])
+    if not isinstance(rows, list) or not all(isinstance(row, list) and row for row in rows):
+        raise ValueError(f"the {what} table is not a list of rows")
     body = list(frames[1:])
-    for row in table:
+    for row in rows:
         if not (isinstance(row[0], int) and 1 <= row[0] < len(body)):
-            raise ValueError(f"the out-of-band table names frame {row[0]!r} of {len(body)}")
-    return table, body
+            raise ValueError(f"the {what} table names frame {row[0]!r} of {len(body)}")
+    return rows, body
 
 
 def from_torch_shm(frames: list[Any], taken: Taken) -> list[Any]:
     """Each row [index, pid, fd, length, inode, serial] becomes a view on the sender's storage."""
-    table, body = _table(frames)
-    handles = [TorchHandle.from_list(row[1:]) for row in table]
+    rows, body = table(frames)
+    handles = [TorchHandle.from_list(row[1:]) for row in rows]
     try:
-        for row, handle in zip(table, handles, strict=True):
+        for row, handle in zip(rows, handles, strict=True):
             body[row[0]] = open_handle(handle)
     finally:
         for handle in handles:
@@ -47,11 +49,11 @@ def from_cuda_ipc(frames: list[Any], taken: Taken) -> list[Any]:
     for the codec. The pickle is torch's CUDA IPC reduction, from our own frontend over a private link."""
     from harness.wire.cuda_ipc import open_cuda_handle
 
-    table, body = _table(frames)
+    rows, body = table(frames)
     try:
-        for index, _serial, raw in table:
+        for index, _serial, raw in rows:
             body[index] = open_cuda_handle(bytes.fromhex(raw))
     finally:
-        for row in table:
+        for row in rows:
             taken(0, int(row[1]))
     return body

@@ -46,6 +46,14 @@ def step_token_ids(
     return out
 
 
+def _pack(view: np.ndarray, lists: Sequence[Sequence[int] | Sequence[float] | np.ndarray], sizes: list[int]) -> None:
+    """The lists one after another into the flat host ``view`` (numpy writes: no torch op)."""
+    at = 0
+    for values, n in zip(lists, sizes, strict=True):
+        view[at : at + n] = values
+        at += n
+
+
 class Stager:
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -56,10 +64,7 @@ class Stager:
         sizes = [len(x) for x in lists]
         host = torch.empty(sum(sizes), dtype=dtype, pin_memory=self.pinned)
         view = host.numpy()  # writes through numpy dispatch no torch op
-        at = 0
-        for values, n in zip(lists, sizes, strict=True):
-            view[at : at + n] = values
-            at += n
+        _pack(view, lists, sizes)
         flat = host.to(self.device, non_blocking=True) if self.pinned else host
         return list(flat.split(sizes)) if len(sizes) > 1 else [flat]
 
@@ -124,10 +129,7 @@ class StepBuffers:
             self._copied.synchronize()
         if total > self.capacity:  # grow once to the largest step seen (the old buffers are free)
             self._alloc(max(total, 2 * self.capacity))
-        at = 0
-        for values, n in zip(lists, sizes, strict=True):
-            self._view[at : at + n] = values
-            at += n
+        _pack(self._view, lists, sizes)
         flat = self.dev[:total]
         if self.pinned:
             flat.copy_(self.host[:total], non_blocking=True)
