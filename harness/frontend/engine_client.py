@@ -35,7 +35,7 @@ from harness.frontend.extra_cpu import spend_cpu
 from harness.frontend.mm_senders import FrameSender
 from harness.frontend.output_queue import OutputQueue
 from harness.frontend.timeline import Timelines
-from harness.wire import curve, transport
+from harness.wire import curve, runs_on, transport
 from harness.wire.integrity import outputs_digest, read_outputs_check, request_digest
 from harness.wire.messages import (
     CodecStats,
@@ -60,7 +60,7 @@ OK, STALLED, DEAD = "ok", "stalled", "dead"
 REQUEST_TIMEOUT_S = 300.0  # seconds without an output for one request before it fails
 
 # The scheduler's counters a heartbeat carries besides blocked_<cause> (Scheduler.step_counts).
-STEP_COUNTERS = ("steps", "preemptions", "prefix_cache_hit_tokens", "prefix_cache_query_tokens")
+STEP_COUNTERS = ("steps", *runs_on.KV_COUNTERS)
 
 
 class EngineClient(Protocol):

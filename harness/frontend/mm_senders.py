@@ -15,11 +15,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from harness.frontend.shm_sender import COPY_IN_THREAD_BYTES, ShmSender, add_message
+from harness.frontend.shm_sender import ShmSender, add_message, copy_frame
 from harness.wire import mm_store, torch_shm, transport
 from harness.wire.mm_store import MmStore
 from harness.wire.policy import LinkSettings
-from harness.wire.shm import DEFAULT_THRESHOLD, Arena, copy_into
+from harness.wire.shm import DEFAULT_THRESHOLD, Arena, address_of
 
 HASH_IN_THREAD_BYTES = 1 << 20  # hashing bigger frames leaves the event loop (hashlib releases the GIL)
 
@@ -44,19 +44,8 @@ def _flat(frame: Any) -> memoryview:
     return view.cast("B") if view.ndim != 1 or view.format != "B" else view
 
 
-def _address_of(view: memoryview) -> int:
-    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
-
-
 def _fault() -> str:
     return os.environ.get("WIREBENCH_FAULT", "")
-
-
-async def _copy(dst: Any, view: memoryview) -> None:
-    if view.nbytes >= COPY_IN_THREAD_BYTES:
-        await asyncio.to_thread(copy_into, memoryview(dst), view)
-    else:
-        copy_into(memoryview(dst), view)
 
 
 def known_keys(request: Any) -> dict[int, tuple[int, bytes]]:
@@ -105,7 +94,7 @@ class TorchShmSender:
         """The shared storage of a tensor ``tensors`` built, when ``view`` is exactly its bytes; else None."""
         if self._fault_free_early:  # the fault rewrites what it hands over: a copy, never the request's tensor
             return None
-        entry = self._built.get(_address_of(view))
+        entry = self._built.get(address_of(view))
         tensor = entry[1]() if entry is not None and entry[0] == view.nbytes else None
         return tensor.untyped_storage() if tensor is not None else None
 
@@ -130,7 +119,7 @@ class TorchShmSender:
                     storage, handle, array = torch_shm.share_copy(view, self._serial)
                     self._held[(handle.fd, handle.serial)] = storage
                     held.append((handle.fd, handle.serial))
-                    await _copy(array, view)
+                    await copy_frame(array, view)
                     self.copied_bytes += view.nbytes
                     if self._fault_free_early:  # the fault: the next request's bytes land in it first
                         array[:] = np.roll(array, 1) ^ 0x5A
@@ -168,7 +157,6 @@ class StoreSender:
         self.threshold = threshold
         self._fault_rewrite = _fault() == mm_store.FAULT_REWRITE_PINNED
         self.copied_bytes = 0
-        self.fallback_bytes = 0
         self.hashed_bytes = 0  # frames keyed by hashing them here (no key from the image path)
 
     async def message(self, rid: str, frames: Sequence[Any], request: Any = None) -> tuple[list[Any], list[Any]]:
@@ -185,7 +173,7 @@ class StoreSender:
                 if view.nbytes < self.threshold:
                     out.append(frame)
                     continue
-                hint = known.get(_address_of(view)) if known else None
+                hint = known.get(address_of(view)) if known else None
                 if hint is not None and hint[0] == view.nbytes:
                     key = hint[1]
                 elif view.nbytes >= HASH_IN_THREAD_BYTES:
@@ -201,13 +189,12 @@ class StoreSender:
                 else:
                     made = store.insert(key, view.nbytes)
                     if made is None:  # only pinned entries left: the frame travels in the message
-                        self.fallback_bytes += view.nbytes
                         out.append(frame)
                         continue
                     entry, dst = made
                     held.append((entry.block, entry.generation))
                     try:
-                        await _copy(dst, view)
+                        await copy_frame(dst, view)
                     except BaseException:
                         entry.ready.set()  # waiters go on; the discarded entry's handle fails its generation check
                         store.discard(key)

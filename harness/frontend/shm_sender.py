@@ -69,10 +69,7 @@ class ShmSender:
         return add_message(transport.ADD_SHM, rid, table, frames, out), held
 
     async def _copy(self, view: memoryview, dst: memoryview) -> None:
-        if view.nbytes >= COPY_IN_THREAD_BYTES:
-            await asyncio.to_thread(copy_into, dst, view)  # numpy's copy lets the event loop run meanwhile
-        else:
-            copy_into(dst, view)
+        await copy_frame(dst, view)
         self.copied_bytes += view.nbytes
 
     async def _alloc_many(self, sizes: list[int]) -> list[tuple[int, int, memoryview]]:
@@ -109,6 +106,15 @@ class ShmSender:
 
     def close(self) -> None:
         self.arena.close()
+
+
+async def copy_frame(dst: Any, view: memoryview) -> None:
+    """``view``'s bytes into ``dst``; a big copy on a worker thread (numpy's copy releases the GIL, so
+    the event loop runs meanwhile)."""
+    if view.nbytes >= COPY_IN_THREAD_BYTES:
+        await asyncio.to_thread(copy_into, memoryview(dst), view)
+    else:
+        copy_into(memoryview(dst), view)
 
 
 def add_message(kind: int, rid: str, table: list[list[Any]], frames: Sequence[Any], out: list[Any]) -> list[Any]:

@@ -246,7 +246,7 @@ class Arena:
         view = memoryview(frame)
         if view.nbytes == 0 or not view.contiguous:
             return None
-        block = _address_of(view) - self._base - HEADER
+        block = address_of(view) - self._base - HEADER
         with self._lock:
             entry = self._used.get(block)
             if entry is None or (block, entry[1]) not in self._unsent:
@@ -278,7 +278,7 @@ def copy_into(dst: memoryview, src: memoryview) -> None:
     np.copyto(np.frombuffer(dst, dtype=np.uint8), np.frombuffer(src, dtype=np.uint8))
 
 
-def _address_of(view: memoryview) -> int:
+def address_of(view: memoryview) -> int:
     return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
 
 

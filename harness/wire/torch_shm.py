@@ -64,9 +64,8 @@ def share_copy(view: memoryview, serial: int) -> tuple[Any, TorchHandle, np.ndar
 
     nbytes = view.nbytes
     storage = torch.UntypedStorage._new_shared(nbytes)
-    fd, _ = storage._share_fd_cpu_()
     array = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
-    return storage, TorchHandle(os.getpid(), fd, nbytes, os.fstat(fd).st_ino, serial), array
+    return storage, handle_of(storage, nbytes, serial), array
 
 
 def handle_of(storage: Any, length: int, serial: int) -> TorchHandle:
