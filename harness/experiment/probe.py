@@ -11,6 +11,7 @@ from typing import Any
 from harness.experiment.arms import ArmSpec
 from harness.experiment.rounds import RunOutcome, Workload, run_one, run_round_in_blocks
 from harness.experiment.settings import AUTO, AUTO_LOAD, Experiment
+from harness.loadgen.arrivals import own_times
 
 
 def untimed(exp: Experiment) -> Experiment:
@@ -32,7 +33,7 @@ def resolve_rate(exp: Experiment, workload: Workload, tokenizer_id: str) -> tupl
     """The experiment at a fixed rate, and a note of how it was fixed; with auto, from a capacity
     probe of the first arm that can serve the workload. None (said on stderr) when no arm could."""
     rate = exp.request_rate
-    if workload and all(s.arrival_s is not None for s in workload):  # a trace's own send times: no probe
+    if own_times(workload):  # a trace's own send times: no probe
         fixed = math.inf if rate == AUTO else float(rate)
         return exp.at_rate(fixed), {"rate": fixed, "auto": False, "dataset_arrivals": True}
     if rate != AUTO:

@@ -56,6 +56,11 @@ class Timed(Protocol):
     def arrival_s(self) -> float | None: ...
 
 
+def own_times(workload: Sequence[Timed]) -> bool:
+    """Whether every request carries its own send time, as a trace's timestamps give them."""
+    return bool(workload) and all(request.arrival_s is not None for request in workload)
+
+
 def planned_offsets(
     workload: Sequence[Timed],
     request_rate: float = math.inf,
@@ -64,12 +69,11 @@ def planned_offsets(
 ) -> list[float]:
     """The workload's own send times (seconds, the first at 0) when every request carries one, as a
     trace's timestamps do; --request-rate and --burstiness then play no part. Otherwise plan_arrivals."""
-    given = [request.arrival_s for request in workload]
-    if given and all(t is not None for t in given):
-        times = [float(t) for t in given if t is not None]
+    if own_times(workload):
+        times = [float(r.arrival_s) for r in workload if r.arrival_s is not None]
         first = min(times)
         return [t - first for t in times]
-    return plan_arrivals(len(given), request_rate, burstiness, seed)
+    return plan_arrivals(len(workload), request_rate, burstiness, seed)
 
 
 def describe_arrivals(request_rate: float, burstiness: float) -> str:

@@ -231,8 +231,9 @@ def measure(
     folder = tempfile.mkdtemp(prefix="wirebench-delivery-")
     address = f"{folder}/bell" if transport_name == "shm-bell" else f"ipc://{folder}/d"
     plain_shm = transport_name not in ("zmq", *_SENDERS)
-    arena = Arena(max(64 << 20, 4 * _payload_bytes(codec, msg)), prefault=True) if plain_shm else None
-    sender, loop = _sender(transport_name, threshold, 4 * _payload_bytes(codec, msg)), asyncio.new_event_loop()
+    room = max(64 << 20, 4 * _payload_bytes(codec, msg))  # an arena's or a store's bytes
+    arena = Arena(room, prefault=True) if plain_shm else None
+    sender, loop = _sender(transport_name, threshold, room), asyncio.new_event_loop()
     ctx_mp = mp.get_context("spawn")
     parent, child = ctx_mp.Pipe()
     proc = ctx_mp.Process(target=_receiver, args=(address, codec_name, type(msg).__name__, child), daemon=True)
@@ -317,7 +318,7 @@ def _sender(name: str, threshold: int, store_bytes: int) -> Any:
     if name in ("torch-shm", "torch-shm-inplace"):
         return TorchShmSender(threshold)
     if name in ("shm-store", "shm-store-miss"):
-        return StoreSender(MmStore(max(64 << 20, store_bytes)), threshold)
+        return StoreSender(MmStore(store_bytes), threshold)
     return None
 
 

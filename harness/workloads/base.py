@@ -62,6 +62,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def unit_interval(text: str) -> float:
+    """argparse type of a share or probability: a number in [0, 1]."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:

@@ -28,7 +28,7 @@ import numpy as np
 
 from harness.wire.declare import flag_type, setting
 from harness.wire.tokenizer import TextTokenizer
-from harness.workloads.base import Sampling, non_negative_int
+from harness.workloads.base import Sampling, non_negative_int, unit_interval
 from harness.workloads.chat import chat_requests
 from harness.workloads.images import Size, check_format, check_reuse, draw_image_urls
 from harness.workloads.random_dataset import RandomOptions, sample_random_requests
@@ -132,14 +132,6 @@ def parse_limit(text: str) -> int:
     return int(value)
 
 
-def items_ratio(text: str) -> float:
-    """--random-mm-num-mm-items-range-ratio: a number in [0, 1]."""
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"must be in [0, 1], got {text}")
-    return value
-
-
 DEFAULT_BUCKETS = BucketConfig((((256, 256, 1), 0.5), ((720, 1280, 1), 0.5)))  # vLLM's images
 
 
@@ -156,7 +148,7 @@ class RandomMMOptions(RandomOptions):
     random_mm_num_mm_items_range_ratio: float = setting(
         0.0,
         flag=RATIO_FLAG,
-        type=flag_type(items_ratio),
+        type=unit_interval,
         metavar="R",
         help="images per request uniform in the integers [floor(n*(1-r)), ceil(n*(1+r))], r in [0, 1] "
         "(default: %(default)s)",

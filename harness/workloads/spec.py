@@ -14,18 +14,9 @@ from typing import Any
 
 from harness.wire import declare
 from harness.wire.declare import setting
-from harness.workloads.base import Dataset, Sampling, non_negative_int, positive_int
+from harness.workloads.base import Dataset, Sampling, non_negative_int, positive_int, unit_interval
 from harness.workloads.images import ImageSpec
 from harness.workloads.registry import dataset_names, get_dataset
-
-
-def reuse_share(text: str) -> float:
-    """argparse type of --image-reuse: a probability, in [0, 1]."""
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
-    return value
-
 
 # benchmark_serving's default, and the size of the seed measurement (1,000 sonnet prompts); with the
 # tiny CPU model a run of them takes well under a minute.
@@ -88,7 +79,7 @@ class WorkloadSpec:
     image_reuse: float = setting(
         0.0,
         flag="--image-reuse",
-        type=reuse_share,
+        type=unit_interval,
         metavar="P",
         help="probability that an image repeats, byte for byte, one of an earlier request (of its size, "
         "not yet in its request), else it is new; about a share P of the images repeat; with sonnet and "
