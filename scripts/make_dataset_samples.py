@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 from pathlib import Path
+
+from harness.engine.step_plan import blocks_for
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS_FILE = ROOT / "datasets" / "tokenizer-words.txt"
@@ -94,7 +95,7 @@ def trace(rng: random.Random, n: int = 100) -> list[dict[str, object]]:
             t_ms += int(rng.expovariate(1 / 250))  # about 4 requests a second
         shared = rng.choice([*prefixes, []])
         input_length = len(shared) * BLOCK_TOKENS + rng.randint(1, MAX_INPUT - len(shared) * BLOCK_TOKENS)
-        own = blocks(math.ceil(input_length / BLOCK_TOKENS) - len(shared))
+        own = blocks(blocks_for(input_length, BLOCK_TOKENS) - len(shared))
         lines.append(
             {
                 "timestamp": t_ms,

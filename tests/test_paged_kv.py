@@ -26,7 +26,7 @@ from harness.engine.sampler import Sampler, SampleRow
 from harness.engine.scheduler import Scheduler
 from harness.engine.staging import Stager
 from harness.engine.step import ModelRunnerOutput
-from harness.engine.step_plan import Chunk, StepPlan
+from harness.engine.step_plan import Chunk, StepPlan, blocks_for
 from harness.wire.messages import EngineCoreRequest, PlaceholderRange, SamplingParams
 
 VOCAB = 256
@@ -339,7 +339,7 @@ def test_llama_8b_bf16_fits_256_seed_sequences_in_80_gb() -> None:
     weights = count_params(cfg) * dtype.itemsize
     per_token = kv_bytes_per_token(cfg, dtype)
     assert per_token == 128 * 1024
-    seq_blocks = -(-(509 + 150) // block)
+    seq_blocks = blocks_for(509 + 150, block)
     shared = 200 // block
     blocks = shared + 256 * (seq_blocks - shared)
     kv = blocks * block * per_token

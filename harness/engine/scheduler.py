@@ -49,6 +49,7 @@ from harness.engine.config import EngineConfig
 from harness.engine.kv_blocks import BlockHash, BlockPool, ImageSpan, block_hash, image_digest
 from harness.engine.request_checks import check_request
 from harness.engine.step import ModelRunnerOutput, NewRequest, ScheduledChunk, SchedulerOutput
+from harness.engine.step_plan import blocks_for
 from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
 
 BLOCKED_BY = ("kv_cache", "max_num_seqs", "token_budget")
@@ -230,7 +231,7 @@ class Scheduler:
 
         False when ``r`` itself was the newest and got preempted.
         """
-        need = -(-n_tokens // self._block) - len(r.blocks)
+        need = blocks_for(n_tokens, self._block) - len(r.blocks)
         if need <= 0:
             return True
         while need > self.pool.num_free:
@@ -312,7 +313,7 @@ class Scheduler:
         while self.waiting and budget > 0 and self._free_slots and not out.preempted_req_ids:
             r = self.requests[self.waiting[0]]
             hits = self._prefix_hits(r)
-            need = -(-r.num_tokens // self._block) - len(hits)
+            need = blocks_for(r.num_tokens, self._block) - len(hits)
             idle_hits = sum(1 for b in hits if self.pool.ref[b] == 0)  # these leave the free queue too
             if need + idle_hits > self.pool.num_free:
                 break

@@ -32,8 +32,9 @@ class Chunk:
         return self.start + self.length
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+def blocks_for(tokens: int, block_size: int) -> int:
+    """How many blocks of ``block_size`` tokens hold ``tokens`` tokens (the last one maybe part full)."""
+    return -(-tokens // block_size)
 
 
 @dataclass
@@ -88,7 +89,7 @@ class StepPlan:
         """
         bs = block_size
         dpos = np.asarray(self.decode_positions, dtype=np.int64)
-        nb_d = _ceil_div(self.max_len, bs)
+        nb_d = blocks_for(self.max_len, bs)
         if self.decode_table is None:
             decode_tables = _padded(self.decode_blocks, nb_d)
         else:  # covers nb_d blocks: check() saw every table cover its position
@@ -98,7 +99,7 @@ class StepPlan:
             none = np.zeros(0, dtype=np.int64)
             return d_slots, dpos, decode_tables.reshape(-1), none, none
         width = self.chunk_width
-        chunk_tables = _padded([c.blocks for c in self.chunks], _ceil_div(self.chunk_span, bs))
+        chunk_tables = _padded([c.blocks for c in self.chunks], blocks_for(self.chunk_span, bs))
         starts = np.fromiter((c.start for c in self.chunks), np.int64, len(self.chunks))
         lengths = np.fromiter((c.length for c in self.chunks), np.int64, len(self.chunks))
         which, offset = _ragged_index(lengths)  # each chunk row's chunk, and its place in it

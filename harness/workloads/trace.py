@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.engine.step_plan import blocks_for
 from harness.wire.declare import setting
 from harness.wire.tokenizer import TextTokenizer
 from harness.workloads.base import Sampling, positive_int
@@ -123,7 +124,8 @@ class PromptBuilder:
 
     def prompt(self, line: TraceLine, index: int) -> str:
         keys = [str(i) for i in line.hash_ids]
-        keys += [f"request {index} block {k}" for k in range(-(-line.input_length // self.block_size) - len(keys))]
+        own = blocks_for(line.input_length, self.block_size) - len(keys)
+        keys += [f"request {index} block {k}" for k in range(own)]
         words: list[str] = []
         for key in keys:
             words += self.block(key)[: line.input_length - len(words)]
