@@ -54,6 +54,11 @@ class StepPlan:
     # ``decode_blocks`` is not converted again.
     decode_table: np.ndarray | None = None
     decode_table_lens: np.ndarray | None = None
+    # (block size, decode tables, the block each decode row writes): gathered once, by whichever of
+    # check() and index_lists() runs first; a plan is not changed between the two.
+    _decode_gather: tuple[int, np.ndarray, np.ndarray] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     @property
     def n_decode(self) -> int:
@@ -89,12 +94,8 @@ class StepPlan:
         """
         bs = block_size
         dpos = np.asarray(self.decode_positions, dtype=np.int64)
-        nb_d = blocks_for(self.max_len, bs)
-        if self.decode_table is None:
-            decode_tables = _padded(self.decode_blocks, nb_d)
-        else:  # covers nb_d blocks: check() saw every table cover its position
-            decode_tables = np.ascontiguousarray(self.decode_table[:, :nb_d])
-        d_slots = decode_tables[np.arange(len(dpos)), dpos // bs] * bs + dpos % bs
+        decode_tables, written = self._decode_written(bs)
+        d_slots = written * bs + dpos % bs
         if not self.chunks:  # a pure decode step, the commonest: no chunk arrays to build
             none = np.zeros(0, dtype=np.int64)
             return d_slots, dpos, decode_tables.reshape(-1), none, none
@@ -112,6 +113,19 @@ class StepPlan:
             chunk_tables.reshape(-1),
             which * width + offset,
         )
+
+    def _decode_written(self, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """The decode rows' tables [B, blocks of the longest], padded with block 0, and the block each
+        row writes (its newest token's). Every table must cover its position (check() sees to it)."""
+        if self._decode_gather is None or self._decode_gather[0] != block_size:
+            dpos = np.asarray(self.decode_positions, dtype=np.int64)
+            nb_d = blocks_for(self.max_len, block_size)
+            if self.decode_table is None:
+                tables = _padded(self.decode_blocks, nb_d)
+            else:
+                tables = np.ascontiguousarray(self.decode_table[:, :nb_d])
+            self._decode_gather = (block_size, tables, tables[np.arange(len(dpos)), dpos // block_size])
+        return self._decode_gather[1], self._decode_gather[2]
 
     def last_rows(self) -> list[int]:
         """The row of each chunk's last token."""
@@ -142,10 +156,8 @@ class StepPlan:
             if short.any():
                 i = int(short.argmax())
                 raise ValueError(f"a block table of {lens[i]} blocks does not cover {dpos[i] + 1} positions")
-            written = self.decode_table[np.arange(len(dpos)), dpos // bs].tolist()
         else:
             spans = [(t, p + 1) for t, p in zip(self.decode_blocks, self.decode_positions, strict=True)] + spans
-            written = []
         # Tables given as lists: few in an engine step (its prefill chunks), so a loop is cheapest.
         for table, end in spans:
             if len(table) * bs < end:
@@ -153,10 +165,8 @@ class StepPlan:
             if len(table) and not (min(table) >= 0 and max(table) < num_blocks):
                 raise ValueError(f"a block id outside [0, {num_blocks})")
         # The block each sequence writes first: two sequences writing one block is a scheduler bug
-        # (shared prefix blocks are full and only read).
-        if not given:
-            written = [t[p // bs] for t, p in zip(self.decode_blocks, self.decode_positions, strict=True)]
-        written += [c.blocks[c.start // bs] for c in self.chunks]
+        # (shared prefix blocks are full and only read). The decode rows' is index_lists' gather too.
+        written = self._decode_written(bs)[1].tolist() + [c.blocks[c.start // bs] for c in self.chunks]
         if len(set(written)) != len(written):
             raise ValueError("two sequences of one step write the same KV block")
 
