@@ -124,7 +124,7 @@ def test_bench_run_replays_the_sample_trace_with_two_codecs(tmp_path: Path) -> N
     assert all(r["status"] == "ok" for r in summary["runs"])
     result = json.loads((tmp_path / summary["runs"][0]["result_file"]).read_text())
     assert result["completed"] == 20
-    assert result["metadata"]["flags"]["dataset_name"] == "trace"
+    assert result["metadata"]["flags"]["dataset_name"] == "trace" and result["metadata"]["own_send_times"] is True
     assert "[probe]" not in done.stdout and summary["metadata"]["request_rate"]["dataset_arrivals"]  # no rate to find
     lines = read_trace(SAMPLES_DIR / "trace-sample.jsonl")[:20]
     assert result["input_lens"] == [x.input_length for x in lines]

@@ -324,6 +324,37 @@ def test_a_trace_replayed_at_its_timestamps_has_no_planned_rate_and_no_judged_th
     assert header.count("req/s") == 1, header
 
 
+def test_a_run_records_whether_its_requests_went_at_their_own_times(tmp_path: Path) -> None:
+    """The runner records what set the sends (fake server, real client); a run file's record wins
+    over the trace flags, which are read only from files written before it was recorded."""
+    import asyncio
+
+    from harness.analysis.documents import run_figures
+    from harness.loadgen import runner
+    from harness.workloads.sample import SampleRequest
+
+    from fake_openai_server import FakeConfig, FakeOpenAIServer
+
+    def run(base_url: str, times: list[float | None]) -> BenchmarkResult:
+        workload = [SampleRequest(f"prompt {i}", 4, 2, arrival_s=t) for i, t in enumerate(times)]
+        settings = LoadSettings(request_rate=50.0, seed=3, progress=False)
+        return asyncio.run(runner.run_benchmark(base_url, "fake-model", workload, settings))
+
+    with FakeOpenAIServer(FakeConfig(ttft_s=0.005, token_gap_s=0.001)) as server:
+        timed, planned = run(server.base_url, [0.0, 0.01]), run(server.base_url, [None, None])
+    assert timed.own_send_times and not planned.own_send_times
+
+    def figures(result: BenchmarkResult, name: str) -> dict[str, float]:
+        doc = json.loads(save_run(result, result_dir=tmp_path, filename=name, sysinfo={}).read_text())
+        assert doc["metadata"]["own_send_times"] is result.own_send_times
+        return run_figures(doc)
+
+    assert math.isnan(figures(timed, "timed.json")["request_rate"])  # no trace flags: the record says
+    assert figures(planned, "planned.json")["request_rate"] == 50.0
+    planned.flags = {"dataset_name": "trace", "trace_arrivals": "timestamps"}  # recorded False wins
+    assert figures(planned, "flagged.json")["request_rate"] == 50.0
+
+
 def test_the_ipc_table_shows_the_store_hit_rate_only_where_a_store_ran() -> None:
     from harness.analysis.compare import Arm
     from harness.analysis.comparison_text import ipc_lines

@@ -11,7 +11,7 @@ Schema history (``schema_version`` in every document):
   ``codec``, ``payload_kind``, ``failed``, per-request ``records``,
   ``codec_figures`` (from the server's /metrics), ``schedule_lag``,
   ``metadata`` (versions, machine, flags). Also read: benchmark_serving's own
-  files (no ``records``).
+  files (no ``records``). Later gained ``metadata.own_send_times`` (read by ``own_send_times``).
 - compare 1: ``codecs``, ``repeat``, ``runs`` (codec, round, status, message,
   ``result_file`` relative to the compare file), ``table`` (median and spread
   per figure), ``changes_vs_first``.
@@ -228,7 +228,13 @@ def run_document(result: BenchmarkResult, sysinfo: dict[str, Any] | None = None)
             "process_cpu": result.process_cpu,  # client, frontend, engine CPU (loadgen/process_cpu.py)
             # generated_text is left out here: generated_texts has it.
             "records": [{k: v for k, v in dataclasses.asdict(r).items() if k != "generated_text"} for r in records],
-            "metadata": {**(sysinfo or {}), "flags": result.flags, "engine": result.engine, **result.extra},
+            "metadata": {
+                **(sysinfo or {}),
+                "flags": result.flags,
+                "engine": result.engine,
+                "own_send_times": result.own_send_times,
+                **result.extra,
+            },
         }
     )
     return jsonable(doc)
@@ -377,11 +383,22 @@ def as_float(value: Any) -> float:
         return math.nan
 
 
+def own_send_times(doc: dict[str, Any]) -> bool:
+    """Whether a run sent every request at its own time (a trace's timestamps), as its run file
+    records; a file written before that was recorded is judged by its trace flags."""
+    meta = doc.get("metadata") or {}
+    recorded = meta.get("own_send_times")
+    if isinstance(recorded, bool):
+        return recorded
+    flags = meta.get("flags") or {}
+    return flags.get("dataset_name") == "trace" and flags.get("trace_arrivals") == "timestamps"
+
+
 def _planned_rate(doc: dict[str, Any]) -> float:
-    """The rate the run planned its sends at: NaN when a trace's timestamps set them (its recorded
-    --request-rate, inf by default, played no part), so its throughput is never judged as at rate inf."""
-    flags = (doc.get("metadata") or {}).get("flags") or {}
-    if flags.get("dataset_name") == "trace" and flags.get("trace_arrivals") == "timestamps":
+    """The rate the run planned its sends at: NaN when the requests' own send times set them (its
+    recorded --request-rate, inf by default, played no part), so its throughput is never judged as
+    at rate inf."""
+    if own_send_times(doc):
         return math.nan
     return as_float(doc.get("request_rate"))
 

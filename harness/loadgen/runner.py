@@ -22,7 +22,7 @@ import aiohttp
 
 from harness.loadgen import fanout, guard, ipc
 from harness.loadgen import metrics as M
-from harness.loadgen.arrivals import planned_offsets
+from harness.loadgen.arrivals import own_times, planned_offsets
 from harness.loadgen.client import (
     ENDPOINTS,
     RequestRecord,
@@ -89,6 +89,9 @@ class BenchmarkResult:
     tokenizer_id: str | None = None
     flags: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    # Every request went at its own send time (a trace's timestamps): the rate and burstiness
+    # settings played no part, so the run had no planned rate.
+    own_send_times: bool = False
 
     @property
     def backend(self) -> str:
@@ -171,6 +174,7 @@ class ServerLoad:
             for s in workload
         ]
         self.offsets = planned_offsets(workload, settings.request_rate, settings.burstiness, settings.seed)
+        self.own_send_times = own_times(workload)  # what planned_offsets went by, for the run file
         self.started_at = datetime.now().astimezone()
         self.records: list[RequestRecord] = []
         self.unsent = range(len(workload))  # what no block has sent yet
@@ -272,6 +276,7 @@ class ServerLoad:
             started_at=self.started_at,
             interrupted=self.interrupted,
             warmup_failed=self.warmup_failed,
+            own_send_times=self.own_send_times,
             codec_figures=codec_figures(self.before, after),
             client_health=fanout.health(
                 load, settings.request_rate, settings.max_concurrency, outputs_behind_share(self.before, after)
