@@ -1,5 +1,6 @@
 """torch-shm's sender and receiver in one process: built-in-place tensors travel without a copy, others are
-copied once; the receiver maps the same memory; the sender drops a storage once it is reported taken."""
+copied once; the receiver maps the same memory; the sender drops a storage once it is reported taken
+(as cuda-ipc's sender drops its tensors: the holding they share is harness.frontend.taken_holds)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from harness.engine import receivers
@@ -50,4 +52,25 @@ def test_any_other_big_frame_is_copied_into_a_storage_of_its_own():
     view, taken = receive(message)
     assert bytes(view) == frame.tobytes()
     sender.released(taken)
+    assert sender.held_count == 0
+
+
+def test_cuda_ipc_holds_each_tensor_by_serial_until_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuda-ipc's holding without a GPU: ``share_cuda`` stands in (a CPU tensor, made-up handle bytes);
+    its TAKEN entries carry fd 0, so a tensor is held by its serial alone."""
+    from harness.frontend.cuda_sender import CudaIpcSender
+    from harness.wire import cuda_ipc
+
+    def share_on_cpu(view: memoryview) -> tuple[torch.Tensor, bytes]:
+        return torch.frombuffer(bytearray(view), dtype=torch.uint8), b"h"
+
+    monkeypatch.setattr(cuda_ipc, "share_cuda", share_on_cpu)
+    sender = CudaIpcSender(threshold=1024)
+    frames = [b"body", np.zeros(5000, np.uint8), b"small", np.ones(2000, np.uint8)]
+    message, held = asyncio.run(sender.message("r", frames))
+    assert message[0][0] == transport.ADD_CUDA
+    assert json.loads(message[1]) == [[1, 1, "68"], [3, 2, "68"]] and sender.held_count == 2
+    sender.released([["arena", 0, 1], [TAKEN, 0, 1]])  # another segment's entry frees nothing
+    assert sender.held_count == 1
+    sender.unsent(held)
     assert sender.held_count == 0

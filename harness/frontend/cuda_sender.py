@@ -3,49 +3,41 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from harness.frontend.shm_sender import add_message
-from harness.wire import cuda_ipc, torch_shm, transport
+from harness.frontend.taken_holds import HeldUntilTaken
+from harness.wire import cuda_ipc, transport
 from harness.wire.shm import DEFAULT_THRESHOLD
 
 
-class CudaIpcSender:
+class CudaIpcSender(HeldUntilTaken):
+    """Each big frame copied into a CUDA tensor, held by its serial until the engine reports it taken."""
+
     def __init__(self, threshold: int = DEFAULT_THRESHOLD) -> None:
+        super().__init__()
         self.threshold = threshold
-        self._serial = 0
-        self._held: dict[int, Any] = {}  # serial → the CUDA tensor, until the engine reports it taken
+
+    def _key(self, fd: int, serial: int) -> Hashable:
+        return serial  # a CUDA handle has no fd (its TAKEN entry carries 0)
 
     async def message(self, rid: str, frames: Sequence[Any], request: Any = None) -> tuple[list[Any], list[Any]]:
         table: list[list[Any]] = []
         out: list[Any] = [frames[0]]
-        held: list[int] = []
+        held: list[Any] = []
         try:
             for i, frame in enumerate(frames[1:], start=1):
                 view = memoryview(frame).cast("B")
                 if view.nbytes < self.threshold:
                     out.append(frame)
                     continue
-                self._serial += 1
+                serial = self._next_serial()
                 tensor, raw = await asyncio.to_thread(cuda_ipc.share_cuda, view)
-                self._held[self._serial] = tensor
-                held.append(self._serial)
-                table.append([i, self._serial, raw.hex()])
+                self._hold(serial, tensor, held)
+                table.append([i, serial, raw.hex()])
                 out.append(b"")
         except BaseException:
             self.unsent(held)
             raise
         return add_message(transport.ADD_CUDA, rid, table, frames, out), held
-
-    def released(self, entries: Sequence[Sequence[Any]]) -> None:
-        for segment, _fd, serial in entries:
-            if segment == torch_shm.TAKEN:
-                self._held.pop(int(serial), None)
-
-    def unsent(self, held: Sequence[Any]) -> None:
-        for serial in held:
-            self._held.pop(serial, None)
-
-    def close(self) -> None:
-        self._held.clear()

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from harness.frontend.shm_sender import ShmSender, add_message, copy_frame
+from harness.frontend.taken_holds import HeldUntilTaken
 from harness.wire import mm_store, torch_shm, transport
 from harness.wire.mm_store import MmStore
 from harness.wire.policy import LinkSettings
@@ -59,16 +60,15 @@ def known_keys(request: Any) -> dict[int, tuple[int, bytes]]:
     return out
 
 
-class TorchShmSender:
+class TorchShmSender(HeldUntilTaken):
     """torch-shm: each big frame in a torch shared storage, held until the engine reports it mapped
     (harness.wire.torch_shm has the lifetime rules). A pixel tensor built in one (``tensors``, with
-    --mm-payload tensor) travels as it is; any other big frame is copied into a new one."""
+    --mm-payload tensor) travels as it is; any other big frame is copied into a new one. Held by
+    (fd, serial): alive, so its fd number names it, until the engine's TAKEN."""
 
     def __init__(self, threshold: int = DEFAULT_THRESHOLD) -> None:
+        super().__init__()
         self.threshold = threshold
-        self._serial = 0
-        # (fd, serial) → the storage: alive, so its fd number names it, until the engine's TAKEN.
-        self._held: dict[tuple[int, int], Any] = {}
         # Tensors ``tensors`` built, by address: (bytes, a weak reference); gone with the tensor.
         self._built: dict[int, tuple[int, weakref.ref]] = {}
         self._fault_free_early = _fault() == torch_shm.FAULT_FREE_EARLY
@@ -101,24 +101,22 @@ class TorchShmSender:
     async def message(self, rid: str, frames: Sequence[Any], request: Any = None) -> tuple[list[Any], list[Any]]:
         table: list[list[int]] = []
         out: list[Any] = [frames[0]]
-        held: list[tuple[int, int]] = []
+        held: list[Any] = []
         try:
             for i, frame in enumerate(frames[1:], start=1):
                 view = _flat(frame)
                 if view.nbytes < self.threshold:
                     out.append(frame)
                     continue
-                self._serial += 1
+                serial = self._next_serial()
                 storage = self._built_storage(view)
                 if storage is not None:
-                    handle = torch_shm.handle_of(storage, view.nbytes, self._serial)
-                    self._held[(handle.fd, handle.serial)] = storage
-                    held.append((handle.fd, handle.serial))
+                    handle = torch_shm.handle_of(storage, view.nbytes, serial)
+                    self._hold((handle.fd, handle.serial), storage, held)
                     self.zero_copy_bytes += view.nbytes
                 else:
-                    storage, handle, array = torch_shm.share_copy(view, self._serial)
-                    self._held[(handle.fd, handle.serial)] = storage
-                    held.append((handle.fd, handle.serial))
+                    storage, handle, array = torch_shm.share_copy(view, serial)
+                    self._hold((handle.fd, handle.serial), storage, held)
                     await copy_frame(array, view)
                     self.copied_bytes += view.nbytes
                     if self._fault_free_early:  # the fault: the next request's bytes land in it first
@@ -129,22 +127,6 @@ class TorchShmSender:
             self.unsent(held)
             raise
         return add_message(transport.ADD_TORCH, rid, table, frames, out), held
-
-    def released(self, entries: Sequence[Sequence[Any]]) -> None:
-        for segment, fd, serial in entries:
-            if segment == torch_shm.TAKEN:
-                self._held.pop((int(fd), int(serial)), None)
-
-    def unsent(self, held: Sequence[Any]) -> None:
-        for key in held:
-            self._held.pop(key, None)
-
-    @property
-    def held_count(self) -> int:
-        return len(self._held)
-
-    def close(self) -> None:
-        self._held.clear()
 
 
 class StoreSender:
