@@ -91,7 +91,8 @@ def test_a_real_executors_info_makes_a_gauge():
     back = runs_on.from_metrics(prom.render(runs_on.metric_samples(info)))
     assert back is not None
     assert back["device"] == "cpu" and back["preset"] == "tiny" and back["kv_cache_tokens"] == 32
-    assert set(back["sdpa"]) == {"prefill", "prefill_cached", "decode"}
+    assert set(back["sdpa"]) == {"prefill", "prefill_cached", "decode", "attention", "attention_calls_per_layer"}
+    assert back["sdpa"]["attention"] == "torch-reference"
 
 
 def _scrape(steps: dict[str, int]) -> str:

@@ -1,8 +1,13 @@
-"""The model's attention over the paged KV cache, through torch's ``scaled_dot_product_attention``
-(SDPA), and the kernel torch picks for each call.
+"""The model's attention over the paged KV cache: one ``paged_attention`` call per layer for the
+whole step (decode rows and prefill chunks), and its torch reference.
 
-A step attends in at most two calls per layer, whatever the number of sequences
-(``harness.engine.model.Attention`` makes them):
+``paged_attention`` runs the ``Kernel`` the model chose when it was built
+(``harness.engine.attention_kernels``): a varlen flash kernel on CUDA where one imports and
+agrees with the reference, else the reference here. The step's ``AttentionMeta`` is built
+once per step (``step_meta``), in FlashAttention's varlen convention plus what the reference reads.
+
+The reference attends through torch's ``scaled_dot_product_attention`` (SDPA) in at most
+two calls, whatever the number of sequences:
 
 - ``decode``: every decode row at once, each over its own keys gathered from the
   cache through its block table (ragged lengths through one mask);
@@ -26,11 +31,15 @@ K kv heads, G = H // K query heads per kv head, D head dim, L keys, S cache slot
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from harness.engine.step_plan import StepPlan
 
 # enable_gqa (torch >= 2.5) lets SDPA read K/V heads shared by G query heads
 # without copying them G times.
@@ -151,3 +160,120 @@ def sdpa_backends(k_cache: Tensor, n_heads: int) -> dict[str, str]:
     mask = torch.zeros(n, 1, 1, n_len, device=dev, dtype=dt)
     decoded = name(qd, keys, keys, mask, 0.0, False)
     return {"prefill": prefill, "prefill_cached": cached, "decode": decoded}
+
+
+# -- one call per layer ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttentionMeta:
+    """What a step's attention reads, built once per step (``step_meta``), shared by every layer.
+
+    The varlen fields are FlashAttention's convention, S sequences in the step's row order (each
+    decode row a sequence of one query, then each chunk), present when the model's kernel reads
+    them; the reference reads the decode/chunk fields.
+    """
+
+    n_decode: int  # B: rows [0, B) decode, the rest the chunks' rows
+    chunk_width: int  # T, the longest chunk
+    decode_slots: Tensor | None  # [B, L] cache slots of each decode row's keys
+    decode_mask: Tensor | None  # [B, 1, 1, L]
+    chunk_slots: Tensor | None  # [C, L] cache slots of each chunk's keys
+    chunk_mask: Tensor | None  # [C, 1, G*T, L]; None with every chunk from position 0 (causal)
+    chunk_dst: Tensor | None  # [Nc] each chunk row's place among the C x T padded queries
+    max_q: int = 0  # the most query rows of a sequence
+    max_k: int = 0  # the most keys a sequence sees
+    cu_seqlens_q: Tensor | None = None  # [S+1] int32: sequence s's rows are [cu[s], cu[s+1])
+    seqlens_k: Tensor | None = None  # [S] int32: keys sequence s sees (its start + its rows)
+    block_table: Tensor | None = None  # [S, max_blocks] int32
+    cu_seqlens_k: Tensor | None = None  # [S+1] int32: seqlens_k laid end to end (packed keys)
+    key_slots: Tensor | None = None  # [total keys] cache slot of each packed key
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """An implementation of ``paged_attention``: q [N, H, D], caches [S, K, D], meta -> [N, H*D]."""
+
+    name: str
+    run: Callable[[Tensor, Tensor, Tensor, AttentionMeta], Tensor]
+    calls_per_layer: int  # kernel launches of attention proper per layer (at most, the reference)
+    varlen: bool = False  # reads cu_seqlens_q, seqlens_k, block_table
+    packed_keys: bool = False  # reads cu_seqlens_k, key_slots
+    note: str = ""  # why not a kernel, where one was looked for
+
+
+def reference(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta) -> Tensor:
+    """The torch reference: ``decode`` over the decode rows and ``chunks`` over the chunks' rows."""
+    parts = []
+    row = meta.n_decode
+    if meta.decode_slots is not None and meta.decode_mask is not None:
+        parts.append(decode(q[:row], k_cache, v_cache, meta.decode_slots, meta.decode_mask))
+    if meta.chunk_slots is not None and meta.chunk_dst is not None:
+        parts.append(
+            chunks(q[row:], k_cache, v_cache, meta.chunk_slots, meta.chunk_mask, meta.chunk_dst, meta.chunk_width)
+        )
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+REFERENCE = Kernel("torch-reference", reference, calls_per_layer=2)
+
+
+def paged_attention(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta, kernel: Kernel = REFERENCE
+) -> Tensor:
+    """The whole step's attention, one call per layer: q [N, H, D] (decode rows, then the chunks'
+    rows) over the cache [S, K, D], each row seeing its sequence's keys up to its position -> [N, H*D]."""
+    return kernel.run(q, k_cache, v_cache, meta)
+
+
+def step_meta(
+    plan: StepPlan, staged: list[Tensor], block_size: int, dtype: torch.dtype, group: int, kernel: Kernel
+) -> AttentionMeta:
+    """The step's ``AttentionMeta`` from its ``index_lists`` on the device (``staged[:5]``), then
+    its ``varlen_lists`` (``staged[5:9]``) where ``kernel`` reads them.
+
+    A fixed number of device ops whatever the number of sequences, none reading a value back.
+    """
+    _, pos_rows, decode_tables, chunk_tables, dst = staged[:5]
+    bs = block_size
+    decode_slots = d_mask = chunk_slots = c_mask = chunk_dst = None
+    b = plan.n_decode
+    if b:
+        length = plan.max_len
+        decode_slots = key_slots(decode_tables.view(b, -1), bs, length)
+        d_mask = decode_mask(pos_rows[:b], length, dtype)
+    if plan.chunks:
+        c, width, length = len(plan.chunks), plan.chunk_width, plan.chunk_span
+        chunk_slots = key_slots(chunk_tables.view(c, -1), bs, length)
+        if any(ch.start for ch in plan.chunks):  # else causal: no mask
+            q_pos = pos_rows.new_zeros(c * width).index_copy_(0, dst, pos_rows[b:])
+            c_mask = chunks_mask(q_pos.view(c, width), group, length, dtype)
+        chunk_dst = dst
+    meta = AttentionMeta(b, plan.chunk_width, decode_slots, d_mask, chunk_slots, c_mask, chunk_dst)
+    if not kernel.varlen:
+        return meta
+    cu_q, k_lens, cu_k, tables = staged[5:9]
+    n_seqs = k_lens.shape[0]
+    max_k = max(plan.max_len, plan.chunk_span)
+    i32 = torch.int32  # FlashAttention's index type
+    varlen: dict[str, Any] = {
+        "max_q": max(plan.chunk_width, 1 if b else 0),
+        "max_k": max_k,
+        "cu_seqlens_q": cu_q.to(i32),
+        "seqlens_k": k_lens.to(i32),
+        "block_table": tables.view(n_seqs, -1).to(i32),
+    }
+    if kernel.packed_keys:
+        varlen["cu_seqlens_k"] = cu_k.to(i32)
+        varlen["key_slots"] = packed_key_slots(tables.view(n_seqs, -1), k_lens, cu_k, bs, plan)
+    return replace(meta, **varlen)
+
+
+def packed_key_slots(tables: Tensor, k_lens: Tensor, cu_k: Tensor, block_size: int, plan: StepPlan) -> Tensor:
+    """The cache slot of every key of every sequence, laid end to end: [sum of k_lens]. The total
+    comes from the plan (the host), so no device value is read back."""
+    total = sum(p + 1 for p in plan.decode_positions) + sum(c.end for c in plan.chunks)
+    dev = tables.device
+    seq = torch.repeat_interleave(torch.arange(k_lens.shape[0], device=dev), k_lens, output_size=total)
+    offset = torch.arange(total, device=dev) - cu_k[:-1].index_select(0, seq)
+    return tables[seq, torch.div(offset, block_size, rounding_mode="floor")] * block_size + offset % block_size

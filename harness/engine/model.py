@@ -13,9 +13,10 @@ attends by gathering each sequence's keys through its table.
 One engine step is one ``forward_step`` over the step's token rows: first one
 row per decoding sequence, then the prefill chunks of any number of sequences,
 concatenated (varlen). Every norm, projection and MLP runs once over all rows
-(where the FLOPs and most kernel launches are); attention is at most two calls a
-layer, the decode rows together and every prefill chunk together
-(``harness.engine.attention``), so a step's op count does not grow with its chunks.
+(where the FLOPs and most kernel launches are); attention is one ``paged_attention`` call a
+layer for every row (``harness.engine.attention``): one varlen flash kernel on CUDA where
+one serves, else the torch reference's two SDPA calls (the decode rows together, every prefill
+chunk together), so a step's op count does not grow with its chunks.
 
 ``StepPlan`` (``harness.engine.step_plan``) is the step's layout in host ints:
 everything the model needs to size its work is known on the host, so a step
@@ -52,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.engine import attention
+from harness.engine import attention, attention_kernels
 from harness.engine.staging import Stager, StepBuffers
 from harness.engine.step_plan import Chunk, StepPlan
 
@@ -151,11 +152,8 @@ class StepBatch:
     pos_rows: Tensor  # [N] position of each row
     cos: Tensor  # [N, D/2] rotary tables at the rows' positions
     sin: Tensor
-    decode_slots: Tensor | None  # [B, L] cache slots of each decode row's keys
-    decode_mask: Tensor | None  # [B, 1, 1, L]
-    chunk_slots: Tensor | None  # [C, L] cache slots of each chunk's keys
-    chunk_mask: Tensor | None  # [C, 1, G*T, L]; None with every chunk from position 0 (causal)
-    chunk_dst: Tensor | None  # [Nc] each chunk row's place among the C x T padded queries
+    attn: attention.AttentionMeta  # what every layer's attention reads
+    kernel: attention.Kernel  # the model's attention kernel
 
 
 # -- the layers ----------------------------------------------------------------------
@@ -203,24 +201,7 @@ class Attention(nn.Module):
         """Write the rows' K/V into the cache, attend; q [N, H, D], k/v [N, K, D] -> [N, H*D]."""
         self.k_cache.index_copy_(0, batch.row_slots, k)
         self.v_cache.index_copy_(0, batch.row_slots, v)
-        plan = batch.plan
-        parts = []
-        row = plan.n_decode
-        if batch.decode_slots is not None and batch.decode_mask is not None:
-            parts.append(attention.decode(q[:row], self.k_cache, self.v_cache, batch.decode_slots, batch.decode_mask))
-        if batch.chunk_slots is not None and batch.chunk_dst is not None:
-            parts.append(
-                attention.chunks(
-                    q[row:],
-                    self.k_cache,
-                    self.v_cache,
-                    batch.chunk_slots,
-                    batch.chunk_mask,
-                    batch.chunk_dst,
-                    plan.chunk_width,
-                )
-            )
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        return attention.paged_attention(q, self.k_cache, self.v_cache, batch.attn, batch.kernel)
 
 
 class FeedForward(nn.Module):
@@ -280,6 +261,10 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self._attn_in, self._attn_out_ffn = _dense_fns(cfg)
         self.compiled = False
+        # Chosen once: a varlen kernel where one imports and passes its probe on CUDA, else the reference.
+        self.attention_kernel = attention_kernels.select(
+            device, dtype, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, block_size
+        )
         self._stager = Stager(device)
 
     @torch.no_grad()
@@ -323,38 +308,18 @@ class Transformer(nn.Module):
         return self.tok_embeddings(token_ids)
 
     def make_batch(self, plan: StepPlan, staged: list[Tensor]) -> StepBatch:
-        """Per-step tensors from the plan and its ``index_lists`` already on the device.
+        """Per-step tensors from the plan and its ``index_lists`` already on the device, then its
+        ``varlen_lists`` where the attention kernel reads them (``attention.step_meta``).
 
         Dispatches only device ops (aranges, compares, gathers), a fixed number whatever the
         number of sequences: no value is read back.
         """
-        row_slots, pos_rows, decode_tables, chunk_tables, dst = staged
-        bs, dtype, group = self.block_size, self.dtype, self.cfg.n_heads // self.cfg.n_kv_heads
-        decode_slots = decode_mask = chunk_slots = chunk_mask = chunk_dst = None
-        b = plan.n_decode
-        if b:
-            length = plan.max_len
-            decode_slots = attention.key_slots(decode_tables.view(b, -1), bs, length)
-            decode_mask = attention.decode_mask(pos_rows[:b], length, dtype)
-        if plan.chunks:
-            c, width, length = len(plan.chunks), plan.chunk_width, plan.chunk_span
-            chunk_slots = attention.key_slots(chunk_tables.view(c, -1), bs, length)
-            if any(ch.start for ch in plan.chunks):  # else causal: no mask
-                q_pos = pos_rows.new_zeros(c * width).index_copy_(0, dst, pos_rows[b:])
-                chunk_mask = attention.chunks_mask(q_pos.view(c, width), group, length, dtype)
-            chunk_dst = dst
-        return StepBatch(
-            plan,
-            row_slots,
-            pos_rows,
-            self.rope_cos[pos_rows],
-            self.rope_sin[pos_rows],
-            decode_slots,
-            decode_mask,
-            chunk_slots,
-            chunk_mask,
-            chunk_dst,
-        )
+        row_slots, pos_rows = staged[:2]
+        group, kernel = self.cfg.n_heads // self.cfg.n_kv_heads, self.attention_kernel
+        if kernel.varlen and len(staged) < 9:  # a caller that staged index_lists alone (CUDA graphs)
+            kernel = attention.REFERENCE
+        meta = attention.step_meta(plan, staged, self.block_size, self.dtype, group, kernel)
+        return StepBatch(plan, row_slots, pos_rows, self.rope_cos[pos_rows], self.rope_sin[pos_rows], meta, kernel)
 
     def forward_step(self, x: Tensor, batch: StepBatch, rows: Tensor | None = None) -> Tensor:
         """Run one step: x [N, dim] embeddings of the plan's rows -> float32 logits.
@@ -380,8 +345,10 @@ class Transformer(nn.Module):
         """
         plan.check(self.num_blocks, self.block_size, self.max_model_len)
         stage = self._stager.ints if buffers is None else buffers.ints
-        staged = stage(*plan.index_lists(self.block_size), *extra)
-        return self.make_batch(plan, staged[:5]), staged[5:]
+        varlen = plan.varlen_lists(self.block_size) if self.attention_kernel.varlen else ()
+        staged = stage(*plan.index_lists(self.block_size), *varlen, *extra)
+        n = 5 + len(varlen)
+        return self.make_batch(plan, staged[:n]), staged[n:]
 
     def slot_blocks(self, slot: int) -> list[int]:
         """The block table of ``slot`` in the conveniences below: a whole max_model_len of contiguous
@@ -418,10 +385,18 @@ class Transformer(nn.Module):
         return self.forward_step(x, batch)
 
     def sdpa_backends(self) -> dict[str, str]:
-        """The SDPA kernel torch picks for each attention call this model makes (``attention.sdpa_backends``)."""
+        """The SDPA kernel torch picks for each call of the torch reference (``attention.sdpa_backends``),
+        and the attention kernel the model runs: ``attention`` its name, ``attention_calls_per_layer``
+        its launches a layer (at most, the reference), ``attention_note`` why not a kernel on CUDA.
+        """
         first = self.layers[0]
         assert isinstance(first, Block)
-        return attention.sdpa_backends(first.attn.k_cache, self.cfg.n_heads)
+        kernel = self.attention_kernel
+        out = attention.sdpa_backends(first.attn.k_cache, self.cfg.n_heads)
+        out |= {"attention": kernel.name, "attention_calls_per_layer": str(kernel.calls_per_layer)}
+        if kernel.note:  # a label value elsewhere: no ',' or '=' (harness.wire.runs_on splits on them)
+            out["attention_note"] = kernel.note.replace(",", ";").replace("=", ":")
+        return out
 
 
 def build_model(

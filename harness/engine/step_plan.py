@@ -127,6 +127,29 @@ class StepPlan:
             self._decode_gather = (block_size, tables, tables[np.arange(len(dpos)), dpos // block_size])
         return self._decode_gather[1], self._decode_gather[2]
 
+    def varlen_lists(self, block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The step in FlashAttention's varlen convention, one sequence per decode row (one query)
+        then per chunk, in row order: (cu_seqlens_q [S+1], keys each sequence sees [S] (its start
+        plus its rows), cu_seqlens_k [S+1] (those keys laid end to end), block tables [S, blocks
+        of the longest] flat, padded with block 0). Whole-array numpy ops, as ``index_lists``.
+        """
+        b, bs = self.n_decode, block_size
+        starts = np.fromiter((c.start for c in self.chunks), np.int64, len(self.chunks))
+        lengths = np.fromiter((c.length for c in self.chunks), np.int64, len(self.chunks))
+        q_lens = np.concatenate([np.ones(b, dtype=np.int64), lengths])
+        k_lens = np.concatenate([np.asarray(self.decode_positions, dtype=np.int64) + 1, starts + lengths])
+        width = blocks_for(int(k_lens.max(initial=0)), bs)
+        table = np.zeros((len(k_lens), width), dtype=np.int64)
+        if b:
+            given = self.decode_table[:, :width] if self.decode_table is not None else None
+            if given is None:
+                table[:b] = _padded(self.decode_blocks, width)
+            else:  # a row's blocks past its length are never read (the kernel stops at its keys)
+                table[:b, : given.shape[1]] = given
+        if self.chunks:
+            table[b:] = _padded([c.blocks for c in self.chunks], width)
+        return _cumsum0(q_lens), k_lens, _cumsum0(k_lens), table.reshape(-1)
+
     def last_rows(self) -> list[int]:
         """The row of each chunk's last token."""
         rows, at = [], self.n_decode
@@ -190,3 +213,10 @@ def _ragged_index(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     part = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
     first = np.cumsum(lengths) - lengths
     return part, np.arange(part.size, dtype=np.int64) - first[part]
+
+
+def _cumsum0(lengths: np.ndarray) -> np.ndarray:
+    """Offsets of parts of ``lengths`` laid end to end, and their total: [0, l0, l0 + l1, ...]."""
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
