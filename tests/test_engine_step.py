@@ -240,7 +240,7 @@ def test_info_reports_device_model_kv_and_sdpa(executor):
     assert info["kv_cache_tokens"] == 10 * 128 and info["kv_cache_tokens_set"] is False
     assert info["max_seqs_at_max_model_len"] == 10
     assert info["kv_cache_bytes"] == 2 * 2 * 10 * 1 * 128 * 32 * 4  # K+V x layers x slots x kv heads x len x D x fp32
-    assert set(info["sdpa"]) == {"prefill", "prefill_cached", "decode"}
+    assert set(info["sdpa"]) == {"prefill", "prefill_cached", "decode", "attention", "attention_calls_per_layer"}
     assert all(v != "unknown" for v in info["sdpa"].values()), info["sdpa"]
     assert info["compile"] is False and "device_warning" not in info
     sim = SimExecutor(make_config(kv_cache_tokens=300)).info()
