@@ -204,3 +204,24 @@ def test_the_cuda_kernel_equals_the_reference(dtype: torch.dtype) -> None:
         meta = step_meta(plan, staged, BS, dtype, 4, kernel)
         got = paged_attention(q, k_cache, v_cache, meta, kernel)
         torch.testing.assert_close(got.float(), reference(q, k_cache, v_cache, meta).float(), atol=2e-2, rtol=2e-2)
+
+
+def test_a_kernel_is_kept_only_when_it_builds_and_matches_the_reference() -> None:
+    """``select``'s fallback on CUDA, run on the CPU: a kernel that fails to import or disagrees
+    with the reference is passed over, and the reference's note says why."""
+
+    def absent(block_size: int) -> Kernel:
+        raise ImportError("no module named 'flash'")
+
+    def wrong(block_size: int) -> Kernel:
+        return Kernel("wrong", lambda q, k, v, meta: reference(q, k, v, meta) + 1, 1, varlen=True)
+
+    def emulated(block_size: int) -> Kernel:
+        return Kernel("emulated", varlen_emulated, 1, varlen=True)
+
+    args = (CPU, torch.float32, 8, 2, 16, BS)
+    kept = attention_kernels.first_passing([absent, wrong, emulated], *args)
+    assert kept.name == "emulated"
+    fallback = attention_kernels.first_passing([absent, wrong], *args)
+    assert fallback.name == REFERENCE.name and fallback.calls_per_layer == 2
+    assert "absent: ImportError" in fallback.note and "wrong: AssertionError" in fallback.note

@@ -110,8 +110,22 @@ def select(device: torch.device, dtype: torch.dtype, n_heads: int, n_kv: int, he
         return REFERENCE
     if dtype not in (torch.float16, torch.bfloat16):
         return replace(REFERENCE, note=f"flash kernels take float16 or bfloat16, not {dtype}")
+    return first_passing(CANDIDATES, device, dtype, n_heads, n_kv, head_dim, block_size)
+
+
+def first_passing(
+    candidates: Sequence[Callable[[int], Kernel]],
+    device: torch.device,
+    dtype: torch.dtype,
+    n_heads: int,
+    n_kv: int,
+    head_dim: int,
+    block_size: int,
+) -> Kernel:
+    """The first of ``candidates`` that builds and passes ``probe``; else the reference, its note
+    naming each candidate and why it was not kept."""
     notes = []
-    for make in CANDIDATES:
+    for make in candidates:
         try:
             kernel = make(block_size)
             probe(kernel, device, dtype, n_heads, n_kv, head_dim, block_size)
