@@ -22,10 +22,11 @@ from PIL import Image
 from harness.engine import device as device_mod
 from harness.engine.config import EngineConfig
 from harness.engine.device import MemoryPlan, check_fits, count_params, visible_gpu
-from harness.engine.executor import SimExecutor, TorchExecutor
+from harness.engine.executor import TorchExecutor
 from harness.engine.model import get_model_config
 from harness.engine.opcount import OpCounter
 from harness.engine.scheduler import Scheduler
+from harness.engine.sim_executor import SimExecutor
 from harness.engine.staging import Stager
 from harness.engine.vision import IMAGE_SIZE, raw_pixels, to_pixels
 from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, SamplingParams

@@ -11,8 +11,10 @@ import torch
 from PIL import Image
 
 from harness.engine.config import EngineConfig
-from harness.engine.executor import SimExecutor, TorchExecutor, make_executor, splice_images
+from harness.engine.core import make_executor
+from harness.engine.executor import TorchExecutor, splice_images
 from harness.engine.scheduler import Scheduler
+from harness.engine.sim_executor import SimExecutor
 from harness.engine.sim_gpu import sleep_until_ns
 from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, PlaceholderRange, SamplingParams
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from harness.engine.input_batch import InputBatch
+from harness.engine.input_batch import InputBatch, SampledIds
 from harness.engine.sampler import SampleColumns, SampleRow
-from harness.engine.staging import StepBuffers
+from harness.engine.staging import Stager, StepBuffers
 from harness.engine.step_plan import Chunk, StepPlan
 from harness.wire.messages import SamplingParams
 
@@ -30,8 +30,15 @@ def test_rows_are_kept_reused_and_grown() -> None:
     cols = batch.columns(rows, [(1, [7])])
     assert cols.temperature.tolist() == [1.0, 0.5] and cols.top_p[0] == 0.9
     assert cols.generators == {0: gen} and cols.suppress == [(1, [7])]
-    batch.record(rows, np.array([11, 12]), np.array([5, 9]))
-    assert batch.last_token[c] == 11 and batch.position[a] == 9
+
+
+def test_sampled_ids_are_kept_by_row_on_both_sides_and_grow() -> None:
+    ids = SampledIds(torch.device("cpu"), capacity=2)
+    rows = np.array([1, 5])  # row 5 is past the capacity: both columns grow
+    picked = ids.record(rows, torch.from_numpy(rows), torch.tensor([11, 12]), Stager(torch.device("cpu")))
+    assert picked.tolist() == [11, 12]
+    assert ids.host_ids[[1, 5]].tolist() == [11, 12] and ids.device_ids[[1, 5]].tolist() == [11, 12]
+    assert ids.host_ids[0] == -1 and ids.device_ids.numel() == ids.host_ids.size >= 6
 
 
 def test_columns_of_rows_match_the_rows() -> None:

@@ -19,7 +19,7 @@ from harness.analysis.runs import RunEntry
 from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore
 from harness.engine.overlap import PLACEHOLDER
-from harness.engine.sim_gpu import SimDevice
+from harness.engine.sim_gpu import DeviceThread
 from harness.wire import runs_on
 from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, SamplingParams
 from harness.wire.spans import device_time, trace_events
@@ -176,7 +176,7 @@ def test_the_device_counts_busy_exactly_and_idle_only_between_steps_with_work():
 
 
 def test_a_device_error_reaches_the_host():
-    device = SimDevice()
+    device = DeviceThread()
 
     def broken() -> None:
         raise RuntimeError("boom")
@@ -187,9 +187,10 @@ def test_a_device_error_reaches_the_host():
     assert device.launch(0.0, lambda: 5, continuous=True).wait() == 5
 
 
-def test_torch_runs_in_series_whatever_the_setting():
-    core = EngineCore(EngineConfig(executor="torch", device="cpu", async_scheduling=True, max_num_seqs=2))
-    assert not core.overlapped
+@pytest.mark.parametrize("setting", [True, False])
+def test_torch_follows_the_setting(setting):
+    core = EngineCore(EngineConfig(executor="torch", device="cpu", async_scheduling=setting, max_num_seqs=2))
+    assert core.overlapped is setting
 
 
 def test_a_runs_gpu_idle_share_comes_from_its_batches_and_is_printed():
@@ -237,11 +238,15 @@ def test_a_trace_shows_the_modelled_gpu_as_a_track_of_its_own():
 
 
 def test_runs_compare_by_the_loop_they_ran():
-    """Torch always ran in series, and so did sim runs recorded before the setting came."""
+    """The loop the engine says it ran; before it said so, torch ran in series, and so did sim runs
+    recorded before the setting came."""
 
-    def loop(flags: dict[str, Any]) -> Any:
-        doc = {"metadata": {"flags": flags}}
+    def loop(flags: dict[str, Any], engine: dict[str, Any] | None = None) -> Any:
+        doc = {"metadata": {"flags": flags, **({"engine": engine} if engine else {})}}
         return run_settings(RunEntry("msgspec", 0, "ok", "", None, doc, None)).get("no_async_scheduling")
+
+    assert loop({"executor": "torch"}, {"overlapped": True}) is False
+    assert loop({"executor": "torch", "no_async_scheduling": True}, {"overlapped": False}) is True
 
     assert loop({"executor": "sim"}) is True  # an older sim run
     assert loop({"executor": "sim", "no_async_scheduling": False}) is False

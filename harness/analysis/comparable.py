@@ -66,8 +66,11 @@ def run_settings(entry: RunEntry) -> dict[str, Any]:
                 flags.get("sim_step_per_token_ms"),
             )
             out["sim_step_fixed_ms"], out["sim_step_per_token_ms"] = model.fixed_ms, model.per_token_ms
-    if "executor" in flags and (flags["executor"] != "sim" or "no_async_scheduling" not in flags):
-        # What the loop ran: torch always in series, and so did sim before the setting came.
+    overlapped = (meta.get("engine") or {}).get("overlapped")
+    if overlapped is not None:  # what the engine said its loop ran
+        out["no_async_scheduling"] = not overlapped
+    elif "executor" in flags and (flags["executor"] != "sim" or "no_async_scheduling" not in flags):
+        # Runs from before the engine said so: torch ran in series, and so did sim before the setting.
         out["no_async_scheduling"] = True
     out.update({key: meta[key] for key in MACHINE if key in meta})
     return out

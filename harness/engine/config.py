@@ -74,13 +74,13 @@ class EngineConfig:
         help="sim: ms per token (default: the model's own)",
         comparable=True,
     )
-    # sim: the host schedules step N+1 while the modelled GPU runs step N (harness/engine/overlap.py).
+    # The host schedules step N+1 while the device runs step N (harness/engine/overlap.py).
     async_scheduling: bool = setting(
         True,
         flag="--no-async-scheduling",
-        help="sim: run schedule, launch, wait and update in series (default: one step of overlap, the host "
-        "schedules the next step while the modelled GPU runs this one, as vLLM's --async-scheduling; "
-        "the torch executor always runs in series)",
+        help="run schedule, launch, wait and update in series (default: one step of overlap, as vLLM's "
+        "--async-scheduling: the host schedules and stages the next step while the device thread runs "
+        "this one, sim's modelled GPU or torch's forward and sampling)",
         comparable=True,
     )
     # Scheduler limits

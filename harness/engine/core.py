@@ -1,17 +1,18 @@
 """The engine's core step: schedule → execute → update, and errors as outputs.
 
 No sockets here (``harness.engine.process`` has those), so the step can be driven directly
-in tests. With ``async_scheduling`` and an executor that launches steps onto a device of its
-own (``sim``), one step of overlap: ``step()`` schedules and launches step N+1, then waits for
-step N and returns N's outputs (``harness.engine.overlap``).
+in tests. With ``async_scheduling``, one step of overlap: ``step()`` schedules and launches step
+N+1 onto the executor's device thread (``sim``'s modelled GPU, or where ``torch`` runs its
+forward and sampling), then waits for step N and returns N's outputs (``harness.engine.overlap``).
 """
 
 from __future__ import annotations
 
 from harness.engine import overlap
 from harness.engine.config import EngineConfig
-from harness.engine.executor import make_executor
+from harness.engine.executor import Executor, TorchExecutor
 from harness.engine.scheduler import Scheduler
+from harness.engine.sim_executor import SimExecutor
 from harness.engine.sim_gpu import DeviceStats
 from harness.engine.step import SchedulerOutput
 from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, SchedulerStats
@@ -28,6 +29,14 @@ def error_output(request_id: str, message: str, rejected: bool = True) -> Engine
     )
 
 
+def make_executor(config: EngineConfig) -> Executor:
+    if config.executor == "torch":
+        return TorchExecutor(config)
+    if config.executor == "sim":
+        return SimExecutor(config)
+    raise ValueError(f"unknown executor {config.executor!r}; choose 'torch' or 'sim'")
+
+
 class EngineCore:
     """Scheduler + executor + the step that ties them."""
 
@@ -38,9 +47,11 @@ class EngineCore:
         self.step_index = 0
         # What the last step() scheduled (None before the first, or when it scheduled nothing).
         self.last_step: SchedulerOutput | None = None
-        # Executors with a device of their own launch a step and return a handle (sim); torch runs in series.
-        self._launch: overlap.Launch | None = getattr(self.executor, "launch", None)
-        self.overlapped = config.async_scheduling and self._launch is not None
+        # Executors with a device thread launch a step and return a handle. In series, the sim's
+        # steps still go through it (their modelled span is reported); torch's run inline.
+        launch: overlap.Launch | None = getattr(self.executor, "launch", None)
+        self.overlapped = config.async_scheduling and launch is not None
+        self._launch = launch if self.overlapped or config.executor == "sim" else None
         self._inflight: overlap.InFlight | None = None
         # The engine had work since the last step ended: the device's gap before the next one is idle time.
         self._continuous = False

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import time
-import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -41,16 +40,16 @@ from harness.engine.device import (
     synchronize,
     workspace_bytes,
 )
-from harness.engine.input_batch import InputBatch
-from harness.engine.logprobs import sim_logprobs, top_logprobs
-from harness.engine.model import build_model, get_model_config
-from harness.engine.sampler import Sampler, SampleRow, uses_penalties
-from harness.engine.sim_gpu import DeviceStats, SimDevice, StepHandle
+from harness.engine.input_batch import InputBatch, SampledIds
+from harness.engine.logprobs import top_logprobs
+from harness.engine.model import StepBatch, build_model, get_model_config
+from harness.engine.overlap import PLACEHOLDER
+from harness.engine.sampler import SampleColumns, Sampler, SampleRow, uses_penalties
+from harness.engine.sim_gpu import DeviceStats, DeviceThread, StepHandle
 from harness.engine.staging import Stager, StepBuffers, step_token_ids
 from harness.engine.step import ModelRunnerOutput, NewRequest, ScheduledChunk, SchedulerOutput
-from harness.engine.step_plan import Chunk, StepPlan
-from harness.engine.step_time import step_time_model
-from harness.engine.vision import build_vision_encoder, to_pixels
+from harness.engine.step_plan import Chunk, StepPlan, blocks_for
+from harness.engine.vision import build_vision_encoder
 from harness.wire.messages import Logprobs, SamplingParams
 
 log = logging.getLogger("wirebench.engine")
@@ -64,15 +63,7 @@ class Executor(Protocol):
         ...
 
 
-def make_executor(config: EngineConfig) -> Executor:
-    if config.executor == "torch":
-        return TorchExecutor(config)
-    if config.executor == "sim":
-        return SimExecutor(config)
-    raise ValueError(f"unknown executor {config.executor!r}; choose 'torch' or 'sim'")
-
-
-def _error_text(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
     return f"could not process the request's inputs: {type(exc).__name__}: {exc}"
 
 
@@ -101,6 +92,27 @@ class _TorchState:
     output_ids: list[int] | None = None
     # logit_bias as (token ids, biases) within the vocabulary: made once at admission, not every step.
     bias: tuple[list[int], list[float]] | None = None
+
+
+@dataclass
+class _Prepared:
+    """A step as the host prepared it: all its device part reads, fixed at launch."""
+
+    t0: float  # perf_counter when the host began it
+    errors: dict[str, str] = field(default_factory=dict)
+    # None below: nothing to run (every request failed or the step had none).
+    batch: StepBatch | None = None
+    ids: Tensor | None = None  # [N] input token ids (PLACEHOLDER where ``holes`` fills them)
+    row_idx: Tensor | None = None  # the rows whose logits are sampled; None: every row
+    rows_on_device: Tensor | None = None  # ``batch_rows`` staged
+    holes: tuple[Tensor, Tensor] | None = None  # input rows fed on the device, and whose ids they take
+    # (first row, rows, start position, images) of each prefill chunk that carries images
+    splices: list[tuple[int, int, int, list[tuple[int, Tensor]]]] = field(default_factory=list)
+    rids: list[str] = field(default_factory=list)  # the requests sampled, in logits row order
+    batch_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    cols: SampleColumns | None = None
+    histories: list[tuple[int, _TorchState, ScheduledChunk]] = field(default_factory=list)  # penalized rows
+    logprob_ks: list[tuple[int, int]] = field(default_factory=list)  # (logits row, top-k) asking logprobs
 
 
 class TorchExecutor:
@@ -150,15 +162,20 @@ class TorchExecutor:
             mc.vision_dim, mc.dim, config.image_tokens, self.device, self.dtype, config.seed + 1
         )
         self.stager = Stager(self.device)
-        # A step's int inputs (token ids, positions, cache slots, tables) cross in these, reused every step.
-        self.step_buffers = StepBuffers(self.device)
+        # A step's int inputs (token ids, positions, cache slots, tables) cross in these, reused: two,
+        # taken in turn, so a step is staged while the one before it runs.
+        self.step_buffers = (StepBuffers(self.device), StepBuffers(self.device))
+        self._buffer_turn = 0
         self.sampler = Sampler(config.vocab_size, config.seed, self.device, self.stager)
         self.states: dict[str, _TorchState] = {}
         self.logprob_ids: set[str] = set()  # running requests that asked for logprobs: most steps have none
         # Requests with a logit bias or penalties: the sampler needs more of them than columns hold.
         self.special_ids: set[str] = set()
         # A row per live request: its sampling columns and block table.
-        self.batch = InputBatch(config.max_num_seqs, -(-config.max_model_len // config.kv_block_size))
+        self.batch = InputBatch(config.max_num_seqs, blocks_for(config.max_model_len, config.kv_block_size))
+        self.last_sampled = SampledIds(self.device, config.max_num_seqs)
+        # Runs launched steps' device parts in order (one step of overlap); a step run by execute() runs inline.
+        self.device_thread = DeviceThread()
         self.sdpa = self.model.sdpa_backends()
         self.compile_s: float | None = None
         if config.compile:
@@ -216,10 +233,31 @@ class TorchExecutor:
         return st
 
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        """Run the step here and return its outputs: the engine loop in series."""
+        return self._compute(self._prepare(sched))
+
+    def launch(self, sched: SchedulerOutput, continuous: bool = False) -> StepHandle[ModelRunnerOutput]:
+        """Prepare the step on the host, hand its forward and sampling to the device thread and
+        return at once (one step of overlap, ``harness.engine.overlap``).
+
+        A decode row whose input is the token the step in flight samples (``PLACEHOLDER``) is fed
+        on the device: that step leaves its ids in a device column by persistent-batch row, and
+        this one gathers from it before its forward, so no sampled id waits for the host.
+        """
+        launched_ns = time.monotonic_ns()
+        step = self._prepare(sched)
+        return self.device_thread.launch(None, lambda: self._compute(step), continuous, launched_ns)
+
+    def device_stats(self) -> DeviceStats:
+        """The device thread's busy time and the gaps the host left it between steps (overlapped)."""
+        return self.device_thread.stats
+
+    def _prepare(self, sched: SchedulerOutput) -> _Prepared:
+        """The host's part of a step: per-request state, the plan, its inputs staged on the device
+        and everything the device part reads, fixed now (the next step's host part may run while
+        this step's device part does)."""
         t0 = time.perf_counter()
-        errors: dict[str, str] = {}
-        sampled: dict[str, int] = {}
-        logprobs: dict[str, Logprobs] = {}
+        step = _Prepared(t0)
         with torch.inference_mode():
             for rid in sched.finished_req_ids:
                 self.states.pop(rid, None)
@@ -235,27 +273,23 @@ class TorchExecutor:
                     if st.params.logit_bias or st.output_ids is not None:
                         self.special_ids.add(nr.request_id)
                 except Exception as exc:  # bad payload: fail this request, not the step
-                    errors[nr.request_id] = _error_text(exc)
+                    step.errors[nr.request_id] = error_text(exc)
             decodes = [c for c in sched.decodes if c.request_id in self.states]
             prefills = [c for c in sched.prefills if c.request_id in self.states]
             if decodes or prefills:
-                sampled, logprobs = self._run(decodes, prefills)
-            if not sampled:  # nothing fetched: wait here, so the step's time covers its kernels
-                synchronize(self.device)
-        return ModelRunnerOutput(sampled, errors, time.perf_counter() - t0, logprobs=logprobs)
+                self._stage_step(step, decodes, prefills)
+        return step
 
-    def _run(
-        self, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk]
-    ) -> tuple[dict[str, int], dict[str, Logprobs]]:
-        """One forward over decode rows then prefill chunks; sample where a chunk reaches the end."""
+    def _stage_step(self, step: _Prepared, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk]) -> None:
+        """Decode rows then prefill chunks as one plan, staged; the sampled rows' inputs."""
         sample_chunks = decodes + [c for c in prefills if c.sample]
-        rids = [c.request_id for c in sample_chunks]
-        batch_rows = self.batch.rows(rids)
+        step.rids = [c.request_id for c in sample_chunks]
+        step.batch_rows = batch_rows = self.batch.rows(step.rids)
         decode_blocks: list[Sequence[int]] = [c.block_ids for c in decodes]
         positions = [c.start_pos for c in decodes]
         plan = StepPlan(decode_blocks, positions, [Chunk(c.block_ids, c.start_pos, len(c.token_ids)) for c in prefills])
         if decodes:  # their tables from the persistent batch: only blocks new since the last step are copied
-            width = -(-(max(positions) + 1) // self.config.kv_block_size)
+            width = blocks_for(max(positions) + 1, self.config.kv_block_size)
             plan.decode_table, plan.decode_table_lens = self.batch.tables(
                 batch_rows[: len(decodes)], decode_blocks, width, self.config.num_kv_blocks
             )
@@ -264,56 +298,118 @@ class TorchExecutor:
         last = plan.last_rows()
         rows = list(range(len(decodes))) + [r for r, c in zip(last, prefills, strict=True) if c.sample]
         every_row = len(rows) == plan.n_rows  # a pure decode step: no row selection
-        batch, (ids, row_idx) = self.model.stage(plan, token_ids, [] if every_row else rows, buffers=self.step_buffers)
-        x = self.model.embed(ids)  # [N, dim]
+        # Two sets of step buffers, taken in turn: this step's inputs are staged while the step
+        # before it may still read its own.
+        self._buffer_turn ^= 1
+        buffers = self.step_buffers[self._buffer_turn]
+        step.batch, (step.ids, row_idx, step.rows_on_device) = self.model.stage(
+            plan, token_ids, [] if every_row else rows, batch_rows, buffers=buffers
+        )
+        step.row_idx = None if every_row else row_idx
+        step.holes = self._holes(token_ids, decodes, prefills, batch_rows)
         at = plan.n_decode
         for c in prefills:
             images = self.states[c.request_id].images
             if images:
-                splice_images(x[at : at + len(c.token_ids)], c.start_pos, images)
+                step.splices.append((at, len(c.token_ids), c.start_pos, images))
             at += len(c.token_ids)
-        logits = self.model.forward_step(x, batch, None if every_row else row_idx)
         if not sample_chunks:
-            return {}, {}
+            return
         suppress = [(i, c.suppress_token_ids) for i, c in enumerate(sample_chunks) if c.suppress_token_ids]
-        cols = self.batch.columns(batch_rows, suppress)
+        step.cols = cols = self.batch.columns(batch_rows, suppress)
         if self.special_ids:  # the few rows that need their state: bias lists, token history
             for i, c in enumerate(sample_chunks):
                 if c.request_id in self.special_ids:
-                    row = self._sample_row(c)
-                    if row.params.logit_bias:
-                        cols.biased[i] = row
-                    if uses_penalties(row.params):
-                        cols.penalized[i] = row
-        tokens = self.sampler.sample_columns(logits, cols)
+                    st = self.states[c.request_id]
+                    if st.params.logit_bias:
+                        cols.biased[i] = SampleRow(st.params, st.generator, c.suppress_token_ids, bias=st.bias)
+                    if st.output_ids is not None:
+                        step.histories.append((i, st, c))
         wanted = self.logprob_ids
-        asked = [i for i, c in enumerate(sample_chunks) if c.request_id in wanted] if wanted else []
-        logprobs: dict[str, Logprobs] = {}
-        if asked:
-            at_rows = torch.tensor(asked, device=logits.device)
-            ks = [self.states[sample_chunks[i].request_id].params.logprobs or 0 for i in asked]
-            found = top_logprobs(logits[at_rows], tokens[at_rows], ks, self.config.vocab_size)
-            logprobs = {sample_chunks[i].request_id: lp for i, lp in zip(asked, found, strict=True)}
-        picked = self.stager.fetch_array(tokens)
-        # Where each sampled row's token is fed next: the decode's position + 1, or its chunk's end.
-        ends = np.concatenate(
-            [
-                np.asarray(plan.decode_positions, dtype=np.int64) + 1,
-                np.array([ch.end for ch, c in zip(plan.chunks, prefills, strict=True) if c.sample], dtype=np.int64),
+        if wanted:
+            step.logprob_ks = [
+                (i, self.states[c.request_id].params.logprobs or 0)
+                for i, c in enumerate(sample_chunks)
+                if c.request_id in wanted
             ]
-        )
-        self.batch.record(batch_rows, picked, ends)
-        return dict(zip(rids, picked.tolist(), strict=True)), logprobs
 
-    def _sample_row(self, c: ScheduledChunk) -> SampleRow:
-        st = self.states[c.request_id]
-        if st.output_ids is None:  # default penalties: no history to keep
-            return SampleRow(st.params, st.generator, c.suppress_token_ids, bias=st.bias)
-        # The history holds the output tokens fed so far: a decode feeds the newest (the scheduler's
-        # record of it); a preempted request's recompute chunk may end with outputs it has not seen.
-        missing = c.start_pos + len(c.token_ids) - len(st.prompt_ids or ()) - len(st.output_ids)
+    def _holes(
+        self,
+        token_ids: Sequence[int] | np.ndarray,
+        decodes: list[ScheduledChunk],
+        prefills: list[ScheduledChunk],
+        batch_rows: np.ndarray,
+    ) -> tuple[Tensor, Tensor] | None:
+        """The step's input rows that feed a token still on the device (``PLACEHOLDER``), and the
+        persistent-batch rows whose last sampled id they take; None when there are none."""
+        flat = np.asarray(token_ids)
+        holes = np.flatnonzero(flat == PLACEHOLDER)
+        if not holes.size:
+            return None
+        n = len(decodes)
+        rows = np.empty(holes.size, dtype=np.int64)
+        in_decodes = holes < n
+        rows[in_decodes] = batch_rows[holes[in_decodes]]
+        if not in_decodes.all():  # a recompute chunk that ends on the token in flight (rare)
+            ends = np.cumsum([len(c.token_ids) for c in prefills]) + n
+            owners = [prefills[k].request_id for k in np.searchsorted(ends, holes[~in_decodes], side="right")]
+            rows[~in_decodes] = self.batch.rows(owners)
+        holes_t, rows_t = self.stager.ints(holes, rows)
+        return holes_t, rows_t
+
+    def _compute(self, step: _Prepared) -> ModelRunnerOutput:
+        """The device's part of a step: fill the inputs still on the device, forward, sample, and
+        read the sampled ids back (the step's one sync). Runs in order, one step at a time."""
+        sampled: dict[str, int] = {}
+        logprobs: dict[str, Logprobs] = {}
+        with torch.inference_mode():
+            if step.batch is not None:
+                sampled, logprobs = self._forward_and_sample(step)
+            if not sampled:  # nothing fetched: wait here, so the step's time covers its kernels
+                synchronize(self.device)
+        return ModelRunnerOutput(sampled, step.errors, time.perf_counter() - step.t0, logprobs=logprobs)
+
+    def _forward_and_sample(self, step: _Prepared) -> tuple[dict[str, int], dict[str, Logprobs]]:
+        assert step.batch is not None and step.ids is not None
+        ids, last = step.ids, self.last_sampled
+        if step.holes is not None:
+            holes, rows = step.holes
+            ids.index_copy_(0, holes, last.device_ids.index_select(0, rows))
+        x = self.model.embed(ids)  # [N, dim]
+        for at, n, start, images in step.splices:
+            splice_images(x[at : at + n], start, images)
+        logits = self.model.forward_step(x, step.batch, step.row_idx)
+        if step.cols is None:
+            return {}, {}
+        cols = step.cols
+        for i, st, c in step.histories:
+            cols.penalized[i] = self._history_row(st, c, int(step.batch_rows[i]))
+        tokens = self.sampler.sample_columns(logits, cols)
+        logprobs: dict[str, Logprobs] = {}
+        if step.logprob_ks:
+            asked = [i for i, _ in step.logprob_ks]
+            at_rows = torch.tensor(asked, device=logits.device)
+            found = top_logprobs(
+                logits[at_rows], tokens[at_rows], [k for _, k in step.logprob_ks], self.config.vocab_size
+            )
+            logprobs = {step.rids[i]: lp for i, lp in zip(asked, found, strict=True)}
+        assert step.rows_on_device is not None
+        picked = last.record(step.batch_rows, step.rows_on_device, tokens, self.stager)
+        return dict(zip(step.rids, picked.tolist(), strict=True)), logprobs
+
+    def _history_row(self, st: _TorchState, c: ScheduledChunk, batch_row: int) -> SampleRow:
+        """A penalized row with its token history: the output tokens fed up to this step."""
+        assert st.output_ids is not None and st.prompt_ids is not None
+        # A decode feeds the newest output (maybe the token the step before sampled, read from its
+        # record); a preempted request's recompute chunk may end with outputs it has not seen.
+        fed = max(0, c.start_pos + len(c.token_ids) - len(st.prompt_ids))
+        missing = fed - len(st.output_ids)
         if missing > 0:
-            st.output_ids.extend(int(t) for t in c.token_ids[len(c.token_ids) - missing :])
+            for t in c.token_ids[len(c.token_ids) - missing :]:
+                t = int(t)
+                st.output_ids.append(int(self.last_sampled.host_ids[batch_row]) if t == PLACEHOLDER else t)
+        elif missing < 0:  # a token sampled for it that the scheduler dropped
+            del st.output_ids[fed:]
         return SampleRow(
             st.params,
             st.generator,
@@ -341,111 +437,3 @@ def limits_info(config: EngineConfig) -> dict[str, Any]:
         "kv_block_size": config.kv_block_size,
         "prefix_caching": config.prefix_caching,
     }
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-    return x ^ (x >> 31)
-
-
-@dataclass
-class _SimState:
-    key: int
-    avoid: set[int]
-    logprobs: int | None = None  # the request's SamplingParams.logprobs
-
-
-class SimExecutor:
-    """No model: a step takes the time ``harness.engine.step_time`` models for it (``sim_step_model``;
-    the default, ``linear``, is ``sim_step_fixed_ms + sim_step_per_token_ms * tokens``), on a modelled
-    GPU of its own, a thread (``harness.engine.sim_gpu``): ``launch`` returns at once with a handle.
-
-    Tokens are a deterministic hash of (seed, request id, image checksums,
-    position) in [0, vocab_size), never the request's EOS id (nor, before
-    min_tokens, a suppressed id). Image payloads are still read (converted to
-    pixels and summed once per request), so a codec can't win by not
-    delivering them.
-    """
-
-    def __init__(self, config: EngineConfig) -> None:
-        if config.vocab_size < 2:
-            raise ValueError("SimExecutor needs vocab_size >= 2 to avoid the EOS id")
-        self.config = config
-        self.states: dict[str, _SimState] = {}
-        self.step_time = step_time_model(config.sim_step_model, config.sim_step_fixed_ms, config.sim_step_per_token_ms)
-        self.device = SimDevice()  # the modelled GPU: a worker thread that runs launched steps in order
-
-    def info(self) -> dict[str, Any]:
-        return {
-            "executor": "sim",
-            "sim_step_model": self.step_time.name,
-            "sim_step_fixed_ms": self.step_time.fixed_ms,
-            "sim_step_per_token_ms": self.step_time.per_token_ms,
-            "sim_step_description": self.step_time.describe(),
-            **limits_info(self.config),
-        }
-
-    def _new_state(self, nr: NewRequest) -> _SimState:
-        key = zlib.crc32(nr.request_id.encode()) ^ (self.config.seed << 32)
-        for item in nr.request.mm_inputs or []:
-            key = _splitmix64(key ^ zlib.crc32(to_pixels(item).numpy().tobytes()))
-        eos_ids = {t for t in (nr.request.eos_token_id, self.config.eos_token_id) if t is not None}
-        return _SimState(key, eos_ids, nr.request.sampling_params.logprobs)
-
-    def _token(self, st: _SimState, position: int, suppress: list[int] | None) -> int:
-        vocab = self.config.vocab_size
-        tok = _splitmix64(st.key + position) % vocab
-        avoid = st.avoid | set(suppress or ())
-        if len(avoid) >= vocab:
-            return tok
-        while tok in avoid:
-            tok = (tok + 1) % vocab
-        return tok
-
-    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        """Launch the step and wait for it: the engine loop in series."""
-        return self.launch(sched).wait()
-
-    def launch(self, sched: SchedulerOutput, continuous: bool = False) -> StepHandle[ModelRunnerOutput]:
-        """Hand the step to the modelled GPU (``harness.engine.sim_gpu``) and return at once.
-
-        The host does what a real executor's host does before a launch (per-request state, the
-        step's shape); the tokens are drawn on the device thread and known only through the
-        handle. ``continuous``: the engine had work since the previous step ended. The modelled
-        time starts as the call does: the fitted step times include the host's input preparation.
-        """
-        launched_ns = time.monotonic_ns()
-        # Cached tokens attention reads: a walk over the step's chunks, only for a model that charges them.
-        context = sum(c.start_pos + len(c.token_ids) for c in sched.chunks) if self.step_time.kv_ms_per_token else 0
-        duration_s = self.step_time.step_ms(sched.total_num_tokens, context) / 1e3
-        errors: dict[str, str] = {}
-        for rid in sched.finished_req_ids:
-            self.states.pop(rid, None)
-        for nr in sched.new_requests:
-            try:
-                self.states[nr.request_id] = self._new_state(nr)
-            except Exception as exc:  # bad payload: fail this request, not the step
-                errors[nr.request_id] = _error_text(exc)
-        rows = []
-        for c in sched.chunks:
-            st = self.states.get(c.request_id)
-            if c.sample and st is not None:
-                rows.append((c.request_id, st, c.start_pos + len(c.token_ids), c.suppress_token_ids))
-
-        def sample() -> ModelRunnerOutput:
-            vocab = self.config.vocab_size
-            sampled = {}
-            logprobs = {}
-            for rid, st, position, suppress in rows:
-                tok = sampled[rid] = self._token(st, position, suppress)
-                if st.logprobs is not None:
-                    logprobs[rid] = sim_logprobs(tok, st.logprobs, st.key + position, vocab)
-            return ModelRunnerOutput(sampled, errors, duration_s, logprobs=logprobs)
-
-        return self.device.launch(duration_s, sample, continuous, launched_ns)
-
-    def device_stats(self) -> DeviceStats:
-        """The modelled GPU's busy and idle time so far."""
-        return self.device.stats

@@ -2,11 +2,14 @@
 
 A request takes a row when it first appears in ``SchedulerOutput.new_requests`` and gives it
 back when its id is in ``finished_req_ids`` (a preempted request keeps its row: it comes back
-to recompute). Each row holds the request's sampling parameters as numpy columns, its newest
-token id and the position after it, and its KV block table, so a step gathers its sampler inputs
+to recompute). Each row holds the request's sampling parameters as numpy columns and its KV
+block table, so a step gathers its sampler inputs
 and decode tables with one fancy index over its rows instead of one Python object per sequence;
 a table takes only the blocks the scheduler added since the last step. Rows are reused; the
 columns grow (doubling) only when more requests are alive at once than ever before.
+
+``SampledIds`` is the one column the device side writes: each row's newest sampled id, on the
+device (the next step's input, gathered there without a host read) and on the host.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from harness.engine.sampler import SampleColumns, is_greedy
+from harness.engine.staging import Stager
 from harness.wire.messages import SamplingParams
 
 
@@ -52,8 +57,6 @@ class InputBatch:
         self.top_k = grow("top_k", np.int64)
         self.min_p = grow("min_p", np.float64)
         self.greedy = grow("greedy", np.bool_)
-        self.last_token = grow("last_token", np.int64, -1)  # the newest sampled id, -1 before the first
-        self.position = grow("position", np.int64)  # where that token is fed
         gens: list[torch.Generator | None] = [None] * n
         gens[:old] = self.generators[:old] if old else []
         self.generators = gens
@@ -84,8 +87,6 @@ class InputBatch:
         self.top_k[row] = params.top_k
         self.min_p[row] = params.min_p
         self.greedy[row] = is_greedy(params)
-        self.last_token[row] = -1
-        self.position[row] = 0
         self.generators[row] = generator
         self.row_of[request_id] = row
         return row
@@ -155,7 +156,28 @@ class InputBatch:
             suppress,
         )
 
-    def record(self, rows: np.ndarray, tokens: np.ndarray, positions: np.ndarray) -> None:
-        """The step's sampled ``tokens`` for ``rows``, next fed at ``positions``."""
-        self.last_token[rows] = tokens
-        self.position[rows] = positions
+
+class SampledIds:
+    """Each persistent-batch row's newest sampled id, written by the step that sampled it.
+
+    Only the device part of a step reads and writes it (steps run there one at a time), so it
+    needs no lock; the host part refers to rows, never to values.
+    """
+
+    def __init__(self, device: torch.device, capacity: int = 64) -> None:
+        self.device_ids = torch.full((capacity,), -1, dtype=torch.int64, device=device)
+        self.host_ids = np.full(capacity, -1, dtype=np.int64)
+
+    def record(self, rows: np.ndarray, rows_on_device: Tensor, tokens: Tensor, stager: Stager) -> np.ndarray:
+        """Keep ``tokens`` [len(rows)] (on the device) as the ``rows``' newest ids (``rows_on_device``:
+        the same, staged with the step); returns them read back to the host (the step's one sync)."""
+        if rows.size and int(rows.max()) >= self.host_ids.size:  # more live rows than ever: double
+            n = max(int(rows.max()) + 1, 2 * self.host_ids.size)
+            grown = torch.full((n,), -1, dtype=torch.int64, device=self.device_ids.device)
+            grown[: self.device_ids.numel()] = self.device_ids
+            self.device_ids = grown
+            self.host_ids = np.concatenate([self.host_ids, np.full(n - self.host_ids.size, -1, dtype=np.int64)])
+        self.device_ids.index_copy_(0, rows_on_device, tokens)
+        picked = stager.fetch_array(tokens)
+        self.host_ids[rows] = picked
+        return picked

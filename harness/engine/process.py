@@ -442,7 +442,7 @@ class EngineProcess:
             out_sock.close()
             raise SystemExit(1) from exc
         if self.timings is not None:
-            self.timings.device = core.device_stats()  # the sim's modelled GPU, in every batch's record
+            self.timings.device = core.device_stats()  # sim's modelled GPU or torch's device thread
         if self.config.gc_freeze:
             freeze_heap()  # the model is loaded: keep it out of full collections
         info = {
@@ -451,6 +451,7 @@ class EngineProcess:
             "output_codec": self.config.codec_of_outputs,
             "clock": host_clock_id(),
             "spans": self.config.spans,
+            "overlapped": core.overlapped,  # one step of overlap ran (async scheduling)
             **core.executor.info(),
         }
         ready = [transport.envelope(transport.READY), json.dumps(info).encode()]

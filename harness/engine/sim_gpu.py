@@ -1,10 +1,15 @@
-"""The ``sim`` executor's modelled GPU: one worker thread that runs launched steps in order.
+"""The engine's device thread: one worker that runs launched steps in order, as a GPU stream does.
 
-A step is launched with its modelled duration and the work that yields its outputs (the sampled
-ids). The device starts a step when the step is launched or when the one before it ends, whichever
-is later, as a GPU stream does; the step's outputs are known to the device only until the host
-waits on its handle. Start and end follow that modelled timeline, not the thread's wake-ups: a
-thread late for the GIL publishes late, but does not stretch the GPU's time.
+A step is launched with the work that yields its outputs (the sampled ids); its outputs are known
+to the device only until the host waits on its handle. Two kinds of step:
+
+- modelled (the ``sim`` executor): launched with its modelled duration. The device starts it when
+  it is launched or when the one before it ends, whichever is later; start and end follow that
+  modelled timeline, not the thread's wake-ups: a thread late for the GIL publishes late, but does
+  not stretch the GPU's time.
+- measured (the ``torch`` executor with one step of overlap): no duration; the step's forward and
+  sampling run on this thread, start and end are the clock's when they begin and end. The gap
+  between steps is then the host's time the device waited for: what the overlap did not hide.
 
 Idle time counts the gap between the end of one step and the start of the next only where the
 engine had work throughout (``continuous`` at launch): a gap because no request was there is the
@@ -13,9 +18,11 @@ load's, not the host's.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Generic, TypeVar
@@ -40,7 +47,7 @@ def sleep_until_ns(deadline_ns: int) -> None:
 
 @dataclass
 class DeviceStats:
-    """What the modelled GPU did, cumulative (ns): read by other threads, written by the device's."""
+    """What the device did, cumulative (ns): read by other threads, written by the device's."""
 
     steps: int = 0
     busy_ns: int = 0
@@ -83,41 +90,66 @@ class StepHandle(Generic[T]):
 @dataclass
 class _Job(Generic[T]):
     launched_ns: int
-    duration_ns: int
+    duration_ns: int  # modelled; -1: measured, set when the step ends
     work: Callable[[], T]
     continuous: bool
     handle: StepHandle[T] = field(default_factory=StepHandle)
 
 
-class SimDevice:
-    """A FIFO of launched steps run by one thread for their modelled time."""
+_live: weakref.WeakSet[DeviceThread] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    """Let idle device threads end before the interpreter does: a daemon thread that has run torch
+    ops and is still alive while the runtime is torn down aborts the process."""
+    for device in list(_live):
+        device.stop()
+
+
+class DeviceThread:
+    """A FIFO of launched steps run by one thread, for their modelled time or as long as they take."""
 
     def __init__(self) -> None:
+        _live.add(self)
         self.stats = DeviceStats()
-        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()  # None: stop when idle
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._end_ns = 0  # modelled end of the last step (device thread only)
 
     def launch(
-        self, duration_s: float, work: Callable[[], T], continuous: bool, launched_ns: int | None = None
+        self, duration_s: float | None, work: Callable[[], T], continuous: bool, launched_ns: int | None = None
     ) -> StepHandle[T]:
-        """Queue a step; ``continuous``: the engine had work since the previous step ended;
-        ``launched_ns``: when the host began launching it (default: now)."""
+        """Queue a step; ``duration_s``: its modelled time, None to measure it; ``continuous``: the
+        engine had work since the previous step ended; ``launched_ns``: when the host began
+        launching it (default: now)."""
         launched = time.monotonic_ns() if launched_ns is None else launched_ns
-        job: _Job[T] = _Job(launched, max(0, int(duration_s * 1e9)), work, continuous)
+        duration = -1 if duration_s is None else max(0, int(duration_s * 1e9))
+        job: _Job[T] = _Job(launched, duration, work, continuous)
         with self._lock:
             self._jobs.put(job)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="sim-gpu", daemon=True)
+                self._thread = threading.Thread(target=self._run, name="device", daemon=True)
                 self._thread.start()
         return job.handle
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """End the thread once the steps queued before this call have run (waits up to ``timeout_s``)."""
+        with self._lock:
+            thread = self._thread
+            if thread is None:
+                return
+            self._jobs.put(None)
+        thread.join(timeout_s)
 
     def _run(self) -> None:
         while True:
             try:
                 job = self._jobs.get(timeout=IDLE_EXIT_S)
             except queue.Empty:
+                job = None
+            if job is None:  # idle, or asked to stop
                 with self._lock:
                     if self._jobs.empty():
                         self._thread = None
@@ -126,14 +158,19 @@ class SimDevice:
             self._step(job)
 
     def _step(self, job: _Job) -> None:
-        start = max(job.launched_ns, self._end_ns)
-        end = start + job.duration_ns
+        measured = job.duration_ns < 0
+        start = time.monotonic_ns() if measured else max(job.launched_ns, self._end_ns)
         result, error = None, None
         try:
             result = job.work()  # the step's outputs: the host learns them only through the handle
         except BaseException as exc:  # handed to the host's wait(), never lost on this thread
             error = exc
-        sleep_until_ns(end)
+        if measured:
+            end = time.monotonic_ns()
+            job.duration_ns = end - start
+        else:
+            end = start + job.duration_ns
+            sleep_until_ns(end)
         stats = self.stats
         if job.continuous and self._end_ns:
             stats.idle_ns += start - self._end_ns

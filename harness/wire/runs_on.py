@@ -124,7 +124,8 @@ KV_COUNTERS = {
 
 
 def with_device_time(engine: dict[str, Any] | None, device: dict[str, float] | None) -> dict[str, Any] | None:
-    """``engine`` plus the modelled GPU's busy and idle ms over the run (sim, from the request timelines)."""
+    """``engine`` plus its device's busy and idle ms over the run (sim's modelled GPU, torch's device
+    thread when overlapped; from the request timelines)."""
     if engine is None or not device:
         return engine
     return {**engine, "gpu_busy_ms": device["busy_ms"], "gpu_idle_ms": device["idle_ms"]}
@@ -183,10 +184,15 @@ def report_rows(engine: dict[str, Any] | None, request_tokens: float | None = No
                     "compute: concurrency was capped by --kv-cache-tokens / --max-num-seqs",
                 )
             )
+    if isinstance(engine.get("overlapped"), bool):
+        loop = "one step of overlap (async scheduling)" if engine["overlapped"] else "schedule, run, update in series"
+        rows.append(("Engine loop:", loop))
     busy, idle = engine.get("gpu_busy_ms"), engine.get("gpu_idle_ms")
     if isinstance(busy, (int, float)) and isinstance(idle, (int, float)) and busy > 0:
+        # sim: its modelled GPU; torch: the thread that runs each step's forward and sampling.
+        label = "Modelled GPU" if engine.get("executor") == "sim" else "Engine device thread"
         rows.append(
-            ("Modelled GPU idle between steps:", f"{idle / busy:.1%} of its busy time ({idle:,.0f} / {busy:,.0f} ms)")
+            (f"{label} idle between steps:", f"{idle / busy:.1%} of its busy time ({idle:,.0f} / {busy:,.0f} ms)")
         )
     if engine.get("compile"):
         rows.append(("Engine torch.compile:", "on"))

@@ -11,11 +11,19 @@ Three steps are measured, each as the scheduler builds it:
 Op and sync counts come from one step under ``harness.engine.opcount.OpCounter``;
 times are medians over ``--iters`` steps without it. ``--stub-forward`` leaves out the
 model's forward (fixed logits instead): what remains is the host's time.
+
+``--forward-ms X`` measures instead the engine loop (``EngineCore``: schedule, launch, update)
+over ``--iters`` decode steps of ``--requests`` requests, the forward stubbed to take X ms as a
+GPU's would (a sleep on the device thread: the host is free meanwhile), in series and with one
+step of overlap. In series the host's time per step is the step's wall time less X; overlapped,
+the host time not hidden is the device thread's gap between one step's end and the next one's
+start.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -27,6 +35,7 @@ from typing import Any
 import torch
 
 from harness.engine.config import EngineConfig
+from harness.engine.core import EngineCore
 from harness.engine.device import synchronize
 from harness.engine.executor import TorchExecutor
 from harness.engine.opcount import OpCounter
@@ -83,6 +92,67 @@ def _stub_forward(ex: TorchExecutor, max_rows: int) -> None:
     ex.model.forward_step = forward_step  # type: ignore[method-assign]
 
 
+def _sleeping_forward(ex: TorchExecutor, max_rows: int, forward_ms: float) -> None:
+    """``_stub_forward`` that also takes ``forward_ms``, as a device's forward would, without the CPU."""
+    _stub_forward(ex, max_rows)
+    fixed = ex.model.forward_step
+
+    def forward_step(x: torch.Tensor, batch: Any, rows: torch.Tensor | None = None) -> torch.Tensor:
+        time.sleep(forward_ms / 1e3)
+        return fixed(x, batch, rows)
+
+    ex.model.forward_step = forward_step  # type: ignore[method-assign]
+
+
+def _loop(cfg: EngineConfig, a: argparse.Namespace, overlapped: bool) -> dict[str, Any]:
+    """Decode steps of ``--requests`` requests through the engine loop, the forward taking --forward-ms."""
+    cfg = dataclasses.replace(cfg, async_scheduling=overlapped)
+    core = EngineCore(cfg)
+    assert isinstance(core.executor, TorchExecutor) and core.overlapped is overlapped
+    _sleeping_forward(core.executor, cfg.max_num_batched_tokens, a.forward_ms)
+    for i in range(a.requests):
+        sp = {"temperature": a.temperature, **({"seed": i} if a.seeded else {})}
+        core.add_request(_request(i, a.prompt_len, 900, a.vocab, sp))
+    while core.scheduler.num_waiting or (core.last_step is None or core.last_step.prefills):
+        core.step()
+    for _ in range(3):  # two steps in flight settle
+        core.step()
+    walls, spans = [], []
+    for _ in range(a.iters):
+        t0 = time.perf_counter()
+        core.step()
+        walls.append((time.perf_counter() - t0) * 1e3)
+        if core.device_span is not None:
+            spans.append(core.device_span)
+    out: dict[str, Any] = {"decode_rows": core.last_step.total_num_tokens if core.last_step else 0}
+    if overlapped:
+        gaps = [(b[0] - a_[1]) / 1e6 for a_, b in zip(spans, spans[1:], strict=False)]
+        out |= {
+            "not_hidden_ms_median": round(statistics.median(gaps), 3),
+            "not_hidden_ms_mean": round(statistics.mean(gaps), 3),
+            "not_hidden_ms_p90": round(sorted(gaps)[int(0.9 * (len(gaps) - 1))], 3),
+            "step_wall_ms_median": round(statistics.median(walls), 3),
+        }
+        print(
+            f"overlapped  {out['decode_rows']} rows: host time not hidden per step median "
+            f"{out['not_hidden_ms_median']:.3f} ms, mean {out['not_hidden_ms_mean']:.3f}, "
+            f"p90 {out['not_hidden_ms_p90']:.3f} (step {out['step_wall_ms_median']:.2f} ms)"
+        )
+    else:
+        host = [w - a.forward_ms for w in walls]
+        out |= {
+            "host_ms_median": round(statistics.median(host), 3),
+            "host_ms_mean": round(statistics.mean(host), 3),
+            "step_wall_ms_median": round(statistics.median(walls), 3),
+        }
+        print(
+            f"in series   {out['decode_rows']} rows: host time per step median {out['host_ms_median']:.3f} ms, "
+            f"mean {out['host_ms_mean']:.3f} (step {out['step_wall_ms_median']:.2f} ms)"
+        )
+    core.executor.device_thread.stop()
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="tiny")
@@ -102,6 +172,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="replace the model's forward with fixed random logits: what is left is the host's step time",
     )
+    p.add_argument(
+        "--forward-ms",
+        type=float,
+        help="measure the engine loop in series and overlapped instead, the forward stubbed to take this long",
+    )
     p.add_argument("--out", type=Path, help="also write the step times to this JSON file, under --label")
     p.add_argument("--label", default="run", help="the run's name in --out (e.g. before, after)")
     a = p.parse_args(argv)
@@ -119,6 +194,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     if a.compile:  # a field since the GPU-path work; set after construction so older trees still run this script
         cfg.compile = True
+    if a.forward_ms is not None:
+        print(f"{a.preset}, {a.requests} decoding, forward stubbed to {a.forward_ms} ms, {a.iters} steps")
+        loops = {"series": _loop(cfg, a, False), "overlapped": _loop(cfg, a, True)}
+        if a.out:
+            _save(a.out, a.label, {k: v for k, v in vars(a).items() if k not in ("out", "label")}, loops)
+        return
     ex = TorchExecutor(cfg)
     if a.stub_forward:
         _stub_forward(ex, cfg.max_num_batched_tokens)
