@@ -26,7 +26,7 @@ as the calls, which is why both live here.
 
 Shape legend: N rows, B decode rows, C chunks, T the longest chunk, H query heads,
 K kv heads, G = H // K query heads per kv head, D head dim, L keys, S cache slots
-(blocks x block size).
+(blocks x block size), Q sequences of a step (B + C).
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def sdpa_backends(k_cache: Tensor, n_heads: int) -> dict[str, str]:
 class AttentionMeta:
     """What a step's attention reads, built once per step (``step_meta``), shared by every layer.
 
-    The varlen fields are FlashAttention's convention, S sequences in the step's row order (each
+    The varlen fields are FlashAttention's convention, Q sequences in the step's row order (each
     decode row a sequence of one query, then each chunk), present when the model's kernel reads
     them; the reference reads the decode/chunk fields.
     """
@@ -183,10 +183,10 @@ class AttentionMeta:
     chunk_dst: Tensor | None  # [Nc] each chunk row's place among the C x T padded queries
     max_q: int = 0  # the most query rows of a sequence
     max_k: int = 0  # the most keys a sequence sees
-    cu_seqlens_q: Tensor | None = None  # [S+1] int32: sequence s's rows are [cu[s], cu[s+1])
-    seqlens_k: Tensor | None = None  # [S] int32: keys sequence s sees (its start + its rows)
-    block_table: Tensor | None = None  # [S, max_blocks] int32
-    cu_seqlens_k: Tensor | None = None  # [S+1] int32: seqlens_k laid end to end (packed keys)
+    cu_seqlens_q: Tensor | None = None  # [Q+1] int32: sequence s's rows are [cu[s], cu[s+1])
+    seqlens_k: Tensor | None = None  # [Q] int32: keys sequence s sees (its start + its rows)
+    block_table: Tensor | None = None  # [Q, max_blocks] int32
+    cu_seqlens_k: Tensor | None = None  # [Q+1] int32: seqlens_k laid end to end (packed keys)
     key_slots: Tensor | None = None  # [total keys] cache slot of each packed key
 
 

@@ -128,10 +128,11 @@ class StepPlan:
         return self._decode_gather[1], self._decode_gather[2]
 
     def varlen_lists(self, block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The step in FlashAttention's varlen convention, one sequence per decode row (one query)
-        then per chunk, in row order: (cu_seqlens_q [S+1], keys each sequence sees [S] (its start
-        plus its rows), cu_seqlens_k [S+1] (those keys laid end to end), block tables [S, blocks
-        of the longest] flat, padded with block 0). Whole-array numpy ops, as ``index_lists``.
+        """The step in FlashAttention's varlen convention, Q sequences: one per decode row (one
+        query), then one per chunk, in row order: (cu_seqlens_q [Q+1], keys each sequence sees [Q]
+        (its start plus its rows), cu_seqlens_k [Q+1] (those keys laid end to end), block tables
+        [Q, blocks of the longest] flat, padded with block 0). Whole-array numpy ops, as
+        ``index_lists``.
         """
         b, bs = self.n_decode, block_size
         starts = np.fromiter((c.start for c in self.chunks), np.int64, len(self.chunks))
