@@ -32,6 +32,11 @@ Per-row parameters (temperatures, filters, row indices, suppressed and biased
 ids, token histories) cross to the device through ``harness.engine.staging``:
 pinned memory and non-blocking copies, never ``torch.tensor(list)``.
 
+``sample_fixed`` is the same arithmetic in fixed shapes over padded rows and the whole vocabulary
+(every filter applied, each off where a row does not use it), for a decode step captured as a CUDA
+graph (``harness.engine.cuda_graphs``); its noise is drawn outside the graph by the calls above.
+Bias, penalties and suppressed ids are not in it: such steps run ``sample_columns``.
+
 Not implemented: logprobs (the frontend refuses them).
 """
 
@@ -122,6 +127,14 @@ def _argmax(logits: Tensor) -> Tensor:
     return logits.masked_fill(logits.isnan(), float("-inf")).argmax(dim=-1)
 
 
+def _race(probs: Tensor, noise: Tensor, logits: Tensor) -> Tensor:
+    """The exponential race's pick per row (``logits``' argmax where probs are not usable); clamps ``noise``."""
+    # Exp(1) may return 0: keep the ratio finite (a zero-probability token stays at 0).
+    picks = (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
+    usable = torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)
+    return torch.where(usable, picks, _argmax(logits))
+
+
 class Sampler:
     def __init__(self, vocab_size: int, seed: int, device: torch.device, stager: Stager | None = None) -> None:
         self.vocab_size = vocab_size
@@ -170,11 +183,7 @@ class Sampler:
         rand = np.flatnonzero(~cols.greedy)
         if not rand.size:
             return _argmax(logits)
-        # Shared-generator rows first, then each seeded row: the noise of the
-        # shared ones is one draw, each seeded row draws its own.
-        gens = cols.generators
-        is_seeded = np.fromiter((i in gens for i in rand.tolist()), dtype=np.bool_, count=rand.size)
-        shared, seeded = rand[~is_seeded], rand[is_seeded]
+        shared, seeded = self._random_rows(cols, rand)
         order = np.concatenate([shared, seeded])
         top_k, top_p, min_p = cols.top_k[order], cols.top_p[order], cols.min_p[order]
         filters = bool(((top_k > 0) | (top_p < 1.0) | (min_p > 0.0)).any())
@@ -196,17 +205,77 @@ class Sampler:
         scaled = sub / temps[:, None]
         probs = self._probs(scaled, top_k_t, top_p_t, min_p_t) if filters else torch.softmax(scaled, dim=-1)
         noise = torch.empty_like(probs)
-        if shared.size:
-            noise[: shared.size].exponential_(generator=self.generator)
-        for j, i in enumerate(seeded.tolist(), start=shared.size):
-            noise[j].exponential_(generator=gens[i])
-        # Exp(1) may return 0: keep the ratio finite (a zero-probability token stays at 0).
-        picks = (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
-        usable = torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)
-        picks = torch.where(usable, picks, _argmax(sub))
+        self._draw_noise(noise, shared.size, seeded, cols.generators)
+        picks = _race(probs, noise, sub)
         if whole:
             return picks
         return _argmax(logits).index_copy_(0, idx, picks)
+
+    @staticmethod
+    def _random_rows(cols: SampleColumns, rand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The non-greedy rows ``rand`` split into shared-generator rows and seeded rows, each in row order."""
+        gens = cols.generators
+        is_seeded = np.fromiter((i in gens for i in rand.tolist()), dtype=np.bool_, count=rand.size)
+        return rand[~is_seeded], rand[is_seeded]
+
+    def _draw_noise(self, noise: Tensor, n_shared: int, seeded: np.ndarray, gens: dict[int, torch.Generator]) -> None:
+        """Exp(1) noise into ``noise``'s first rows: the shared-generator rows' in one draw, then one
+        draw per seeded row from its own generator (so a seeded row's noise ignores the batch)."""
+        if n_shared:
+            noise[:n_shared].exponential_(generator=self.generator)
+        for j, i in enumerate(seeded.tolist(), start=n_shared):
+            noise[j].exponential_(generator=gens[i])
+
+    # -- the fixed-shape path of a CUDA graph (harness.engine.cuda_graphs) ------------------------
+
+    @staticmethod
+    def graph_safe(cols: SampleColumns) -> bool:
+        """Whether ``sample_fixed`` can sample these rows: no logit bias, penalties or suppressed ids
+        (those need per-step lists of data-dependent length; such a step runs ``sample_columns``)."""
+        return not (cols.biased or cols.penalized or any(ids for _, ids in cols.suppress))
+
+    def fixed_inputs(self, cols: SampleColumns, rows: int) -> tuple[np.ndarray, np.ndarray, bool]:
+        """A step's columns as ``sample_fixed``'s inputs, padded to ``rows``.
+
+        Returns ints [3, rows] (top-k, greedy, noise row), floats [3, rows] (temperature, top-p,
+        min-p) and whether any random row has a filter. Padding rows are greedy; their picks are
+        dropped. The step's noise is drawn by ``draw_fixed_noise``.
+        """
+        n, vocab = len(cols), self.vocab_size
+        ints = np.zeros((3, rows), dtype=np.int64)
+        floats = np.zeros((3, rows), dtype=np.float64)
+        ints[0], ints[1], floats[0], floats[1] = vocab, 1, 1.0, np.inf  # every filter off, greedy
+        order = np.concatenate(self._random_rows(cols, np.flatnonzero(~cols.greedy)))
+        top_k, top_p, min_p = cols.top_k[order], cols.top_p[order], cols.min_p[order]
+        ints[0, order] = np.where(top_k > 0, top_k, vocab)
+        ints[1, :n] = cols.greedy
+        ints[2, order] = np.arange(order.size)
+        floats[0, order] = cols.temperature[order]
+        floats[1, order] = np.where(top_p < 1.0, top_p, np.inf)
+        floats[2, order] = min_p
+        filtered = bool(((top_k > 0) | (top_p < 1.0) | (min_p > 0.0)).any())
+        return ints, floats, filtered
+
+    def draw_fixed_noise(self, cols: SampleColumns, noise: Tensor) -> None:
+        """The step's Exp(1) noise into ``noise``'s first rows, by the calls ``sample_columns`` makes
+        (same shapes, generators and order), so a graph's tokens are the eager step's."""
+        shared, seeded = self._random_rows(cols, np.flatnonzero(~cols.greedy))
+        self._draw_noise(noise, shared.size, seeded, cols.generators)
+
+    def sample_fixed(self, logits: Tensor, ints: Tensor, floats: Tensor, noise: Tensor, filtered: bool) -> Tensor:
+        """``sample_columns`` in fixed-shape ops over every row and the whole vocabulary, no host sync:
+        logits [R, >= vocab], ints/floats [3, R] and noise [>= R, vocab] from ``fixed_inputs`` -> [R].
+
+        Row by row the same arithmetic as ``sample_columns`` (``filtered`` picks ``_probs`` or a plain
+        softmax, as its step-wide choice does), so a row's pick matches the eager one for the same noise.
+        """
+        logits = logits[:, : self.vocab_size].float()
+        top_k, greedy, noise_row = ints.unbind(0)
+        temps, top_p, min_p = floats.unbind(0)
+        scaled = logits / temps[:, None]
+        probs = self._probs(scaled, top_k, top_p, min_p) if filtered else torch.softmax(scaled, dim=-1)
+        picks = _race(probs, noise.index_select(0, noise_row), logits)
+        return torch.where(greedy != 0, _argmax(logits), picks)
 
     def _probs(self, logits: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Tensor:
         """Softmax after top-k, then top-p and min-p, per row; in token order.
