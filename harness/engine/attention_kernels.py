@@ -12,7 +12,8 @@ Both align causality bottom-right (a chunk after a cached prefix sees the prefix
 sees its whole sequence) and read shared K/V heads natively (GQA). ``select`` tries them in that
 order, on CUDA in float16/bfloat16 only: a kernel is chosen when it imports, runs and agrees
 with the torch reference on a small mixed step (``probe``); else the reference serves, and
-``Kernel.note`` says why.
+``Kernel.note`` says why. Importing vLLM's build imports the ``vllm`` package, whose import sets
+a few environment variables and patches torch inductor internals in the engine process.
 """
 
 from __future__ import annotations
