@@ -183,6 +183,7 @@ def link_settings(args: argparse.Namespace) -> LinkSettings:
 
 
 async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) -> int:
+    from harness.engine.cuda_graphs import refusal as graphs_refusal
     from harness.engine.process import run_engine
     from harness.frontend.app import build_app
     from harness.wire.tokenizer import load_tokenizer
@@ -198,7 +199,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
         print(f"bench serve: {exc}", file=sys.stderr)
         return 2
     link = link_settings(args)
-    error = check_transport_safety(link, addresses) or check_shm(link, addresses)
+    error = check_transport_safety(link, addresses) or check_shm(link, addresses) or graphs_refusal(config)
     for warning in insecure_warnings(link, addresses):
         print(f"bench serve: WARNING: {warning}", file=sys.stderr)
     if error:
@@ -315,17 +316,18 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     parent_watch.die_with_parent()
     if args.engine_only:
+        from harness.engine.cuda_graphs import refusal as graphs_refusal
         from harness.engine.process import run_engine
         from harness.wire.tokenizer import load_tokenizer
 
         addresses = _addresses(args)
-        error = check_transport_safety(link_settings(args), addresses)
+        config = engine_config_from_args(args, load_tokenizer(args.tokenizer))
+        error = check_transport_safety(link_settings(args), addresses) or graphs_refusal(config)
         if error:
             print(f"bench serve: {error}", file=sys.stderr)
             return 2
         auth = "no authentication" if addresses.curve is None else f"CURVE keys in {_key_dir(args)}"
         line = f"wirebench engine codec={args.codec} listening on {addresses.input} / {addresses.output} ({auth})"
-        config = engine_config_from_args(args, load_tokenizer(args.tokenizer))
         # Said once the sockets are bound, so a script waiting for the line can connect at once.
         run_engine(config, addresses, args.log_level, False, on_listening=lambda: print(line, flush=True))
         return 0

@@ -123,6 +123,14 @@ class EngineConfig:
     )
     # torch.compile the dense parts of each layer (torch executor; compiles at start).
     compile: bool = setting(False, flag="--compile", help="torch.compile each layer's dense parts (compiles at start)")
+    # CUDA graphs for decode-only steps (harness.engine.cuda_graphs); the engine refuses it without CUDA.
+    cuda_graphs: bool = setting(
+        False,
+        flag="--cuda-graphs",
+        help="capture decode-only steps as CUDA graphs per batch-size bucket (model and sampler; "
+        "steps with prefills, logit bias, penalties, logprobs or suppressed ids run eagerly; needs CUDA)",
+        comparable=True,
+    )
     # Attach the scheduler's state to every output batch (EngineCoreOutputs.scheduler_stats), as vLLM
     # does with stats logging on: heavier outputs for every codec.
     output_stats: bool = setting(

@@ -1,0 +1,313 @@
+"""CUDA graphs for the torch executor's decode-only steps (``EngineConfig.cuda_graphs``).
+
+A decode step of B rows launches hundreds of small kernels (every layer's norms, projections,
+gathers, attention, the sampler's ops); on a GPU their launch time can exceed their run time.
+A CUDA graph records one step's kernels once and replays them with one launch. A graph
+replays fixed shapes on fixed addresses, so:
+
+- Steps are padded to a *bucket* of rows (1, 2, 4, 8, then multiples of 8 up to the
+  engine's ``max_num_seqs``, as vLLM does); one graph per bucket and sampler variant (plain
+  softmax, or top-k/top-p/min-p filters), captured at start from the largest bucket down,
+  sharing one memory pool (a smaller graph reuses the larger one's memory: replays never
+  overlap, and a replay's tokens are fetched before the next).
+- Each bucket owns static input buffers: one int64 buffer (token ids, positions, cache slots,
+  the sampler's int columns, block tables padded to a whole ``max_model_len``) and one float32
+  buffer (temperature, top-p, min-p). The host's part of a step (``prepare``) stages its values
+  in fresh tensors (one non-blocking copy each); the device's part (``replay``) copies them into
+  the static buffers, so a step can be prepared while the one before it replays.
+- Attention sees a fixed key length, ``max_model_len``: keys past a row's position are masked,
+  as the eager path masks those past its own step's longest row. The graph thus attends over
+  more (masked) keys than an eager step of short sequences.
+- Padding rows write their K/V into a *scratch block*, one block past those the scheduler
+  hands out (``scratch_blocks``), attend only to it, and their tokens are dropped.
+- Sampling runs inside the graph through ``Sampler.sample_fixed`` (no host sync, no
+  data-dependent shape); its noise is drawn just before the replay by the same calls as the
+  eager sampler's, so seeded and unseeded streams are the eager ones.
+
+Steps that are not graph-safe run eagerly and are counted by reason: a prefill chunk in the
+step, more rows than the largest bucket, a request with a logit bias, penalties or logprobs,
+or suppressed ids (``min_tokens``).
+
+``emulate`` (tests only): "capture" keeps the step's callable after one warm-up call and
+"replay" calls it on the same static buffers, so bucketing, padding, the scratch block and the
+buffer plumbing run for real on a CPU; only ``torch.cuda.CUDAGraph`` itself is left out.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from harness.engine.config import EngineConfig
+from harness.engine.input_batch import InputBatch
+from harness.engine.model import Transformer
+from harness.engine.sampler import SampleColumns, Sampler
+from harness.engine.staging import Stager
+from harness.engine.step import ScheduledChunk
+from harness.engine.step_plan import StepPlan
+
+_STEP = 8  # bucket spacing past 8 rows
+
+
+def bucket_sizes(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, 8, 16, 24, ...: up to the first that holds ``max_num_seqs`` rows."""
+    sizes: list[int] = []
+    size = 1
+    while not sizes or sizes[-1] < max_num_seqs:
+        sizes.append(size)
+        size = size * 2 if size < _STEP else size + _STEP
+    return sizes
+
+
+def scratch_blocks(config: EngineConfig) -> int:
+    """KV blocks the model holds past the scheduler's: one for padding rows when graphs are on."""
+    return 1 if config.cuda_graphs else 0
+
+
+def refusal(config: EngineConfig) -> str | None:
+    """Why the engine cannot run ``config``'s CUDA graphs (said at start, in one line), or None."""
+    if not config.cuda_graphs:
+        return None
+    if config.device == "cpu":
+        return "--cuda-graphs needs a CUDA device; --device cpu runs on the CPU"
+    if not torch.cuda.is_available():
+        return "--cuda-graphs needs a CUDA device; this machine has none"
+    return None
+
+
+class _Emulated:
+    """Tests on a CPU: the captured step is its callable, called again on the same buffers."""
+
+    def __init__(self, fn: Callable[[], Tensor]) -> None:
+        self.fn = fn
+
+    def replay(self) -> Tensor:
+        return self.fn()
+
+
+class _Captured:
+    def __init__(self, graph: torch.cuda.CUDAGraph, out: Tensor) -> None:
+        self.graph, self.out = graph, out
+
+    def replay(self) -> Tensor:
+        self.graph.replay()
+        return self.out
+
+
+@dataclass
+class GraphStep:
+    """A decode step ``DecodeGraphs.prepare`` took: its bucket and inputs, staged for ``replay``."""
+
+    bucket: int
+    rows: int  # real rows; the rest of the bucket is padding
+    filtered: bool  # which sampler variant's graph replays
+    ints: Tensor  # the bucket's int buffer's values
+    floats: Tensor  # its float buffer's, flat
+    cols: SampleColumns  # for the noise draws
+
+
+@dataclass
+class _Bucket:
+    """One bucket's static buffers and its graphs (by sampler variant: filtered or not)."""
+
+    rows: int
+    ints: Tensor  # [6 * rows + rows * max_blocks]: ids, positions, slots, top-k, greedy, noise row, tables
+    floats: Tensor  # [3, rows]: temperature, top-p, min-p
+    padding: np.ndarray  # ``ints`` of an all-padding step, the template each step's inputs are written over
+    graphs: dict[bool, _Emulated | _Captured] = field(default_factory=dict)
+
+
+class DecodeGraphs:
+    """The decode steps' CUDA graphs: built with ``decode_graphs``, then ``capture``, then ``run`` per step."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        sampler: Sampler,
+        max_num_seqs: int,
+        scratch_block: int,
+        emulate: bool = False,
+    ) -> None:
+        if scratch_block >= model.num_blocks:
+            raise ValueError(f"scratch block {scratch_block} is not in the model's {model.num_blocks} blocks")
+        self.model, self.sampler, self.emulate = model, sampler, emulate
+        self.stager = Stager(model.device)
+        self.device = model.device
+        self.scratch_block = scratch_block  # the scheduler hands out blocks [0, scratch_block)
+        self.block_size = model.block_size
+        self.max_blocks = -(-model.max_model_len // model.block_size)
+        self.sizes = bucket_sizes(max_num_seqs)
+        # Shared by every bucket: the sampler's Exp(1) noise, drawn into its first rows before a replay.
+        self.noise = torch.ones(self.sizes[-1], sampler.vocab_size, device=self.device)
+        self.buckets = {b: self._bucket(b) for b in self.sizes}
+        self.replays: Counter[int] = Counter()  # by bucket
+        self.eager: Counter[str] = Counter()  # by reason
+        self.capture_s: float | None = None
+
+    def _bucket(self, b: int) -> _Bucket:
+        padding = np.zeros(6 * b + b * self.max_blocks, dtype=np.int64)
+        padding[2 * b : 3 * b] = self.scratch_block * self.block_size  # position 0 of the scratch block
+        padding[3 * b : 4 * b] = self.sampler.vocab_size  # top-k off
+        padding[4 * b : 5 * b] = 1  # greedy
+        padding[6 * b :] = self.scratch_block  # tables: the scratch block throughout
+        floats = torch.zeros(3, b, device=self.device)
+        floats[0].fill_(1.0)  # temperature
+        floats[1].fill_(float("inf"))  # top-p off
+        ints = torch.from_numpy(padding.copy()).to(self.device)
+        return _Bucket(b, ints, floats, padding)
+
+    def bucket_for(self, rows: int) -> int | None:
+        """The smallest bucket that holds ``rows`` rows; None past the largest."""
+        return next((b for b in self.sizes if b >= rows), None)
+
+    def _step(self, bk: _Bucket, filtered: bool) -> Tensor:
+        """One padded decode step on ``bk``'s static buffers -> its tokens [rows]: what a graph records."""
+        b, model = bk.rows, self.model
+        ids, positions, slots = bk.ints[:b], bk.ints[b : 2 * b], bk.ints[2 * b : 3 * b]
+        sampling = bk.ints[3 * b : 6 * b].view(3, b)
+        tables = bk.ints[6 * b :]
+        # A plan for the shapes alone (every row at the last position: keys [0, max_model_len)); the
+        # rows' real positions and tables are the buffers' values, which the mask and gathers read.
+        shapes = StepPlan([()] * b, [model.max_model_len - 1] * b)
+        none = bk.ints[:0]
+        batch = model.make_batch(shapes, [slots, positions, tables, none, none])
+        logits = model.forward_step(model.embed(ids), batch)
+        return self.sampler.sample_fixed(logits, sampling, bk.floats, self.noise, filtered)
+
+    def capture(self) -> None:
+        """Capture every bucket's graphs, largest first (emulated: keep each step's callable)."""
+        started = time.perf_counter()
+        with torch.inference_mode():
+            if self.emulate:
+                for b in reversed(self.sizes):
+                    for filtered in (False, True):
+                        fn = partial(self._step, self.buckets[b], filtered)
+                        fn()  # the warm-up a capture makes: it writes only the scratch block
+                        self.buckets[b].graphs[filtered] = _Emulated(fn)
+            else:
+                self._capture_cuda()
+        self.capture_s = time.perf_counter() - started
+
+    def _capture_cuda(self) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream(self.device)
+        for b in reversed(self.sizes):  # largest first: the smaller graphs reuse its pool memory
+            bk = self.buckets[b]
+            for filtered in (False, True):
+                # A warm-up on a side stream first (lazy inits, allocator), as torch's docs ask.
+                side.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(side):
+                    self._step(bk, filtered)
+                torch.cuda.current_stream(self.device).wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    out = self._step(bk, filtered)
+                bk.graphs[filtered] = _Captured(graph, out)
+        torch.cuda.synchronize(self.device)
+
+    def prepare(
+        self,
+        batch: InputBatch,
+        rows: np.ndarray,
+        decodes: Sequence[ScheduledChunk],
+        prefills: Sequence[ScheduledChunk],
+        cols: SampleColumns | None,
+        exclude: set[str],
+    ) -> GraphStep | None:
+        """The host's part of a graph step: its inputs staged (not yet in the static buffers), or
+        None (counted by reason): the step runs eagerly.
+
+        ``rows``: the decodes' rows of the persistent ``batch``; ``cols``: their sampling columns;
+        ``exclude``: the requests with a logit bias, penalties or logprobs (they run eagerly).
+        """
+        n = len(decodes)
+        bucket = self.bucket_for(n)
+        reason = None
+        if prefills or not decodes or cols is None:
+            reason = "prefill"
+        elif bucket is None:
+            reason = "rows"
+        elif exclude and any(c.request_id in exclude for c in decodes):
+            reason = "bias_penalties_logprobs"
+        elif not self.sampler.graph_safe(cols):
+            reason = "suppressed_ids"
+        if reason is not None or bucket is None or cols is None:
+            self.eager[reason or "rows"] += 1
+            return None
+        bk = self.buckets[bucket]
+        positions = [c.start_pos for c in decodes]
+        plan = StepPlan([c.block_ids for c in decodes], positions)
+        plan.decode_table, plan.decode_table_lens = batch.tables(
+            rows, plan.decode_blocks, self.max_blocks, self.scratch_block
+        )
+        plan.check(self.model.num_blocks, self.block_size, self.model.max_model_len)
+        b, bs = bucket, self.block_size
+        host = bk.padding.copy()
+        pos = np.asarray(positions, dtype=np.int64)
+        host[:n] = [c.token_ids[0] for c in decodes]  # a token still on the device is filled in ``replay``
+        host[b : b + n] = pos
+        host[2 * b : 2 * b + n] = plan.decode_table[np.arange(n), pos // bs] * bs + pos % bs
+        host[6 * b :].reshape(b, self.max_blocks)[:n] = plan.decode_table
+        sample_ints, floats, filtered = self.sampler.fixed_inputs(cols, b)
+        host[3 * b : 6 * b] = sample_ints.reshape(-1)
+        # Fresh staging tensors, not the static buffers: the step before may still be replaying.
+        (ints,) = self.stager.ints(host)
+        (floats_t,) = self.stager.floats(floats.reshape(-1))
+        return GraphStep(b, n, filtered, ints, floats_t, cols)
+
+    def replay(self, step: GraphStep, ids: Tensor | None = None) -> Tensor:
+        """The device's part: the step's inputs into its bucket's static buffers, its noise drawn,
+        the graph replayed -> its tokens [rows], on the device (valid until the next replay).
+
+        ``ids``: the step's input token ids as the executor staged them, when some are filled on
+        the device (the token the step before sampled); else those ``prepare`` wrote.
+        """
+        bk = self.buckets[step.bucket]
+        bk.ints.copy_(step.ints, non_blocking=True)
+        if ids is not None:
+            bk.ints[: step.rows].copy_(ids, non_blocking=True)
+        bk.floats.view(-1).copy_(step.floats, non_blocking=True)
+        self.sampler.draw_fixed_noise(step.cols, self.noise)
+        tokens = bk.graphs[step.filtered].replay()
+        self.replays[step.bucket] += 1
+        return tokens[: step.rows]
+
+    def info(self) -> dict[str, Any]:
+        """For the executor's info: what was captured, how many steps replayed and how many ran eagerly."""
+        return {
+            "enabled": True,
+            "emulated": self.emulate,
+            "captured": sorted(b for b, bk in self.buckets.items() if bk.graphs),
+            "capture_s": None if self.capture_s is None else round(self.capture_s, 2),
+            "replays": sum(self.replays.values()),
+            "replays_by_bucket": {str(b): n for b, n in sorted(self.replays.items())},
+            "eager_steps": sum(self.eager.values()),
+            "eager_by_reason": dict(sorted(self.eager.items())),
+        }
+
+
+def decode_graphs(
+    config: EngineConfig,
+    model: Transformer,
+    sampler: Sampler,
+    emulate: bool = False,
+) -> DecodeGraphs | None:
+    """The executor's decode graphs, captured; None when ``config.cuda_graphs`` is off.
+
+    Raises ValueError off CUDA (``refusal`` says so before the engine starts); ``emulate`` is for tests.
+    """
+    if not config.cuda_graphs:
+        return None
+    if model.device.type != "cuda" and not emulate:
+        raise ValueError(refusal(config) or f"--cuda-graphs needs a CUDA device; the model is on {model.device}")
+    graphs = DecodeGraphs(model, sampler, config.max_num_seqs, config.num_kv_blocks, emulate)
+    graphs.capture()
+    return graphs

@@ -1,0 +1,270 @@
+"""CUDA graphs for decode steps (harness.engine.cuda_graphs) and the sampler's fixed-shape path.
+
+On a CPU the graphs run emulated (``decode_graphs(..., emulate=True)``): capture keeps each
+bucket's step callable and a replay calls it on the same static buffers, so bucketing, padding,
+the scratch block and the buffer plumbing run for real against the eager executor; only
+``torch.cuda.CUDAGraph`` is left to the test that needs a GPU.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from functools import partial
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from harness.engine import cuda_graphs
+from harness.engine import executor as executor_module
+from harness.engine.config import EngineConfig
+from harness.engine.cuda_graphs import DecodeGraphs, bucket_sizes, refusal
+from harness.engine.executor import TorchExecutor
+from harness.engine.sampler import SampleColumns, Sampler, SampleRow
+from harness.engine.scheduler import Scheduler
+from harness.wire.messages import EngineCoreRequest, SamplingParams
+
+VOCAB = 128
+
+
+def make_config(**kw: Any) -> EngineConfig:
+    base: dict[str, Any] = dict(
+        device="cpu",
+        vocab_size=VOCAB,
+        eos_token_id=1,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        max_model_len=96,
+        kv_cache_tokens=1024,
+        num_threads=1,
+    )
+    base.update(kw)
+    return EngineConfig(**base)
+
+
+def emulated(monkeypatch: pytest.MonkeyPatch, **kw: Any) -> TorchExecutor:
+    """A torch executor whose decode graphs are emulated (the CPU has no CUDA graphs)."""
+    monkeypatch.setattr(executor_module, "decode_graphs", partial(cuda_graphs.decode_graphs, emulate=True))
+    return TorchExecutor(make_config(cuda_graphs=True, **kw))
+
+
+def request(rid: str, n: int, max_tokens: int, seed_tokens: int = 0, **sp: Any) -> EngineCoreRequest:
+    toks = torch.randint(2, VOCAB, (n,), generator=torch.Generator().manual_seed(seed_tokens)).tolist()
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sp)
+    return EngineCoreRequest(rid, None, toks, params, None, 0.0)
+
+
+def serve(executor: TorchExecutor, requests: list[EngineCoreRequest]) -> dict[str, list[int]]:
+    """Every request's tokens, run to the end by the real scheduler."""
+    s = Scheduler(executor.config)
+    for r in requests:
+        s.add_request(r)
+    out: dict[str, list[int]] = {}
+    for _ in range(2000):
+        if not s.has_unfinished_requests():
+            break
+        sched = s.schedule()
+        for o in s.update_from_output(sched, executor.execute(sched)):
+            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+    assert not s.has_unfinished_requests()
+    return out
+
+
+def batch_of(count: int, tag: str, **sp: Any) -> list[EngineCoreRequest]:
+    # Different prompt and output lengths: the decode batch shrinks one request at a time.
+    return [request(f"{tag}-{i}", 5 + 7 * i, 6 + 3 * i, seed_tokens=i, **sp) for i in range(count)]
+
+
+@pytest.fixture(scope="module")
+def eager() -> TorchExecutor:
+    return TorchExecutor(make_config())
+
+
+def test_buckets_are_powers_of_two_then_multiples_of_eight() -> None:
+    assert bucket_sizes(1) == [1]
+    assert bucket_sizes(3) == [1, 2, 4]
+    assert bucket_sizes(8) == [1, 2, 4, 8]
+    assert bucket_sizes(20) == [1, 2, 4, 8, 16, 24]
+    assert bucket_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+
+
+def test_bucket_choice_is_the_smallest_that_holds_the_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    graphs = emulated(monkeypatch, max_num_seqs=20).graphs
+    assert graphs is not None
+    assert [graphs.bucket_for(n) for n in (1, 2, 3, 5, 8, 9, 16, 17, 20)] == [1, 2, 4, 8, 8, 16, 16, 24, 24]
+    assert graphs.bucket_for(25) is None
+    assert graphs.info()["captured"] == [1, 2, 4, 8, 16, 24]
+
+
+@pytest.mark.parametrize("count", [3, 5, 7])
+def test_greedy_streams_with_graphs_equal_the_eager_ones(
+    count: int, eager: TorchExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    graphs = emulated(monkeypatch)
+    reqs = batch_of(count, f"greedy{count}", temperature=0.0)
+    assert serve(graphs, reqs) == serve(eager, reqs)
+    info = graphs.info()["cuda_graphs"]
+    assert info["enabled"] and info["emulated"] and info["captured"] == [1, 2, 4, 8]
+    assert info["replays"] > 0 and info["eager_by_reason"]["prefill"] > 0
+    # The batch shrank through sizes that need padding: 7 rows in 8, 5 or 3 in 4.
+    assert any(b in info["replays_by_bucket"] for b in ("4", "8"))
+
+
+def test_sampled_streams_with_graphs_equal_the_eager_ones(
+    eager: TorchExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seeded and unseeded, filtered and not: the noise is drawn by the eager sampler's calls."""
+    graphs = emulated(monkeypatch)
+    reqs = [
+        request("mix-0", 9, 12, 0, temperature=0.8, seed=7),
+        request("mix-1", 14, 10, 1, temperature=1.0),
+        request("mix-2", 6, 14, 2, temperature=0.7, top_p=0.9, top_k=20, seed=3),
+        request("mix-3", 11, 8, 3, temperature=0.0),
+        request("mix-4", 7, 11, 4, temperature=1.2, min_p=0.05),
+    ]
+    assert serve(graphs, reqs) == serve(eager, reqs)
+    assert graphs.info()["cuda_graphs"]["replays"] > 0
+
+
+def test_padding_rows_write_only_the_scratch_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    ex = emulated(monkeypatch)
+    graphs = ex.graphs
+    assert isinstance(graphs, DecodeGraphs)
+    cfg = ex.config
+    # The scheduler hands out blocks [0, num_kv_blocks); the model holds one more, the scratch one.
+    assert graphs.scratch_block == cfg.num_kv_blocks == ex.model.num_blocks - 1
+    reqs = batch_of(3, "scratch", temperature=0.0)
+    s = Scheduler(cfg)
+    for r in reqs:
+        s.add_request(r)
+    owned: set[int] = set()
+    while s.has_unfinished_requests():
+        sched = s.schedule()
+        for c in sched.chunks:
+            owned.update(c.block_ids)
+        s.update_from_output(sched, ex.execute(sched))
+    assert graphs.scratch_block not in owned
+    bk = graphs.buckets[4]  # 3 rows decode in the bucket of 4
+    assert graphs.replays[4] > 0
+    bs, b = cfg.kv_block_size, 4
+    slots = bk.ints[2 * b : 3 * b]
+    assert int(slots[3]) == graphs.scratch_block * bs  # the padding row's K/V slot
+    assert all(int(x) // bs != graphs.scratch_block for x in slots[:3])
+    tables = bk.ints[6 * b :].view(b, -1)
+    assert bool((tables[3] == graphs.scratch_block).all())
+    assert graphs.scratch_block not in tables[:3].unique().tolist()
+
+
+def test_requests_with_penalties_or_logprobs_run_eagerly(eager: TorchExecutor, monkeypatch: pytest.MonkeyPatch) -> None:
+    graphs = emulated(monkeypatch)
+    reqs = [
+        request("pen-0", 8, 8, 0, temperature=0.0, repetition_penalty=1.3),
+        request("pen-1", 10, 12, 1, temperature=0.0),
+    ]
+    assert serve(graphs, reqs) == serve(eager, reqs)
+    info = graphs.info()["cuda_graphs"]
+    assert info["eager_by_reason"]["bias_penalties_logprobs"] > 0
+    assert info["replays"] > 0  # pen-1 alone, once pen-0 finished
+    assert info["eager_steps"] == sum(info["eager_by_reason"].values())
+
+
+def columns(rows: list[SampleRow]) -> SampleColumns:
+    return SampleColumns.of_rows(rows)
+
+
+def fixed(sampler: Sampler, logits: torch.Tensor, cols: SampleColumns, bucket: int) -> torch.Tensor:
+    """``sample_fixed`` on ``cols`` padded to ``bucket`` rows (padding logits: zeros)."""
+    ints, floats, filtered = sampler.fixed_inputs(cols, bucket)
+    noise = torch.ones(bucket, sampler.vocab_size)
+    sampler.draw_fixed_noise(cols, noise)
+    padded = torch.zeros(bucket, logits.shape[1])
+    padded[: logits.shape[0]] = logits
+    out = sampler.sample_fixed(
+        padded, torch.from_numpy(ints), torch.from_numpy(floats.astype(np.float32)), noise, filtered
+    )
+    return out[: len(cols)]
+
+
+def test_fixed_sampler_is_greedy_where_the_eager_one_is() -> None:
+    logits = torch.randn(5, VOCAB, generator=torch.Generator().manual_seed(1))
+    rows = [SampleRow(SamplingParams(temperature=0.0)) for _ in range(5)]
+    eager = Sampler(VOCAB, 0, torch.device("cpu")).sample_columns(logits, columns(rows))
+    assert torch.equal(fixed(Sampler(VOCAB, 0, torch.device("cpu")), logits, columns(rows), 8), eager)
+    assert torch.equal(eager, logits.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("filters", [{}, {"top_k": 10, "top_p": 0.8}, {"min_p": 0.1}])
+def test_fixed_sampler_draws_what_the_eager_one_draws(filters: dict[str, Any]) -> None:
+    """Same generators, same noise calls: the same tokens, seeded rows and shared ones."""
+    logits = torch.randn(6, VOCAB, generator=torch.Generator().manual_seed(2))
+    params = [
+        SamplingParams(temperature=0.9, seed=11, **filters),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1.1, **filters),
+        SamplingParams(temperature=0.6, seed=5),
+        SamplingParams(temperature=1.0, **filters),
+        SamplingParams(temperature=0.0, top_k=3),
+    ]
+    picks = []
+    for path in ("eager", "fixed"):
+        sampler = Sampler(VOCAB, 0, torch.device("cpu"))
+        rows = [SampleRow(p, sampler.request_generator(p)) for p in params]
+        for _ in range(4):  # several steps: the generators advance alike
+            cols = columns(rows)
+            picks.append(
+                (path, sampler.sample_columns(logits, cols) if path == "eager" else fixed(sampler, logits, cols, 8))
+            )
+    eager = [t for p, t in picks if p == "eager"]
+    graph = [t for p, t in picks if p == "fixed"]
+    assert all(torch.equal(a, b) for a, b in zip(eager, graph, strict=True))
+
+
+def test_fixed_sampler_follows_the_distribution() -> None:
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05] + [0.0] * (VOCAB - 4))
+    logits = probs.clamp_min(1e-30).log()[None].expand(4000, -1).contiguous()
+    sampler = Sampler(VOCAB, 3, torch.device("cpu"))
+    cols = columns([SampleRow(SamplingParams(temperature=1.0)) for _ in range(4000)])
+    counts = torch.bincount(fixed(sampler, logits, cols, 4000), minlength=VOCAB).float() / 4000
+    assert counts[4:].sum() == 0
+    assert torch.allclose(counts[:4], probs[:4], atol=0.03), counts[:4]
+    # top-k 2 renormalises over the two most likely tokens: 5/8 and 3/8.
+    cols = columns([SampleRow(SamplingParams(temperature=1.0, top_k=2)) for _ in range(4000)])
+    counts = torch.bincount(fixed(sampler, logits, cols, 4000), minlength=VOCAB).float() / 4000
+    assert counts[2:].sum() == 0 and abs(float(counts[0]) - 0.625) < 0.03
+
+
+def test_refusal_without_cuda() -> None:
+    assert refusal(make_config()) is None
+    assert refusal(make_config(cuda_graphs=True)) == "--cuda-graphs needs a CUDA device; --device cpu runs on the CPU"
+    if not torch.cuda.is_available():
+        assert refusal(make_config(cuda_graphs=True, device="auto")) == (
+            "--cuda-graphs needs a CUDA device; this machine has none"
+        )
+        with pytest.raises(ValueError, match="needs a CUDA device"):
+            TorchExecutor(make_config(cuda_graphs=True))
+
+
+def test_bench_serve_refuses_cuda_graphs_in_one_line_without_a_gpu() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "serve", "--cuda-graphs"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == ["bench serve: --cuda-graphs needs a CUDA device; this machine has none"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs where one is lent)")
+def test_captured_graphs_replay_the_eager_streams() -> None:
+    cfg = dict(device="cuda", dtype="float32")
+    eager = TorchExecutor(make_config(**cfg))
+    graphs = TorchExecutor(make_config(cuda_graphs=True, **cfg))
+    reqs = batch_of(5, "cuda", temperature=0.0) + [request("cuda-s", 9, 12, 9, temperature=0.8, seed=4, top_p=0.9)]
+    got, want = serve(graphs, reqs), serve(eager, reqs)
+    info = graphs.info()["cuda_graphs"]
+    assert info["captured"] == [1, 2, 4, 8] and not info["emulated"] and info["replays"] > 0
+    # Greedy rows pick the same tokens unless the padded batch's kernels round a near tie apart.
+    same = sum(got[r.request_id] == want[r.request_id] for r in reqs)
+    assert same >= len(reqs) - 1, (got, want)
