@@ -8,8 +8,9 @@
 #   checks  the text and image workloads, pickle and msgspec-oob, a few minutes
 #   seed    the seed's workload (docs/seed.md: 1,000 sonnet prompts at 40 req/s, 150 tokens out,
 #           200-token shared prefix) on the real torch executor, bf16, prefix caching, 256
-#           sequences, msgspec against pickle (outputs msgspec in both, as in the seed's PR), in
-#           blocks of --seed-block-size requests (default 1000: the arms take whole-workload
+#           sequences, decode steps as CUDA graphs (--cuda-graphs), msgspec against pickle
+#           (outputs msgspec in both, as in the seed's PR), in blocks of --seed-block-size
+#           requests (default 1000: the arms take whole-workload
 #           turns with both servers up); rounds start while the next one is expected to end
 #           within --seed-seconds (default 300) of the step's start, at most --seed-rounds
 #           (default 30); results and scripts/gpu_check_seed.py's summary in .../seed/
@@ -278,7 +279,7 @@ if [ "$only" != checks ]; then
     seed_rounds=${seed_rounds:-1}
     seed_block=16
   else
-    seed_model=(--device cuda --dtype bfloat16 --model-preset "$preset")
+    seed_model=(--device cuda --dtype bfloat16 --model-preset "$preset" --cuda-graphs)
     seed_load=(--num-prompts 1000 --request-rate 40 --sonnet-output-len 150)
     seed_rounds=${seed_rounds:-30}  # a ceiling: rounds stop at the --seed-seconds budget
   fi

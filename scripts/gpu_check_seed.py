@@ -86,6 +86,9 @@ def arm_summary(folder: str, arm: str, runs: list[dict[str, Any]], device: str, 
     engines = [(d.get("metadata") or {}).get("engine") or {} for d in docs]
     for key in ENGINE_FIGURES:
         out[key] = median([float(e[key]) for e in engines if isinstance(e.get(key), (int, float))])
+    graphs = engines[0].get("cuda_graphs") if engines else None  # the engine's info, sent as it started
+    if isinstance(graphs, dict) and graphs.get("enabled"):
+        out["cuda_graphs_captured"] = graphs.get("captured") or []
     if out.get("steps") and out.get("duration"):
         out["step_interval_ms"] = 1e3 * out["duration"] / out["steps"]  # the run's wall time a step
     out.update(step_ms(sorted(glob.glob(os.path.join(folder, f"trace*-{arm}-r*.json")))))
@@ -134,6 +137,10 @@ def main() -> int:
             f"{fmt(s.get('preemptions'), '.0f')}, prefix-cache hits {fmt(s.get('prefix_cache_hit_pct'), '.1f')}%; "
             f"{fmt(s.get('step_interval_ms'))} ms of wall time a step{steps}{idle}"
         )
+        if "cuda_graphs_captured" in s:
+            sizes = s["cuda_graphs_captured"]
+            shown = f"{len(sizes)} batch sizes, {sizes[0]} to {sizes[-1]} rows" if sizes else "no batch size"
+            print(f"    CUDA graphs (--cuda-graphs): decode steps captured for {shown}")
         if "targets" in s and args.device == "cuda":
             met = ", ".join(f"{k} ≤ {TARGETS[k]}: {'met' if ok else 'missed'}" for k, ok in s["targets"].items())
             print(f"    targets (the seed's): {met}")

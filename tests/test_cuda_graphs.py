@@ -8,9 +8,12 @@ the scratch block and the buffer plumbing run for real against the eager executo
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import subprocess
 import sys
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +30,7 @@ from harness.engine.scheduler import Scheduler
 from harness.wire.messages import EngineCoreRequest, SamplingParams
 
 VOCAB = 128
+REPO = Path(__file__).resolve().parents[1]
 
 
 def make_config(**kw: Any) -> EngineConfig:
@@ -268,3 +272,20 @@ def test_captured_graphs_replay_the_eager_streams() -> None:
     # Greedy rows pick the same tokens unless the padded batch's kernels round a near tie apart.
     same = sum(got[r.request_id] == want[r.request_id] for r in reqs)
     assert same >= len(reqs) - 1, (got, want)
+
+
+def test_the_seed_summary_says_which_batch_sizes_were_captured(tmp_path: Path) -> None:
+    """scripts/gpu_check_seed.py reads the engine's cuda_graphs info from a run file."""
+    spec = importlib.util.spec_from_file_location("gpu_check_seed", REPO / "scripts" / "gpu_check_seed.py")
+    assert spec is not None and spec.loader is not None
+    seed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(seed)
+    engine = {"device": "cuda:0", "cuda_graphs": {"enabled": True, "captured": [1, 2, 4, 8], "replays": 0}}
+    (tmp_path / "run.json").write_text(json.dumps({"completed": 4, "failed": 0, "metadata": {"engine": engine}}))
+    bad: list[str] = []
+    out = seed.arm_summary(str(tmp_path), "msgspec", [{"status": "ok", "result_file": "run.json"}], "cuda", bad)
+    assert out["cuda_graphs_captured"] == [1, 2, 4, 8] and bad == []
+    engine["cuda_graphs"] = {"enabled": False}
+    (tmp_path / "run.json").write_text(json.dumps({"completed": 4, "failed": 0, "metadata": {"engine": engine}}))
+    out = seed.arm_summary(str(tmp_path), "msgspec", [{"status": "ok", "result_file": "run.json"}], "cuda", bad)
+    assert "cuda_graphs_captured" not in out
