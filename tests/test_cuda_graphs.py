@@ -161,16 +161,20 @@ def test_padding_rows_write_only_the_scratch_block(monkeypatch: pytest.MonkeyPat
     assert graphs.scratch_block not in tables[:3].unique().tolist()
 
 
-def test_requests_with_penalties_or_logprobs_run_eagerly(eager: TorchExecutor, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_requests_with_penalties_or_suppressed_ids_run_eagerly(
+    eager: TorchExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
     graphs = emulated(monkeypatch)
     reqs = [
         request("pen-0", 8, 8, 0, temperature=0.0, repetition_penalty=1.3),
         request("pen-1", 10, 12, 1, temperature=0.0),
+        request("pen-2", 6, 16, 2, temperature=0.0, min_tokens=12, stop_token_ids=[9]),  # 9 suppressed
     ]
     assert serve(graphs, reqs) == serve(eager, reqs)
     info = graphs.info()["cuda_graphs"]
     assert info["eager_by_reason"]["bias_penalties_logprobs"] > 0
-    assert info["replays"] > 0  # pen-1 alone, once pen-0 finished
+    assert info["eager_by_reason"]["suppressed_ids"] > 0
+    assert info["replays"] > 0  # once pen-0 finished and pen-2 has its 12 tokens
     assert info["eager_steps"] == sum(info["eager_by_reason"].values())
 
 
@@ -289,3 +293,21 @@ def test_the_seed_summary_says_which_batch_sizes_were_captured(tmp_path: Path) -
     (tmp_path / "run.json").write_text(json.dumps({"completed": 4, "failed": 0, "metadata": {"engine": engine}}))
     out = seed.arm_summary(str(tmp_path), "msgspec", [{"status": "ok", "result_file": "run.json"}], "cuda", bad)
     assert "cuda_graphs_captured" not in out
+
+
+def test_overlapped_engine_with_graphs_streams_what_the_eager_series_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's default loop (one step of overlap: a decode's input token is filled on the
+    device) with emulated graphs, against the loop in series without them: stops, EOS, min_tokens,
+    logprobs, chunked prefills and aborts on test_torch_overlap's workload (unseeded requests greedy:
+    a wasted row of the overlapped loop draws from the shared generator too)."""
+    from test_overlap import serve as serve_core
+    from test_torch_overlap import rounded, seeded_workload, torch_core
+
+    abort = {"stop-string": 4}
+    series = rounded(serve_core(torch_core(False), seeded_workload(), abort))
+    monkeypatch.setattr(executor_module, "decode_graphs", partial(cuda_graphs.decode_graphs, emulate=True))
+    core = torch_core(True, cuda_graphs=True)
+    assert rounded(serve_core(core, seeded_workload(), abort)) == series
+    info = core.executor.info()["cuda_graphs"]
+    assert info["replays"] > 0
+    assert {"prefill", "bias_penalties_logprobs"} <= set(info["eager_by_reason"]), info

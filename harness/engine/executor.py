@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from harness.engine.config import EngineConfig
+from harness.engine.cuda_graphs import GraphStep, decode_graphs, scratch_blocks
 from harness.engine.device import (
     MemoryPlan,
     check_fits,
@@ -113,6 +114,7 @@ class _Prepared:
     cols: SampleColumns | None = None
     histories: list[tuple[int, _TorchState, ScheduledChunk]] = field(default_factory=list)  # penalized rows
     logprob_ks: list[tuple[int, int]] = field(default_factory=list)  # (logits row, top-k) asking logprobs
+    graph: GraphStep | None = None  # a decode step a captured CUDA graph replays (harness.engine.cuda_graphs)
 
 
 class TorchExecutor:
@@ -155,7 +157,7 @@ class TorchExecutor:
             self.device,
             self.dtype,
             config.seed,
-            num_blocks=config.num_kv_blocks,
+            num_blocks=config.num_kv_blocks + scratch_blocks(config),  # + a block for graphs' padding rows
             block_size=config.kv_block_size,
         )
         self.vision = build_vision_encoder(
@@ -183,6 +185,8 @@ class TorchExecutor:
             self.model.enable_compile()
             self._warm_up()
             self.compile_s = time.perf_counter() - started
+        # Decode-only steps as CUDA graphs (harness.engine.cuda_graphs), captured now; None when off.
+        self.graphs = decode_graphs(config, self.model, self.sampler)
         synchronize(self.device)
 
     def _warm_up(self) -> None:
@@ -210,6 +214,7 @@ class TorchExecutor:
             "memory": self.memory.as_gib(),
             "sdpa": self.sdpa,
             "compile": cfg.compile,
+            "cuda_graphs": self.graphs.info() if self.graphs is not None else {"enabled": False},
             "torch_threads": torch.get_num_threads(),
             "torch_version": torch.__version__,
         }
@@ -332,6 +337,9 @@ class TorchExecutor:
                 for i, c in enumerate(sample_chunks)
                 if c.request_id in wanted
             ]
+        if self.graphs is not None:  # a decode-only step of plain requests: a captured graph replays it
+            exclude = self.special_ids | wanted if self.special_ids or wanted else set()
+            step.graph = self.graphs.prepare(self.batch, batch_rows, decodes, prefills, cols, exclude)
 
     def _holes(
         self,
@@ -375,6 +383,11 @@ class TorchExecutor:
         if step.holes is not None:
             holes, rows = step.holes
             ids.index_copy_(0, holes, last.device_ids.index_select(0, rows))
+        if step.graph is not None and self.graphs is not None:  # the graph's forward and sampler
+            assert step.rows_on_device is not None
+            tokens = self.graphs.replay(step.graph, ids)
+            picked = last.record(step.batch_rows, step.rows_on_device, tokens, self.stager)
+            return dict(zip(step.rids, picked.tolist(), strict=True)), {}
         x = self.model.embed(ids)  # [N, dim]
         for at, n, start, images in step.splices:
             splice_images(x[at : at + n], start, images)
