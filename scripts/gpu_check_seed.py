@@ -89,6 +89,8 @@ def arm_summary(folder: str, arm: str, runs: list[dict[str, Any]], device: str, 
     graphs = engines[0].get("cuda_graphs") if engines else None  # the engine's info, sent as it started
     if isinstance(graphs, dict) and graphs.get("enabled"):
         out["cuda_graphs_captured"] = graphs.get("captured") or []
+        if graphs.get("error"):
+            out["cuda_graphs_error"] = graphs["error"]
     if out.get("steps") and out.get("duration"):
         out["step_interval_ms"] = 1e3 * out["duration"] / out["steps"]  # the run's wall time a step
     out.update(step_ms(sorted(glob.glob(os.path.join(folder, f"trace*-{arm}-r*.json")))))
@@ -140,7 +142,8 @@ def main() -> int:
         if "cuda_graphs_captured" in s:
             sizes = s["cuda_graphs_captured"]
             shown = f"{len(sizes)} batch sizes, {sizes[0]} to {sizes[-1]} rows" if sizes else "no batch size"
-            print(f"    CUDA graphs (--cuda-graphs): decode steps captured for {shown}")
+            failed = f"; the capture failed: {s['cuda_graphs_error']}" if s.get("cuda_graphs_error") else ""
+            print(f"    CUDA graphs (--cuda-graphs): decode steps captured for {shown}{failed}")
         if "targets" in s and args.device == "cuda":
             met = ", ".join(f"{k} ≤ {TARGETS[k]}: {'met' if ok else 'missed'}" for k, ok in s["targets"].items())
             print(f"    targets (the seed's): {met}")

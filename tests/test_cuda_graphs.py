@@ -289,6 +289,10 @@ def test_the_seed_summary_says_which_batch_sizes_were_captured(tmp_path: Path) -
     bad: list[str] = []
     out = seed.arm_summary(str(tmp_path), "msgspec", [{"status": "ok", "result_file": "run.json"}], "cuda", bad)
     assert out["cuda_graphs_captured"] == [1, 2, 4, 8] and bad == []
+    engine["cuda_graphs"] = {"enabled": True, "captured": [], "error": "RuntimeError: out of memory"}
+    (tmp_path / "run.json").write_text(json.dumps({"completed": 4, "failed": 0, "metadata": {"engine": engine}}))
+    out = seed.arm_summary(str(tmp_path), "msgspec", [{"status": "ok", "result_file": "run.json"}], "cuda", bad)
+    assert out["cuda_graphs_captured"] == [] and out["cuda_graphs_error"] == "RuntimeError: out of memory"
     engine["cuda_graphs"] = {"enabled": False}
     (tmp_path / "run.json").write_text(json.dumps({"completed": 4, "failed": 0, "metadata": {"engine": engine}}))
     out = seed.arm_summary(str(tmp_path), "msgspec", [{"status": "ok", "result_file": "run.json"}], "cuda", bad)
@@ -311,3 +315,17 @@ def test_overlapped_engine_with_graphs_streams_what_the_eager_series_does(monkey
     info = core.executor.info()["cuda_graphs"]
     assert info["replays"] > 0
     assert {"prefill", "bias_penalties_logprobs"} <= set(info["eager_by_reason"]), info
+
+
+def test_a_failed_capture_leaves_every_step_eager(eager: TorchExecutor, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: DecodeGraphs, bk: Any, filtered: bool) -> torch.Tensor:
+        raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
+
+    monkeypatch.setattr(DecodeGraphs, "_step", refuse)
+    graphs = emulated(monkeypatch)
+    reqs = batch_of(3, "failed", temperature=0.0)
+    assert serve(graphs, reqs) == serve(eager, reqs)
+    info = graphs.info()["cuda_graphs"]
+    assert info["error"] == "RuntimeError: operation not permitted when stream is capturing"
+    assert info["captured"] == [] and info["replays"] == 0
+    assert info["eager_by_reason"]["capture_failed"] > 0

@@ -35,6 +35,7 @@ buffer plumbing run for real on a CPU; only ``torch.cuda.CUDAGraph`` itself is l
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -55,6 +56,7 @@ from harness.engine.step import ScheduledChunk
 from harness.engine.step_plan import StepPlan
 
 _STEP = 8  # bucket spacing past 8 rows
+log = logging.getLogger("wirebench.engine")
 
 
 def bucket_sizes(max_num_seqs: int) -> list[int]:
@@ -151,6 +153,7 @@ class DecodeGraphs:
         self.replays: Counter[int] = Counter()  # by bucket
         self.eager: Counter[str] = Counter()  # by reason
         self.capture_s: float | None = None
+        self.error: str | None = None  # why the capture failed (then every step runs eagerly)
 
     def _bucket(self, b: int) -> _Bucket:
         padding = np.zeros(6 * b + b * self.max_blocks, dtype=np.int64)
@@ -183,17 +186,28 @@ class DecodeGraphs:
         return self.sampler.sample_fixed(logits, sampling, bk.floats, self.noise, filtered)
 
     def capture(self) -> None:
-        """Capture every bucket's graphs, largest first (emulated: keep each step's callable)."""
+        """Capture every bucket's graphs, largest first (emulated: keep each step's callable).
+
+        A capture that fails (an op that syncs, memory) is said in the log and the info, and every
+        step then runs eagerly: the engine still serves, and a run says why it had no graphs.
+        """
         started = time.perf_counter()
-        with torch.inference_mode():
-            if self.emulate:
-                for b in reversed(self.sizes):
-                    for filtered in (False, True):
-                        fn = partial(self._step, self.buckets[b], filtered)
-                        fn()  # the warm-up a capture makes: it writes only the scratch block
-                        self.buckets[b].graphs[filtered] = _Emulated(fn)
-            else:
-                self._capture_cuda()
+        try:
+            with torch.inference_mode():
+                if self.emulate:
+                    for b in reversed(self.sizes):
+                        for filtered in (False, True):
+                            fn = partial(self._step, self.buckets[b], filtered)
+                            fn()  # the warm-up a capture makes: it writes only the scratch block
+                            self.buckets[b].graphs[filtered] = _Emulated(fn)
+                else:
+                    self._capture_cuda()
+        except Exception as exc:
+            lines = str(exc).strip().splitlines()
+            self.error = f"{type(exc).__name__}: {lines[0][:300] if lines else '(no message)'}"
+            for bk in self.buckets.values():
+                bk.graphs.clear()
+            log.warning("CUDA graph capture failed, decode steps run eagerly: %s", self.error)
         self.capture_s = time.perf_counter() - started
 
     def _capture_cuda(self) -> None:
@@ -231,7 +245,9 @@ class DecodeGraphs:
         n = len(decodes)
         bucket = self.bucket_for(n)
         reason = None
-        if prefills or not decodes or cols is None:
+        if self.error is not None:
+            reason = "capture_failed"
+        elif prefills or not decodes or cols is None:
             reason = "prefill"
         elif bucket is None:
             reason = "rows"
@@ -291,6 +307,7 @@ class DecodeGraphs:
             "replays_by_bucket": {str(b): n for b, n in sorted(self.replays.items())},
             "eager_steps": sum(self.eager.values()),
             "eager_by_reason": dict(sorted(self.eager.items())),
+            **({"error": self.error} if self.error is not None else {}),
         }
 
 
