@@ -114,6 +114,7 @@ def test_greedy_streams_with_graphs_equal_the_eager_ones(
     assert info["replays"] > 0 and info["eager_by_reason"]["prefill"] > 0
     # The batch shrank through sizes that need padding: 7 rows in 8, 5 or 3 in 4.
     assert any(b in info["replays_by_bucket"] for b in ("4", "8"))
+    assert set(info["replays_by_variant"]) == {"greedy"}  # an argmax alone: no softmax, no noise
 
 
 def test_sampled_streams_with_graphs_equal_the_eager_ones(
@@ -124,12 +125,13 @@ def test_sampled_streams_with_graphs_equal_the_eager_ones(
     reqs = [
         request("mix-0", 9, 12, 0, temperature=0.8, seed=7),
         request("mix-1", 14, 10, 1, temperature=1.0),
-        request("mix-2", 6, 14, 2, temperature=0.7, top_p=0.9, top_k=20, seed=3),
+        request("mix-2", 6, 5, 2, temperature=0.7, top_p=0.9, top_k=20, seed=3),
         request("mix-3", 11, 8, 3, temperature=0.0),
-        request("mix-4", 7, 11, 4, temperature=1.2, min_p=0.05),
+        request("mix-4", 7, 4, 4, temperature=1.2, min_p=0.05),
     ]
     assert serve(graphs, reqs) == serve(eager, reqs)
-    assert graphs.info()["cuda_graphs"]["replays"] > 0
+    info = graphs.info()["cuda_graphs"]
+    assert info["replays"] > 0 and {"filtered", "plain"} <= set(info["replays_by_variant"]), info
 
 
 def test_padding_rows_write_only_the_scratch_block(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -184,13 +186,13 @@ def columns(rows: list[SampleRow]) -> SampleColumns:
 
 def fixed(sampler: Sampler, logits: torch.Tensor, cols: SampleColumns, bucket: int) -> torch.Tensor:
     """``sample_fixed`` on ``cols`` padded to ``bucket`` rows (padding logits: zeros)."""
-    ints, floats, filtered = sampler.fixed_inputs(cols, bucket)
+    ints, floats, variant = sampler.fixed_inputs(cols, bucket)
     noise = torch.ones(bucket, sampler.vocab_size)
     sampler.draw_fixed_noise(cols, noise)
     padded = torch.zeros(bucket, logits.shape[1])
     padded[: logits.shape[0]] = logits
     out = sampler.sample_fixed(
-        padded, torch.from_numpy(ints), torch.from_numpy(floats.astype(np.float32)), noise, filtered
+        padded, torch.from_numpy(ints), torch.from_numpy(floats.astype(np.float32)), noise, variant
     )
     return out[: len(cols)]
 
@@ -318,7 +320,7 @@ def test_overlapped_engine_with_graphs_streams_what_the_eager_series_does(monkey
 
 
 def test_a_failed_capture_leaves_every_step_eager(eager: TorchExecutor, monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(self: DecodeGraphs, bk: Any, filtered: bool) -> torch.Tensor:
+    def refuse(self: DecodeGraphs, bk: Any, variant: str) -> torch.Tensor:
         raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
 
     monkeypatch.setattr(DecodeGraphs, "_step", refuse)

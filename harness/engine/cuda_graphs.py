@@ -6,8 +6,8 @@ A CUDA graph records one step's kernels once and replays them with one launch. A
 replays fixed shapes on fixed addresses, so:
 
 - Steps are padded to a *bucket* of rows (1, 2, 4, 8, then multiples of 8 up to the
-  engine's ``max_num_seqs``, as vLLM does); one graph per bucket and sampler variant (plain
-  softmax, or top-k/top-p/min-p filters), captured at start from the largest bucket down,
+  engine's ``max_num_seqs``, as vLLM does); one graph per bucket and sampler variant (greedy,
+  a plain softmax, or top-k/top-p/min-p filters), captured at start from the largest bucket down,
   sharing one memory pool (a smaller graph reuses the larger one's memory: replays never
   overlap, and a replay's tokens are fetched before the next).
 - Each bucket owns static input buffers: one int64 buffer (token ids, positions, cache slots,
@@ -50,7 +50,7 @@ from torch import Tensor
 from harness.engine.config import EngineConfig
 from harness.engine.input_batch import InputBatch
 from harness.engine.model import Transformer
-from harness.engine.sampler import SampleColumns, Sampler
+from harness.engine.sampler import FIXED_VARIANTS, SampleColumns, Sampler
 from harness.engine.staging import Stager
 from harness.engine.step import ScheduledChunk
 from harness.engine.step_plan import StepPlan
@@ -110,7 +110,7 @@ class GraphStep:
 
     bucket: int
     rows: int  # real rows; the rest of the bucket is padding
-    filtered: bool  # which sampler variant's graph replays
+    variant: str  # which sampler variant's graph replays (``FIXED_VARIANTS``)
     ints: Tensor  # the bucket's int buffer's values
     floats: Tensor  # its float buffer's, flat
     cols: SampleColumns  # for the noise draws
@@ -118,13 +118,13 @@ class GraphStep:
 
 @dataclass
 class _Bucket:
-    """One bucket's static buffers and its graphs (by sampler variant: filtered or not)."""
+    """One bucket's static buffers and its graphs, by sampler variant."""
 
     rows: int
     ints: Tensor  # [6 * rows + rows * max_blocks]: ids, positions, slots, top-k, greedy, noise row, tables
     floats: Tensor  # [3, rows]: temperature, top-p, min-p
     padding: np.ndarray  # ``ints`` of an all-padding step, the template each step's inputs are written over
-    graphs: dict[bool, _Emulated | _Captured] = field(default_factory=dict)
+    graphs: dict[str, _Emulated | _Captured] = field(default_factory=dict)
 
 
 class DecodeGraphs:
@@ -151,6 +151,7 @@ class DecodeGraphs:
         self.noise = torch.ones(self.sizes[-1], sampler.vocab_size, device=self.device)
         self.buckets = {b: self._bucket(b) for b in self.sizes}
         self.replays: Counter[int] = Counter()  # by bucket
+        self.variants: Counter[str] = Counter()  # replays by sampler variant
         self.eager: Counter[str] = Counter()  # by reason
         self.capture_s: float | None = None
         self.error: str | None = None  # why the capture failed (then every step runs eagerly)
@@ -171,7 +172,7 @@ class DecodeGraphs:
         """The smallest bucket that holds ``rows`` rows; None past the largest."""
         return next((b for b in self.sizes if b >= rows), None)
 
-    def _step(self, bk: _Bucket, filtered: bool) -> Tensor:
+    def _step(self, bk: _Bucket, variant: str) -> Tensor:
         """One padded decode step on ``bk``'s static buffers -> its tokens [rows]: what a graph records."""
         b, model = bk.rows, self.model
         ids, positions, slots = bk.ints[:b], bk.ints[b : 2 * b], bk.ints[2 * b : 3 * b]
@@ -183,7 +184,7 @@ class DecodeGraphs:
         none = bk.ints[:0]
         batch = model.make_batch(shapes, [slots, positions, tables, none, none])
         logits = model.forward_step(model.embed(ids), batch)
-        return self.sampler.sample_fixed(logits, sampling, bk.floats, self.noise, filtered)
+        return self.sampler.sample_fixed(logits, sampling, bk.floats, self.noise, variant)
 
     def capture(self) -> None:
         """Capture every bucket's graphs, largest first (emulated: keep each step's callable).
@@ -196,10 +197,10 @@ class DecodeGraphs:
             with torch.inference_mode():
                 if self.emulate:
                     for b in reversed(self.sizes):
-                        for filtered in (False, True):
-                            fn = partial(self._step, self.buckets[b], filtered)
+                        for variant in FIXED_VARIANTS:
+                            fn = partial(self._step, self.buckets[b], variant)
                             fn()  # the warm-up a capture makes: it writes only the scratch block
-                            self.buckets[b].graphs[filtered] = _Emulated(fn)
+                            self.buckets[b].graphs[variant] = _Emulated(fn)
                 else:
                     self._capture_cuda()
         except Exception as exc:
@@ -215,16 +216,16 @@ class DecodeGraphs:
         side = torch.cuda.Stream(self.device)
         for b in reversed(self.sizes):  # largest first: the smaller graphs reuse its pool memory
             bk = self.buckets[b]
-            for filtered in (False, True):
+            for variant in FIXED_VARIANTS:
                 # A warm-up on a side stream first (lazy inits, allocator), as torch's docs ask.
                 side.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(side):
-                    self._step(bk, filtered)
+                    self._step(bk, variant)
                 torch.cuda.current_stream(self.device).wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    out = self._step(bk, filtered)
-                bk.graphs[filtered] = _Captured(graph, out)
+                    out = self._step(bk, variant)
+                bk.graphs[variant] = _Captured(graph, out)
         torch.cuda.synchronize(self.device)
 
     def prepare(
@@ -272,12 +273,12 @@ class DecodeGraphs:
         host[b : b + n] = pos
         host[2 * b : 2 * b + n] = plan.decode_table[np.arange(n), pos // bs] * bs + pos % bs
         host[6 * b :].reshape(b, self.max_blocks)[:n] = plan.decode_table
-        sample_ints, floats, filtered = self.sampler.fixed_inputs(cols, b)
+        sample_ints, floats, variant = self.sampler.fixed_inputs(cols, b)
         host[3 * b : 6 * b] = sample_ints.reshape(-1)
         # Fresh staging tensors, not the static buffers: the step before may still be replaying.
         (ints,) = self.stager.ints(host)
         (floats_t,) = self.stager.floats(floats.reshape(-1))
-        return GraphStep(b, n, filtered, ints, floats_t, cols)
+        return GraphStep(b, n, variant, ints, floats_t, cols)
 
     def replay(self, step: GraphStep, ids: Tensor | None = None) -> Tensor:
         """The device's part: the step's inputs into its bucket's static buffers, its noise drawn,
@@ -292,8 +293,9 @@ class DecodeGraphs:
             bk.ints[: step.rows].copy_(ids, non_blocking=True)
         bk.floats.view(-1).copy_(step.floats, non_blocking=True)
         self.sampler.draw_fixed_noise(step.cols, self.noise)
-        tokens = bk.graphs[step.filtered].replay()
+        tokens = bk.graphs[step.variant].replay()
         self.replays[step.bucket] += 1
+        self.variants[step.variant] += 1
         return tokens[: step.rows]
 
     def info(self) -> dict[str, Any]:
@@ -305,6 +307,7 @@ class DecodeGraphs:
             "capture_s": None if self.capture_s is None else round(self.capture_s, 2),
             "replays": sum(self.replays.values()),
             "replays_by_bucket": {str(b): n for b, n in sorted(self.replays.items())},
+            "replays_by_variant": dict(sorted(self.variants.items())),
             "eager_steps": sum(self.eager.values()),
             "eager_by_reason": dict(sorted(self.eager.items())),
             **({"error": self.error} if self.error is not None else {}),

@@ -53,6 +53,8 @@ from harness.engine.staging import Stager
 from harness.wire.messages import SamplingParams
 
 _GREEDY_EPS = 1e-5
+# ``Sampler.sample_fixed``'s variants: a CUDA graph is captured for each (shapes fixed, choices not).
+FIXED_VARIANTS = ("greedy", "plain", "filtered")
 
 
 @dataclass
@@ -234,12 +236,13 @@ class Sampler:
         (those need per-step lists of data-dependent length; such a step runs ``sample_columns``)."""
         return not (cols.biased or cols.penalized or any(ids for _, ids in cols.suppress))
 
-    def fixed_inputs(self, cols: SampleColumns, rows: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    def fixed_inputs(self, cols: SampleColumns, rows: int) -> tuple[np.ndarray, np.ndarray, str]:
         """A step's columns as ``sample_fixed``'s inputs, padded to ``rows``.
 
         Returns ints [3, rows] (top-k, greedy, noise row), floats [3, rows] (temperature, top-p,
-        min-p) and whether any random row has a filter. Padding rows are greedy; their picks are
-        dropped. The step's noise is drawn by ``draw_fixed_noise``.
+        min-p) and the step's variant (``FIXED_VARIANTS``): greedy (every row), filtered (a random
+        row has a filter) or plain. Padding rows are greedy; their picks are dropped. The step's
+        noise is drawn by ``draw_fixed_noise``.
         """
         n, vocab = len(cols), self.vocab_size
         ints = np.zeros((3, rows), dtype=np.int64)
@@ -253,8 +256,9 @@ class Sampler:
         floats[0, order] = cols.temperature[order]
         floats[1, order] = np.where(top_p < 1.0, top_p, np.inf)
         floats[2, order] = min_p
-        filtered = bool(((top_k > 0) | (top_p < 1.0) | (min_p > 0.0)).any())
-        return ints, floats, filtered
+        if not order.size:
+            return ints, floats, "greedy"
+        return ints, floats, "filtered" if ((top_k > 0) | (top_p < 1.0) | (min_p > 0.0)).any() else "plain"
 
     def draw_fixed_noise(self, cols: SampleColumns, noise: Tensor) -> None:
         """The step's Exp(1) noise into ``noise``'s first rows, by the calls ``sample_columns`` makes
@@ -262,18 +266,21 @@ class Sampler:
         shared, seeded = self._random_rows(cols, np.flatnonzero(~cols.greedy))
         self._draw_noise(noise, shared.size, seeded, cols.generators)
 
-    def sample_fixed(self, logits: Tensor, ints: Tensor, floats: Tensor, noise: Tensor, filtered: bool) -> Tensor:
+    def sample_fixed(self, logits: Tensor, ints: Tensor, floats: Tensor, noise: Tensor, variant: str) -> Tensor:
         """``sample_columns`` in fixed-shape ops over every row and the whole vocabulary, no host sync:
         logits [R, >= vocab], ints/floats [3, R] and noise [>= R, vocab] from ``fixed_inputs`` -> [R].
 
-        Row by row the same arithmetic as ``sample_columns`` (``filtered`` picks ``_probs`` or a plain
-        softmax, as its step-wide choice does), so a row's pick matches the eager one for the same noise.
+        Row by row the same arithmetic as ``sample_columns``, whose step-wide choices ``variant``
+        makes: greedy (an argmax alone), plain (a softmax) or filtered (``_probs``); so a row's pick
+        matches the eager one for the same noise.
         """
         logits = logits[:, : self.vocab_size].float()
+        if variant == "greedy":
+            return _argmax(logits)
         top_k, greedy, noise_row = ints.unbind(0)
         temps, top_p, min_p = floats.unbind(0)
         scaled = logits / temps[:, None]
-        probs = self._probs(scaled, top_k, top_p, min_p) if filtered else torch.softmax(scaled, dim=-1)
+        probs = self._probs(scaled, top_k, top_p, min_p) if variant == "filtered" else torch.softmax(scaled, dim=-1)
         picks = _race(probs, noise.index_select(0, noise_row), logits)
         return torch.where(greedy != 0, _argmax(logits), picks)
 
