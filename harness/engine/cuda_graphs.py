@@ -35,6 +35,7 @@ buffer plumbing run for real on a CPU; only ``torch.cuda.CUDAGraph`` itself is l
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections import Counter
@@ -214,18 +215,27 @@ class DecodeGraphs:
     def _capture_cuda(self) -> None:
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream(self.device)
-        for b in reversed(self.sizes):  # largest first: the smaller graphs reuse its pool memory
-            bk = self.buckets[b]
-            for variant in FIXED_VARIANTS:
-                # A warm-up on a side stream first (lazy inits, allocator), as torch's docs ask.
-                side.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(side):
-                    self._step(bk, variant)
-                torch.cuda.current_stream(self.device).wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    out = self._step(bk, variant)
-                bk.graphs[variant] = _Captured(graph, out)
+        # Each capture starts with a full gc.collect (torch.cuda.graph): with the heap frozen meanwhile
+        # it scans only what is new, not the whole loaded engine, once per graph.
+        frozen_here = gc.get_freeze_count() == 0
+        if frozen_here:
+            gc.freeze()
+        try:
+            for b in reversed(self.sizes):  # largest first: the smaller graphs reuse its pool memory
+                bk = self.buckets[b]
+                for variant in FIXED_VARIANTS:
+                    # A warm-up on a side stream first (lazy inits, allocator), as torch's docs ask.
+                    side.wait_stream(torch.cuda.current_stream(self.device))
+                    with torch.cuda.stream(side):
+                        self._step(bk, variant)
+                    torch.cuda.current_stream(self.device).wait_stream(side)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool):
+                        out = self._step(bk, variant)
+                    bk.graphs[variant] = _Captured(graph, out)
+        finally:
+            if frozen_here:
+                gc.unfreeze()
         torch.cuda.synchronize(self.device)
 
     def prepare(
