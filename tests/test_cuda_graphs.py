@@ -12,6 +12,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,9 @@ import numpy as np
 import pytest
 import torch
 
-from harness.engine import cuda_graphs
+from harness.engine import attention_kernels, cuda_graphs
 from harness.engine import executor as executor_module
+from harness.engine.attention import AttentionMeta, Kernel
 from harness.engine.config import EngineConfig
 from harness.engine.cuda_graphs import DecodeGraphs, bucket_sizes, refusal
 from harness.engine.executor import TorchExecutor
@@ -154,11 +156,11 @@ def test_padding_rows_write_only_the_scratch_block(monkeypatch: pytest.MonkeyPat
     assert graphs.scratch_block not in owned
     bk = graphs.buckets[4]  # 3 rows decode in the bucket of 4
     assert graphs.replays[4] > 0
-    bs, b = cfg.kv_block_size, 4
-    slots = bk.ints[2 * b : 3 * b]
+    bs = cfg.kv_block_size
+    slots = bk.part("slots")
     assert int(slots[3]) == graphs.scratch_block * bs  # the padding row's K/V slot
     assert all(int(x) // bs != graphs.scratch_block for x in slots[:3])
-    tables = bk.ints[6 * b :].view(b, -1)
+    tables = bk.part("tables").view(4, -1)
     assert bool((tables[3] == graphs.scratch_block).all())
     assert graphs.scratch_block not in tables[:3].unique().tolist()
 
@@ -331,3 +333,49 @@ def test_a_failed_capture_leaves_every_step_eager(eager: TorchExecutor, monkeypa
     assert info["error"] == "RuntimeError: operation not permitted when stream is capturing"
     assert info["captured"] == [] and info["replays"] == 0
     assert info["eager_by_reason"]["capture_failed"] > 0
+
+
+def paged_varlen(block_size: int) -> Kernel:
+    """FlashAttention's paged varlen semantics on the CPU, a sequence at a time: each sequence's
+    ``seqlens_k`` keys read through its ``block_table`` row, causal bottom-right. Stands in for
+    vLLM's kernel (CUDA only) so the graphs' varlen lists are checked against the eager ones."""
+
+    def run(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
+        assert meta.cu_seqlens_q is not None and meta.seqlens_k is not None and meta.block_table is not None
+        n, h, d = q.shape
+        group = h // k_cache.shape[1]
+        cu, lens = meta.cu_seqlens_q.tolist(), meta.seqlens_k.tolist()
+        out = torch.zeros(n, h, d)
+        for s, keys in enumerate(lens):
+            lo, hi = cu[s], cu[s + 1]
+            blocks = meta.block_table[s].long()
+            slots = (blocks[:, None] * block_size + torch.arange(block_size)).reshape(-1)[:keys]
+            k = k_cache[slots].float().repeat_interleave(group, dim=1)  # [L, H, D]
+            v = v_cache[slots].float().repeat_interleave(group, dim=1)
+            t = hi - lo
+            seen = torch.arange(keys)[None, :] <= (keys - t + torch.arange(t))[:, None]  # [T, L]
+            scores = torch.einsum("thd,lhd->htl", q[lo:hi].float(), k) / d**0.5
+            att = scores.masked_fill(~seen[None], float("-inf")).softmax(dim=-1)
+            out[lo:hi] = torch.einsum("htl,lhd->thd", att, v)
+        return out.to(q.dtype).reshape(n, h * d)
+
+    return Kernel("test-paged-varlen", run, calls_per_layer=1, varlen=True)
+
+
+def test_graphs_attend_with_a_paged_varlen_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel that reads the cache in place through block tables serves the graphs too (its
+    lists have fixed shapes); the streams equal the eager steps' with the same kernel."""
+    monkeypatch.setattr(attention_kernels, "select", lambda *args: paged_varlen(16))
+    eager = TorchExecutor(make_config())
+    assert eager.model.attention_kernel.name == "test-paged-varlen"
+    graphs = emulated(monkeypatch)
+    reqs = batch_of(5, "varlen", temperature=0.0) + [request("varlen-s", 9, 10, 7, temperature=0.9, seed=2)]
+    assert serve(graphs, reqs) == serve(eager, reqs)
+    info = graphs.info()["cuda_graphs"]
+    assert info["attention"] == "test-paged-varlen" and info["replays"] > 0
+
+
+def test_a_kernel_that_packs_the_steps_keys_leaves_the_graphs_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    packed = replace(paged_varlen(16), name="test-packed", packed_keys=True)
+    monkeypatch.setattr(attention_kernels, "select", lambda *args: packed)
+    assert emulated(monkeypatch).info()["cuda_graphs"]["attention"] == "torch-reference"

@@ -15,18 +15,23 @@ replays fixed shapes on fixed addresses, so:
   buffer (temperature, top-p, min-p). The host's part of a step (``prepare``) stages its values
   in fresh tensors (one non-blocking copy each); the device's part (``replay``) copies them into
   the static buffers, so a step can be prepared while the one before it replays.
-- Attention sees a fixed key length, ``max_model_len``: keys past a row's position are masked,
-  as the eager path masks those past its own step's longest row. The graph thus attends over
-  more (masked) keys than an eager step of short sequences.
+- Attention: a varlen kernel that reads the cache in place through the block tables (vLLM's
+  FlashAttention build, ``harness.engine.attention_kernels``) takes the step as fixed shapes (one
+  query a row; each row's key count and table in the static buffers; at most ``max_model_len``
+  keys), so the graphs use it where the model does. Otherwise (the torch reference, or a kernel
+  that packs the step's keys, sized by the step) the graphs run the reference over a whole
+  ``max_model_len`` of keys a row, masked past each row's position: more gathering than an eager
+  step of short sequences.
 - Padding rows write their K/V into a *scratch block*, one block past those the scheduler
   hands out (``scratch_blocks``), attend only to it, and their tokens are dropped.
 - Sampling runs inside the graph through ``Sampler.sample_fixed`` (no host sync, no
   data-dependent shape); its noise is drawn just before the replay by the same calls as the
-  eager sampler's, so seeded and unseeded streams are the eager ones.
+  eager sampler's, so seeded and unseeded streams are the eager ones (bit for bit on the CPU; on
+  a GPU the padded batch's kernels may round a near tie the other way).
 
 Steps that are not graph-safe run eagerly and are counted by reason: a prefill chunk in the
 step, more rows than the largest bucket, a request with a logit bias, penalties or logprobs,
-or suppressed ids (``min_tokens``).
+or suppressed ids (``min_tokens``); every step, when the capture failed (its error is kept).
 
 ``emulate`` (tests only): "capture" keeps the step's callable after one warm-up call and
 "replay" calls it on the same static buffers, so bucketing, padding, the scratch block and the
@@ -117,15 +122,39 @@ class GraphStep:
     cols: SampleColumns  # for the noise draws
 
 
+def _regions(b: int, max_blocks: int) -> dict[str, slice]:
+    """Where each input of a bucket of ``b`` rows lies in its int64 buffer: ids, positions, cache
+    slots, the sampler's ints [3, b], block tables [b, max_blocks], then FlashAttention's varlen
+    lists (cu_seqlens_q, seqlens_k, cu_seqlens_k) for a kernel that reads the cache in place."""
+    sizes = {
+        "ids": b,
+        "positions": b,
+        "slots": b,
+        "sampling": 3 * b,
+        "tables": b * max_blocks,
+        "cu_q": b + 1,
+        "k_lens": b,
+        "cu_k": b + 1,
+    }
+    out, at = {}, 0
+    for name, size in sizes.items():
+        out[name], at = slice(at, at + size), at + size
+    return out
+
+
 @dataclass
 class _Bucket:
     """One bucket's static buffers and its graphs, by sampler variant."""
 
     rows: int
-    ints: Tensor  # [6 * rows + rows * max_blocks]: ids, positions, slots, top-k, greedy, noise row, tables
+    ints: Tensor  # the int64 inputs, laid out by ``_regions``
     floats: Tensor  # [3, rows]: temperature, top-p, min-p
     padding: np.ndarray  # ``ints`` of an all-padding step, the template each step's inputs are written over
+    at: dict[str, slice]  # ``_regions``
     graphs: dict[str, _Emulated | _Captured] = field(default_factory=dict)
+
+    def part(self, name: str) -> Tensor:
+        return self.ints[self.at[name]]
 
 
 class DecodeGraphs:
@@ -147,6 +176,12 @@ class DecodeGraphs:
         self.scratch_block = scratch_block  # the scheduler hands out blocks [0, scratch_block)
         self.block_size = model.block_size
         self.max_blocks = -(-model.max_model_len // model.block_size)
+        # A varlen kernel that reads keys in place through the block tables takes fixed shapes (one
+        # query a row, max_model_len keys at most): the graphs use it. One that packs the step's keys
+        # sizes them by the step's lengths, which a graph cannot: the reference serves instead.
+        kernel = model.attention_kernel
+        self.varlen = kernel.varlen and not kernel.packed_keys
+        self.attention = kernel.name if self.varlen else "torch-reference"
         self.sizes = bucket_sizes(max_num_seqs)
         # Shared by every bucket: the sampler's Exp(1) noise, drawn into its first rows before a replay.
         self.noise = torch.ones(self.sizes[-1], sampler.vocab_size, device=self.device)
@@ -158,16 +193,21 @@ class DecodeGraphs:
         self.error: str | None = None  # why the capture failed (then every step runs eagerly)
 
     def _bucket(self, b: int) -> _Bucket:
-        padding = np.zeros(6 * b + b * self.max_blocks, dtype=np.int64)
-        padding[2 * b : 3 * b] = self.scratch_block * self.block_size  # position 0 of the scratch block
-        padding[3 * b : 4 * b] = self.sampler.vocab_size  # top-k off
-        padding[4 * b : 5 * b] = 1  # greedy
-        padding[6 * b :] = self.scratch_block  # tables: the scratch block throughout
+        at = _regions(b, self.max_blocks)
+        padding = np.zeros(at["cu_k"].stop, dtype=np.int64)
+        # A padding row: token 0 at position 0 of the scratch block, greedy, every filter off.
+        padding[at["slots"]] = self.scratch_block * self.block_size
+        padding[at["sampling"]][:b] = self.sampler.vocab_size  # top-k off
+        padding[at["sampling"]][b : 2 * b] = 1  # greedy
+        padding[at["tables"]] = self.scratch_block
+        padding[at["cu_q"]] = np.arange(b + 1)  # one query a row, in every step
+        padding[at["k_lens"]] = 1
+        padding[at["cu_k"]] = np.arange(b + 1)
         floats = torch.zeros(3, b, device=self.device)
         floats[0].fill_(1.0)  # temperature
         floats[1].fill_(float("inf"))  # top-p off
         ints = torch.from_numpy(padding.copy()).to(self.device)
-        return _Bucket(b, ints, floats, padding)
+        return _Bucket(b, ints, floats, padding, at)
 
     def bucket_for(self, rows: int) -> int | None:
         """The smallest bucket that holds ``rows`` rows; None past the largest."""
@@ -176,16 +216,16 @@ class DecodeGraphs:
     def _step(self, bk: _Bucket, variant: str) -> Tensor:
         """One padded decode step on ``bk``'s static buffers -> its tokens [rows]: what a graph records."""
         b, model = bk.rows, self.model
-        ids, positions, slots = bk.ints[:b], bk.ints[b : 2 * b], bk.ints[2 * b : 3 * b]
-        sampling = bk.ints[3 * b : 6 * b].view(3, b)
-        tables = bk.ints[6 * b :]
         # A plan for the shapes alone (every row at the last position: keys [0, max_model_len)); the
         # rows' real positions and tables are the buffers' values, which the mask and gathers read.
         shapes = StepPlan([()] * b, [model.max_model_len - 1] * b)
         none = bk.ints[:0]
-        batch = model.make_batch(shapes, [slots, positions, tables, none, none])
-        logits = model.forward_step(model.embed(ids), batch)
-        return self.sampler.sample_fixed(logits, sampling, bk.floats, self.noise, variant)
+        staged = [bk.part("slots"), bk.part("positions"), bk.part("tables"), none, none]
+        if self.varlen:  # make_batch takes the model's kernel only with the varlen lists
+            staged += [bk.part("cu_q"), bk.part("k_lens"), bk.part("cu_k"), bk.part("tables")]
+        batch = model.make_batch(shapes, staged)
+        logits = model.forward_step(model.embed(bk.part("ids")), batch)
+        return self.sampler.sample_fixed(logits, bk.part("sampling").view(3, b), bk.floats, self.noise, variant)
 
     def capture(self) -> None:
         """Capture every bucket's graphs, largest first (emulated: keep each step's callable).
@@ -276,15 +316,17 @@ class DecodeGraphs:
             rows, plan.decode_blocks, self.max_blocks, self.scratch_block
         )
         plan.check(self.model.num_blocks, self.block_size, self.model.max_model_len)
-        b, bs = bucket, self.block_size
+        b, bs, at = bucket, self.block_size, bk.at
         host = bk.padding.copy()
         pos = np.asarray(positions, dtype=np.int64)
-        host[:n] = [c.token_ids[0] for c in decodes]  # a token still on the device is filled in ``replay``
-        host[b : b + n] = pos
-        host[2 * b : 2 * b + n] = plan.decode_table[np.arange(n), pos // bs] * bs + pos % bs
-        host[6 * b :].reshape(b, self.max_blocks)[:n] = plan.decode_table
+        host[at["ids"]][:n] = [c.token_ids[0] for c in decodes]  # one still on the device: see ``replay``
+        host[at["positions"]][:n] = pos
+        host[at["slots"]][:n] = plan.decode_table[np.arange(n), pos // bs] * bs + pos % bs
+        host[at["tables"]].reshape(b, self.max_blocks)[:n] = plan.decode_table
+        host[at["k_lens"]][:n] = pos + 1
+        host[at["cu_k"]][1:] = np.cumsum(host[at["k_lens"]])
         sample_ints, floats, variant = self.sampler.fixed_inputs(cols, b)
-        host[3 * b : 6 * b] = sample_ints.reshape(-1)
+        host[at["sampling"]] = sample_ints.reshape(-1)
         # Fresh staging tensors, not the static buffers: the step before may still be replaying.
         (ints,) = self.stager.ints(host)
         (floats_t,) = self.stager.floats(floats.reshape(-1))
@@ -300,7 +342,7 @@ class DecodeGraphs:
         bk = self.buckets[step.bucket]
         bk.ints.copy_(step.ints, non_blocking=True)
         if ids is not None:
-            bk.ints[: step.rows].copy_(ids, non_blocking=True)
+            bk.part("ids")[: step.rows].copy_(ids, non_blocking=True)
         bk.floats.view(-1).copy_(step.floats, non_blocking=True)
         self.sampler.draw_fixed_noise(step.cols, self.noise)
         tokens = bk.graphs[step.variant].replay()
@@ -313,6 +355,7 @@ class DecodeGraphs:
         return {
             "enabled": True,
             "emulated": self.emulate,
+            "attention": self.attention,  # the kernel the graphs attend with
             "captured": sorted(b for b, bk in self.buckets.items() if bk.graphs),
             "capture_s": None if self.capture_s is None else round(self.capture_s, 2),
             "replays": sum(self.replays.values()),
