@@ -158,7 +158,8 @@ class _Bucket:
 
 
 class DecodeGraphs:
-    """The decode steps' CUDA graphs: built with ``decode_graphs``, then ``capture``, then ``run`` per step."""
+    """The decode steps' CUDA graphs: built and captured by ``decode_graphs``; then, per step,
+    ``prepare`` on the host and ``replay`` on the device (the executor's two halves of a step)."""
 
     def __init__(
         self,
