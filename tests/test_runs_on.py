@@ -65,15 +65,15 @@ def test_report_rows_say_what_ran_and_what_admission_allows():
     assert runs_on.report_rows(None) == []
 
 
-def _fake_engine(**extra: object) -> SimpleNamespace:
-    """What FrontendMetrics reads of an engine client, with the GPU engine's info."""
+def _fake_engine(info: dict | None = None, **extra: object) -> SimpleNamespace:
+    """What FrontendMetrics reads of an engine client, with the GPU engine's info (or ``info``)."""
     return SimpleNamespace(
         is_healthy=True,
         codec_name="pickle",
         output_codec_name="pickle",
         frontend_codec_stats=CodecStats,
         engine_codec_stats=CodecStats,
-        engine_info=GPU_INFO,
+        engine_info=GPU_INFO if info is None else info,
         **extra,
     )
 
@@ -95,8 +95,8 @@ def test_a_real_executors_info_makes_a_gauge():
     assert back["sdpa"]["attention"] == "torch-reference"
 
 
-def _scrape(steps: dict[str, int]) -> str:
-    return prom.render(FrontendMetrics().samples(_fake_engine(engine_steps=steps)))
+def _scrape(steps: dict[str, int], info: dict | None = None) -> str:
+    return prom.render(FrontendMetrics().samples(_fake_engine(info, engine_steps=steps)))
 
 
 def test_step_counters_become_the_runs_admission_account():
@@ -130,3 +130,24 @@ def test_kv_counters_become_the_runs_hit_rate_and_preemptions():
     assert engine["preemptions"] == 7 and engine["prefix_cache_hit_pct"] == 40.0
     rows = dict(runs_on.report_rows(engine, 692.0))
     assert rows["Engine KV cache:"] == "prefix-cache hit rate 40.0% of prompt tokens, 7 preemptions"
+
+
+def test_the_loop_and_cuda_graphs_reach_the_report():
+    graphs = {"enabled": True, "captured": [1, 2, 4, 8, 16], "replays": 0, "eager_steps": 0}
+    info = dict(GPU_INFO, overlapped=True, cuda_graphs=graphs)
+    before = _scrape({"steps": 10, "cuda_graph_replays": 3, "cuda_graph_eager_steps": 1}, info)
+    after = _scrape({"steps": 500, "cuda_graph_replays": 453, "cuda_graph_eager_steps": 41}, info)
+    assert "wirebench_engine_cuda_graph_replays_total 453" in after
+    engine = runs_on.with_step_counts(runs_on.from_metrics(after), before, after)
+    assert engine is not None and engine["overlapped"] is True
+    assert engine["cuda_graph_replays"] == 450 and engine["cuda_graph_eager_steps"] == 40
+    rows = dict(runs_on.report_rows(engine, 692.0))
+    assert rows["Engine loop:"] == "one step of overlap (async scheduling)"
+    want = "5 batch sizes captured, up to 16; 450 decode steps replayed a graph, 40 ran eagerly"
+    assert rows["Engine CUDA graphs:"] == want
+    failed = dict(info, cuda_graphs=dict(graphs, captured=[], error="out of memory"))
+    back = runs_on.from_metrics(prom.render(runs_on.metric_samples(failed)))
+    assert back is not None and back["cuda_graphs"] == "capture failed: out of memory"
+    plain = runs_on.from_metrics(prom.render(runs_on.metric_samples(dict(GPU_INFO, overlapped=False))))
+    assert plain is not None and "cuda_graphs" not in plain
+    assert dict(runs_on.report_rows(plain))["Engine loop:"] == "schedule, run, update in series"

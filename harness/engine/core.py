@@ -77,6 +77,11 @@ class EngineCore:
         stats = getattr(self.executor, "device_stats", None)
         return stats() if stats is not None else None
 
+    def step_counts(self) -> dict[str, int]:
+        """The heartbeat's counters: the scheduler's, and the executor's where it keeps any (graphs)."""
+        counts = getattr(self.executor, "step_counts", None)
+        return {**self.scheduler.step_counts(), **(counts() if counts is not None else {})}
+
     def scheduler_stats(self) -> SchedulerStats:
         """The scheduler's state after the last step (``--output-stats``)."""
         sched = self.scheduler

@@ -222,10 +222,19 @@ class TorchExecutor:
             info["compile_s"] = round(self.compile_s, 1)
         if self.device_warning:
             info["device_warning"] = self.device_warning
-        if self.device.type == "cuda" and "math" in self.sdpa.values():
+        # The SDPA calls are the torch reference's: a varlen kernel makes none.
+        reference = self.sdpa.get("attention", "torch-reference") == "torch-reference"
+        if self.device.type == "cuda" and reference and "math" in self.sdpa.values():
             slow = ", ".join(k for k, v in self.sdpa.items() if v == "math")
             info["sdpa_warning"] = f"SDPA runs its math fallback for {slow}: attention scores are materialized"
         return info
+
+    def step_counts(self) -> dict[str, int]:
+        """Counters for the heartbeat, read on the output thread (a dict copy is one step under the GIL)."""
+        if self.graphs is None:
+            return {}
+        replays, eager = dict(self.graphs.replays), dict(self.graphs.eager)
+        return {"cuda_graph_replays": sum(replays.values()), "cuda_graph_eager_steps": sum(eager.values())}
 
     def _new_state(self, nr: NewRequest) -> _TorchState:
         params = nr.request.sampling_params

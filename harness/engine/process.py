@@ -30,7 +30,6 @@ import zmq
 from harness.engine import receivers
 from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore, error_output
-from harness.engine.scheduler import Scheduler
 from harness.engine.timings import EngineTimings
 from harness.wire import curve, shm, torch_shm, transport
 from harness.wire.heap import freeze_heap
@@ -207,7 +206,7 @@ class EngineProcess:
                     return False
         return False
 
-    def _output_loop(self, sock: zmq.Socket, ready: list[bytes], scheduler: Scheduler) -> None:
+    def _output_loop(self, sock: zmq.Socket, ready: list[bytes], core: EngineCore) -> None:
         try:
             self._send(sock, ready)
             while True:
@@ -220,7 +219,7 @@ class EngineProcess:
                     stats = msgspec.json.encode(self.counters.snapshot())
                     # The status frame: requests held, and the scheduler's step counters, read here
                     # (only heartbeats need them; their keys are fixed, so reading across threads is safe).
-                    status = json.dumps({**json.loads(ready[1]), **self.load, **scheduler.step_counts()}).encode()
+                    status = json.dumps({**json.loads(ready[1]), **self.load, **core.step_counts()}).encode()
                     self._send(sock, [transport.envelope(transport.HEARTBEAT), stats, status])
                     self._send_spans(sock, force=True)
                     continue
@@ -457,9 +456,7 @@ class EngineProcess:
         ready = [transport.envelope(transport.READY), json.dumps(info).encode()]
         threads = [
             threading.Thread(target=self._input_loop, args=(in_sock,), name="engine-input", daemon=True),
-            threading.Thread(
-                target=self._output_loop, args=(out_sock, ready, core.scheduler), name="engine-output", daemon=True
-            ),
+            threading.Thread(target=self._output_loop, args=(out_sock, ready, core), name="engine-output", daemon=True),
         ]
         for t in threads:
             t.start()

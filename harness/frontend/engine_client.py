@@ -59,8 +59,8 @@ OK, STALLED, DEAD = "ok", "stalled", "dead"
 
 REQUEST_TIMEOUT_S = 300.0  # seconds without an output for one request before it fails
 
-# The scheduler's counters a heartbeat carries besides blocked_<cause> (Scheduler.step_counts).
-STEP_COUNTERS = ("steps", *runs_on.KV_COUNTERS)
+# The counters a heartbeat carries besides blocked_<cause> (EngineCore.step_counts).
+STEP_COUNTERS = ("steps", *runs_on.KV_COUNTERS, *runs_on.GRAPH_COUNTERS)
 
 
 class EngineClient(Protocol):

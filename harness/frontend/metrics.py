@@ -38,7 +38,7 @@ class FrontendMetrics:
             out[prom.ENGINE_WAITING_STEPS] = [
                 ({"blocked_by": k.removeprefix("blocked_")}, v) for k, v in steps.items() if k.startswith("blocked_")
             ]
-            for key, name in runs_on.KV_COUNTERS.items():
+            for key, name in (runs_on.KV_COUNTERS | runs_on.GRAPH_COUNTERS).items():
                 if key in steps:
                     out[name] = [({}, steps[key])]
         relayed = getattr(engine, "outputs_relayed", None)  # the ZeroMQ client's

@@ -39,6 +39,9 @@ ENGINE_PREEMPTIONS = PREFIX + "engine_preemptions_total"  # counter: running req
 # counters: prompt tokens admitted, and those served from the prefix cache (hit rate = hits / queries)
 ENGINE_PREFIX_HITS = PREFIX + "engine_prefix_cache_hit_tokens_total"
 ENGINE_PREFIX_QUERIES = PREFIX + "engine_prefix_cache_query_tokens_total"
+# counters (--cuda-graphs): decode steps a captured CUDA graph replayed, and steps that ran eagerly
+ENGINE_GRAPH_REPLAYS = PREFIX + "engine_cuda_graph_replays_total"
+ENGINE_GRAPH_EAGER = PREFIX + "engine_cuda_graph_eager_steps_total"
 OUTPUTS_RELAYED = PREFIX + "frontend_outputs_relayed_total"  # counter: engine outputs relayed to requests
 OUTPUTS_BEHIND = PREFIX + "frontend_outputs_behind_total"  # counter: of those, taken with the next one waiting
 MM_STORE = PREFIX + "frontend_mm_store_total"  # counter, label event=hit|miss|eviction|fallback (shm-store)

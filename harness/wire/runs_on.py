@@ -32,9 +32,11 @@ _FIELDS = {
     "max_model_len": "max_model_len",
     "max_num_batched_tokens": "max_num_batched_tokens",
     "compile": "compile",
+    "overlapped": "overlapped",
     "device_warning": "device_warning",
     "sdpa_warning": "sdpa_warning",
 }
+_BOOLS = ("compile", "overlapped")
 _INTS = ("params", "kv_cache_tokens", "max_num_seqs", "vocab_size", "max_model_len", "max_num_batched_tokens")
 
 
@@ -47,8 +49,16 @@ def _clean(value: Any) -> str:
 def metric_labels(info: dict[str, Any]) -> dict[str, str]:
     """The gauge's labels from the engine's info dict (keys it lacks are left out)."""
     labels = {label: _clean(info[key]) for label, key in _FIELDS.items() if info.get(key) is not None}
-    if "compile" in labels:
-        labels["compile"] = "true" if info["compile"] else "false"
+    for flag in _BOOLS:
+        if flag in labels:
+            labels[flag] = "true" if info[flag] else "false"
+    graphs = info.get("cuda_graphs")
+    if isinstance(graphs, dict) and graphs.get("enabled"):
+        captured = graphs.get("captured") or []
+        failed = f"capture failed: {graphs['error']}" if graphs.get("error") else ""
+        labels["cuda_graphs"] = _clean(
+            failed or f"{len(captured)} batch sizes captured, up to {max(captured, default=0)}"
+        )
     sdpa = info.get("sdpa")
     if isinstance(sdpa, dict) and sdpa:
         labels["sdpa"] = _clean(",".join(f"{k}={v}" for k, v in sdpa.items()))
@@ -71,8 +81,9 @@ def from_metrics(text: str | None) -> dict[str, Any] | None:
         for key in _INTS:
             if str(out.get(key, "")).isdigit():
                 out[key] = int(out[key])
-        if "compile" in out:
-            out["compile"] = out["compile"] == "true"
+        for flag in _BOOLS:
+            if flag in out:
+                out[flag] = out[flag] == "true"
         if "sdpa" in out:
             out["sdpa"] = dict(part.partition("=")[::2] for part in str(out["sdpa"]).split(",") if part)
         return out
@@ -88,7 +99,8 @@ def with_step_counts(engine: dict[str, Any] | None, before: str | None, after: s
     if engine is None or not before or not after:
         return engine
     counts = []
-    kv = []
+    kv: list[dict[str, float | None]] = []
+    graphs: list[dict[str, float | None]] = []
     for text in (before, after):
         values = prom.parse(text)
         steps = values.get((prom.ENGINE_STEPS, frozenset()))
@@ -101,6 +113,7 @@ def with_step_counts(engine: dict[str, Any] | None, before: str | None, after: s
             return engine
         counts.append((steps, waiting))
         kv.append({k: values.get((name, frozenset())) for k, name in KV_COUNTERS.items()})
+        graphs.append({k: values.get((name, frozenset())) for k, name in GRAPH_COUNTERS.items()})
     (steps0, waiting0), (steps1, waiting1) = counts
     out = {
         **engine,
@@ -112,6 +125,8 @@ def with_step_counts(engine: dict[str, Any] | None, before: str | None, after: s
         out["preemptions"] = delta["preemptions"]
         queries = delta["prefix_cache_query_tokens"]
         out["prefix_cache_hit_pct"] = round(100 * delta["prefix_cache_hit_tokens"] / queries, 1) if queries else 0.0
+    if all(v is not None for scrape in graphs for v in scrape.values()):  # an engine with --cuda-graphs
+        out.update({k: int((graphs[1][k] or 0) - (graphs[0][k] or 0)) for k in GRAPH_COUNTERS})
     return out
 
 
@@ -120,6 +135,11 @@ KV_COUNTERS = {
     "preemptions": prom.ENGINE_PREEMPTIONS,
     "prefix_cache_hit_tokens": prom.ENGINE_PREFIX_HITS,
     "prefix_cache_query_tokens": prom.ENGINE_PREFIX_QUERIES,
+}
+# The executor's CUDA-graph counters (TorchExecutor.step_counts), only with --cuda-graphs.
+GRAPH_COUNTERS = {
+    "cuda_graph_replays": prom.ENGINE_GRAPH_REPLAYS,
+    "cuda_graph_eager_steps": prom.ENGINE_GRAPH_EAGER,
 }
 
 
@@ -194,6 +214,12 @@ def report_rows(engine: dict[str, Any] | None, request_tokens: float | None = No
         rows.append(
             (f"{label} idle between steps:", f"{idle / busy:.1%} of its busy time ({idle:,.0f} / {busy:,.0f} ms)")
         )
+    if engine.get("cuda_graphs"):
+        graphs = str(engine["cuda_graphs"])
+        replays, eager = engine.get("cuda_graph_replays"), engine.get("cuda_graph_eager_steps")
+        if isinstance(replays, int) and isinstance(eager, int):
+            graphs += f"; {replays:,} decode steps replayed a graph, {eager:,} ran eagerly"
+        rows.append(("Engine CUDA graphs:", graphs))
     if engine.get("compile"):
         rows.append(("Engine torch.compile:", "on"))
     for key in ("device_warning", "sdpa_warning"):
