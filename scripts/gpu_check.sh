@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Run the serving loop on CUDA for a few minutes, where a GPU exists; never pass falsely.
-#   scripts/gpu_check.sh [--wheels DIR] [--only checks|seed|all] [--seed-seconds S]
+#   scripts/gpu_check.sh [--wheels DIR] [--only tests|checks|seed|all] [--seed-seconds S]
 #                        [--seed-block-size N] [--seed-rounds R] [--dry-run-cpu] [PRESET]
 #   (default preset: llama-8b, random weights)
 #
 # What runs (--only, default all):
+#   tests   the tests that skip without a GPU (the varlen attention kernels against the torch
+#           reference, captured CUDA graphs against eager steps, the cuda-ipc transport), where
+#           pytest is installed; else said and skipped
 #   checks  the text and image workloads, pickle and msgspec-oob, a few minutes
 #   seed    the seed's workload (docs/seed.md: 1,000 sonnet prompts at 40 req/s, 150 tokens out,
 #           200-token shared prefix) on the real torch executor, bf16, prefix caching, 256
@@ -60,9 +63,9 @@ while [ $# -gt 0 ]; do
   case $1 in
     --wheels) [ $# -ge 2 ] || { echo "gpu_check: --wheels needs a folder" >&2; exit 2; }
               wheels=$2; shift 2 ;;
-    --only) [ $# -ge 2 ] || { echo "gpu_check: --only needs checks, seed or all" >&2; exit 2; }
-            case $2 in checks|seed|all) only=$2 ;;
-              *) echo "gpu_check: --only takes checks, seed or all, not '$2'" >&2; exit 2 ;; esac
+    --only) [ $# -ge 2 ] || { echo "gpu_check: --only needs tests, checks, seed or all" >&2; exit 2; }
+            case $2 in tests|checks|seed|all) only=$2 ;;
+              *) echo "gpu_check: --only takes tests, checks, seed or all, not '$2'" >&2; exit 2 ;; esac
             shift 2 ;;
     --seed-seconds) [ $# -ge 2 ] || { echo "gpu_check: --seed-seconds needs a number" >&2; exit 2; }
                     positive --seed-seconds "$2"; seed_seconds=$2; shift 2 ;;
@@ -76,8 +79,8 @@ while [ $# -gt 0 ]; do
     *) preset=$1; shift ;;
   esac
 done
-if [ "$dry_run" = 1 ] && [ "$only" = checks ]; then
-  echo "gpu_check: --dry-run-cpu runs the seed step alone, not --only checks" >&2; exit 2
+if [ "$dry_run" = 1 ] && [ "$only" != seed ] && [ "$only" != all ]; then
+  echo "gpu_check: --dry-run-cpu runs the seed step alone, not --only $only" >&2; exit 2
 fi
 if [ -n "$wheels" ]; then
   [ -d "$wheels" ] || { echo "gpu_check: no wheel folder $wheels" >&2; exit 2; }
@@ -216,7 +219,20 @@ codecs=pickle,msgspec-oob
 bench=("$python" -m harness.cli run --codec "$codecs" --device cuda --model-preset "$preset"
        --max-num-seqs 128 --server-log "$out/server.log" --no-progress)
 failed=0
-if [ "$only" != seed ]; then
+if [ "$only" = tests ] || [ "$only" = all ]; then
+  gpu_tests=(tests/test_attention_varlen.py::test_the_cuda_kernel_equals_the_reference
+             tests/test_cuda_graphs.py::test_captured_graphs_replay_the_eager_streams
+             tests/test_e2e_mm_transports.py::test_cuda_ipc_serves_images)
+  if "$python" -c 'import pytest' 2>/dev/null; then
+    echo "gpu_check: [tests] ${gpu_tests[*]}"
+    "$python" -m pytest -q -p no:cacheprovider -rs "${gpu_tests[@]}" 2>&1 | tee "$out/gpu-tests.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+    ! grep -q "needs a CUDA GPU" "$out/gpu-tests.log" || { echo "gpu_check: [tests] skipped on a GPU"; failed=1; }
+  else
+    echo "gpu_check: [tests] skipped: pytest is not installed for $python"
+  fi
+fi
+if [ "$only" = checks ] || [ "$only" = all ]; then
   echo "gpu_check: [1/2] text: 200 sonnet prompts at 20 req/s, pickle and msgspec-oob interleaved"
   "${bench[@]}" --num-prompts 200 --request-rate 20 --result-dir "$out/text" || failed=1
   echo "gpu_check: [2/2] image: 40 requests of one 336x336 image as bfloat16 pixel tensors, at 8 req/s"
@@ -261,7 +277,7 @@ for b in dict.fromkeys(bad):
 sys.exit(1 if bad else 0)
 PY
 echo "gpu_check: results in $out"
-if [ "$only" != seed ]; then
+if [ "$only" = checks ] || [ "$only" = all ]; then
   "$python" -c "$summary_py" "$out" || failed=1
   if [ "$failed" -ne 0 ]; then
     echo "gpu_check: FAIL (last lines of $out/server.log follow)"
@@ -270,7 +286,7 @@ if [ "$only" != seed ]; then
 fi
 
 # --- the seed's workload on the real engine (docs/gpu.md, docs/seed.md) -------------------
-if [ "$only" != checks ]; then
+if [ "$only" = seed ] || [ "$only" = all ]; then
   seed_out=$out/seed
   mkdir -p "$seed_out"
   if [ "$dry_run" = 1 ]; then  # the same path, sized for a CPU and a test

@@ -124,7 +124,7 @@ def main() -> int:
         bad.append("the compare file records no runs")
     for arm, s in arms.items():
         idle = (
-            f", GPU idle {s['gpu_idle_ms'] / s['gpu_busy_ms']:.1%} of busy (modelled)"
+            f", device thread idle {s['gpu_idle_ms'] / s['gpu_busy_ms']:.1%} of its busy time"
             if s.get("gpu_busy_ms") and s.get("gpu_idle_ms") is not None
             else ""
         )

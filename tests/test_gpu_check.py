@@ -107,7 +107,7 @@ def test_wheels_folder_must_exist(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "env", "said"),
     [
-        (("--only", "everything"), {}, "--only takes checks, seed or all"),
+        (("--only", "everything"), {}, "--only takes tests, checks, seed or all"),
         (("--only",), {}, "--only needs"),
         (("--seed-seconds", "0"), {}, "--seed-seconds needs a whole number > 0"),
         (("--seed-rounds", "two"), {}, "--seed-rounds needs a whole number > 0"),
@@ -126,7 +126,7 @@ def test_bad_arguments_are_usage_errors(tmp_path: Path, args: tuple[str, ...], e
 def test_help_names_what_runs(tmp_path: Path) -> None:
     proc = run_gpu_check(tmp_path, args=("--help",))
     assert proc.returncode == 0
-    for option in ("--only checks|seed|all", "--seed-seconds", "--dry-run-cpu", "WIREBENCH_GPU_CHECK_DRY_RUN"):
+    for option in ("--only tests|checks|seed|all", "--seed-seconds", "--dry-run-cpu", "WIREBENCH_GPU_CHECK_DRY_RUN"):
         assert option in proc.stdout
 
 
