@@ -15,30 +15,15 @@ from typing import Any
 import numpy as np
 import pytest
 from PIL import Image
-from test_overlap import VOCAB, Stream, request, serve, workload
+from test_overlap import Stream, make_core, request, serve, workload
 
-from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore
 from harness.wire.messages import EngineCoreRequest, PlaceholderRange, SamplingParams
 
 
 def torch_core(overlapped: bool, **kw: Any) -> EngineCore:
-    base: dict[str, Any] = dict(
-        executor="torch",
-        device="cpu",
-        async_scheduling=overlapped,
-        vocab_size=VOCAB,
-        eos_token_id=3,
-        max_num_seqs=8,
-        max_num_batched_tokens=64,
-        max_model_len=256,
-        long_prefill_token_threshold=16,
-        seed=7,
-    )
-    base.update(kw)
-    core = EngineCore(EngineConfig(**base))
-    assert core.overlapped is overlapped
-    return core
+    """``test_overlap``'s engine with the tiny model on the CPU (the sim's knobs go unread)."""
+    return make_core(overlapped, executor="torch", device="cpu", **kw)
 
 
 def rounded(streams: Stream) -> Stream:
