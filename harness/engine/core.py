@@ -55,7 +55,7 @@ class EngineCore:
         self._inflight: overlap.InFlight | None = None
         # The engine had work since the last step ended: the device's gap before the next one is idle time.
         self._continuous = False
-        # The modelled GPU's start and end (monotonic ns) of the step whose outputs step() returned last.
+        # The device thread's start and end (monotonic ns) of the step whose outputs step() returned last.
         self.device_span: tuple[int, int] | None = None
 
     def add_request(self, request: EngineCoreRequest) -> EngineCoreOutput | None:
@@ -73,7 +73,7 @@ class EngineCore:
         return self._inflight is not None or self.scheduler.has_unfinished_requests()
 
     def device_stats(self) -> DeviceStats | None:
-        """The modelled GPU's busy and idle time so far (sim); None for an executor without one."""
+        """The device thread's busy and idle time so far; None for an executor without one."""
         stats = getattr(self.executor, "device_stats", None)
         return stats() if stats is not None else None
 

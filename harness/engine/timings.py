@@ -36,7 +36,7 @@ class EngineTimings:
         self._batches: list[dict[str, Any]] = []
         self._steps: list[dict[str, Any]] = []
         self._last_flush = time.monotonic()
-        # The sim executor's modelled GPU (harness.engine.sim_gpu), set once the engine core exists.
+        # The executor's device thread (harness.engine.sim_gpu), set once the engine core exists.
         self.device: DeviceStats | None = None
 
     # input thread
@@ -67,7 +67,7 @@ class EngineTimings:
         """One call of the engine's step: what it scheduled, and the requests sampled in what it returned
         (overlapped, the step before: ``harness.engine.overlap``).
 
-        ``device_span``: the modelled GPU's start and end of the step whose tokens it returned (sim).
+        ``device_span``: the device thread's start and end of the step whose tokens it returned.
         """
         tokens = scheduled.total_num_tokens if scheduled is not None else 0
         new_ids = [nr.request_id for nr in scheduled.new_requests] if scheduled is not None else []
@@ -101,7 +101,7 @@ class EngineTimings:
     # output thread
     def batch_sent(self, batch: dict[str, Any], request_ids: list[str]) -> None:
         """A batch went out: it carries the first output of those of ``request_ids`` still pending."""
-        if self.device is not None:  # the modelled GPU's time so far, cumulative
+        if self.device is not None:  # the device thread's time so far, cumulative
             batch["device_busy"], batch["device_idle"] = self.device.busy_ns, self.device.idle_ns
         with self._lock:
             self._batches.append(batch)

@@ -129,7 +129,7 @@ class BatchPoints:
     decode_cpu: int = 0
     adapt: int = 0  # engine: the codec's adapter before encode (ns)
     front_adapt: int = 0  # frontend: the codec's adapter after decode (ns)
-    # The sim executor's modelled GPU as the batch left: busy and idle-between-steps ns so far (0 on torch).
+    # The device thread as the batch left: busy and idle-between-steps ns so far (0 for torch in series).
     device_busy: int = 0
     device_idle: int = 0
 
@@ -244,7 +244,7 @@ class IpcBudget:
     requests: int = 0
     unavailable: str = ""  # why there is no budget (spans across hosts, server without spans)
     loop_lag: dict[str, float] = field(default_factory=dict)
-    # The modelled GPU over the run (sim): busy_ms, idle_ms between steps (device_time); empty otherwise.
+    # The device thread over the run (sim, or torch overlapped): busy_ms, idle_ms between steps; else empty.
     device: dict[str, float] = field(default_factory=dict)
 
     def share_of_ttft(self, mean_ttft_ms: float) -> float:
@@ -265,7 +265,7 @@ class IpcBudget:
 
 
 def device_time(batches: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """The modelled GPU's busy and idle ms between the first and last of a run's output batches.
+    """The device thread's busy and idle ms between the first and last of a run's output batches.
 
     Each batch carries the device's cumulative counters as it left, so their difference is the
     run's share whatever steps sent no batch; empty when the engine has no modelled device.
@@ -319,7 +319,7 @@ def trace_events(
     meta(engine_pid, ENGINE_LOOP_TID, "engine", "busy loop")
     meta(engine_pid, ENGINE_OUTPUT_TID, "engine", "output thread")
     if any("device_start" in s for s in steps):
-        meta(engine_pid, ENGINE_DEVICE_TID, "engine", "modelled GPU (sim)")
+        meta(engine_pid, ENGINE_DEVICE_TID, "engine", "device thread")  # sim's modelled GPU, or torch's steps
 
     def slice_(name: str, cat: str, pid: int, tid: int, start: int, end: int, args: dict[str, Any]) -> None:
         if start > 0 and end >= start:
