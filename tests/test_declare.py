@@ -51,16 +51,16 @@ def test_the_served_flags_keep_their_names_and_destinations() -> None:
         *("served_model_name", "verify", "frontend_cpu_us_per_token", "tokenizer"),
         *("mm_payload", "mm_tensor_size", "mm_tensor_dtype", "output_codec", "model_preset", "device", "dtype"),
         *("engine_threads", "executor", "sim_step_model", "sim_step_fixed_ms", "sim_step_per_token_ms"),
-        *("no_async_scheduling",),
+        *("no_async_scheduling", "overlap_on_cpu"),
         *("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_tokens", "kv_block_size"),
         *("prefix_caching", "image_tokens"),
-        *("no_spans", "compile", "output_stats", "no_gc_freeze"),
+        *("no_spans", "compile", "cuda_graphs", "output_stats", "no_gc_freeze"),
     ]
     assert comparable(ServedSettings, EngineConfig) == (
         *("mm_payload", "mm_tensor_size", "mm_tensor_dtype", "output_codec", "model_preset", "device", "dtype"),
         *("executor", "sim_step_model", "sim_step_fixed_ms", "sim_step_per_token_ms", "no_async_scheduling"),
-        *("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_block_size", "prefix_caching"),
-        *("output_stats",),
+        *("overlap_on_cpu", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_block_size"),
+        *("prefix_caching", "cuda_graphs", "output_stats"),
     )
 
 

@@ -481,8 +481,7 @@ def test_request_timelines_are_ordered_add_up_and_make_a_trace(tmp_path):
     events = json.loads(trace.read_text())["traceEvents"]
     assert {e["ph"] for e in events} == {"M", "X"}
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
-    # The device thread has a track: torch's steps run there with the loop overlapped (the default).
-    assert sorted(names.values()) == ["busy loop", "device thread", "event loop", "input thread", "output thread"]
+    assert sorted(names.values()) == ["busy loop", "event loop", "input thread", "output thread"]
     slices = {e["name"] for e in events if e["ph"] == "X"}
     assert {
         "request encode",

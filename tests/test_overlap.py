@@ -188,9 +188,11 @@ def test_a_device_error_reaches_the_host():
 
 
 @pytest.mark.parametrize("setting", [True, False])
-def test_torch_follows_the_setting(setting):
+def test_torch_overlaps_on_the_cpu_only_when_told(setting):
     core = EngineCore(EngineConfig(executor="torch", device="cpu", async_scheduling=setting, max_num_seqs=2))
-    assert core.overlapped is setting
+    assert core.overlapped is False  # its forward needs the host's cores
+    told = EngineConfig(executor="torch", device="cpu", async_scheduling=setting, overlap_on_cpu=True, max_num_seqs=2)
+    assert EngineCore(told).overlapped is setting
 
 
 def test_a_runs_gpu_idle_share_comes_from_its_batches_and_is_printed():

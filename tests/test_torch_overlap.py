@@ -23,7 +23,7 @@ from harness.wire.messages import EngineCoreRequest, PlaceholderRange, SamplingP
 
 def torch_core(overlapped: bool, **kw: Any) -> EngineCore:
     """``test_overlap``'s engine with the tiny model on the CPU (the sim's knobs go unread)."""
-    return make_core(overlapped, executor="torch", device="cpu", **kw)
+    return make_core(overlapped, executor="torch", device="cpu", overlap_on_cpu=True, **kw)
 
 
 def rounded(streams: Stream) -> Stream:

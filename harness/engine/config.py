@@ -79,8 +79,16 @@ class EngineConfig:
         True,
         flag="--no-async-scheduling",
         help="run schedule, launch, wait and update in series (default: one step of overlap, as vLLM's "
-        "--async-scheduling: the host schedules and stages the next step while the device thread runs "
-        "this one, sim's modelled GPU or torch's forward and sampling)",
+        "--async-scheduling: the host schedules and stages the next step while the device runs this one, "
+        "sim's modelled GPU or torch on CUDA; torch on the CPU runs in series, its forward needs the "
+        "host's cores)",
+        comparable=True,
+    )
+    overlap_on_cpu: bool = setting(
+        False,
+        flag="--overlap-on-cpu",
+        help="torch on the CPU: overlap its steps too (for studies; measured slower on the CPU, where the "
+        "forward and the host share the cores)",
         comparable=True,
     )
     # Scheduler limits

@@ -106,7 +106,7 @@ def _sleeping_forward(ex: TorchExecutor, max_rows: int, forward_ms: float) -> No
 
 def _loop(cfg: EngineConfig, a: argparse.Namespace, overlapped: bool) -> dict[str, Any]:
     """Decode steps of ``--requests`` requests through the engine loop, the forward taking --forward-ms."""
-    cfg = dataclasses.replace(cfg, async_scheduling=overlapped)
+    cfg = dataclasses.replace(cfg, async_scheduling=overlapped, overlap_on_cpu=True)  # the forward only sleeps
     core = EngineCore(cfg)
     assert isinstance(core.executor, TorchExecutor) and core.overlapped is overlapped
     _sleeping_forward(core.executor, cfg.max_num_batched_tokens, a.forward_ms)
