@@ -29,6 +29,7 @@ SCRIPT_OUTPUTS = {
     "logprob-streams.json",
     "overlap-sim.json",
     "step-profile-batch.json",
+    "step-profile-overlap.json",
     "seed-10245-client.json",
     "seed-10245-27rounds-client.json",
     "seed-10245-38rounds-client.json",
