@@ -10,14 +10,17 @@ prefix hits, images.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from test_overlap import Stream, make_core, request, serve, workload
 
 from harness.engine.core import EngineCore
+from harness.engine.executor import TorchExecutor
 from harness.wire.messages import EngineCoreRequest, PlaceholderRange, SamplingParams
 
 
@@ -127,3 +130,65 @@ def test_streams_with_images_equal():
 
     series, overlapped, _ = both(load)
     assert overlapped == series
+
+
+def test_a_failed_step_fails_the_step_it_feeds_and_the_engine_serves_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step launched behind a failed one feeds tokens never sampled: it must fail, not embed -1."""
+    core = torch_core(True)
+    ex = core.executor
+    assert isinstance(ex, TorchExecutor)
+    smallest: list[int] = []
+    embed, sample = ex.model.embed, ex.sampler.sample_columns
+
+    def spied_embed(ids: torch.Tensor) -> torch.Tensor:
+        smallest.append(int(ids.min()))
+        return embed(ids)
+
+    calls = iter(range(10**6))
+
+    def flaky_sample(logits: torch.Tensor, cols: Any) -> torch.Tensor:
+        if next(calls) == 0:  # the prefill: its rows' ids are never written
+            raise RuntimeError("boom")
+        return sample(logits, cols)
+
+    monkeypatch.setattr(ex.model, "embed", spied_embed)
+    monkeypatch.setattr(ex.sampler, "sample_columns", flaky_sample)
+    assert core.add_request(request("a", temperature=0.0, max_tokens=8, ignore_eos=True)) is None
+    with pytest.raises(RuntimeError, match="boom"):
+        for _ in range(10):
+            core.step()
+    core.fail_all("boom")
+    ex.device_thread.stop()  # the step queued behind the failed one has run (and failed) by now
+    assert smallest and min(smallest) >= 0
+    again = serve(core, {0: [request("b", temperature=0.0, max_tokens=5)]}, {})
+    fresh = serve(torch_core(True), {0: [request("b", temperature=0.0, max_tokens=5)]}, {})
+    assert again == fresh and len(again["b"]) == 6  # five tokens and the finish reason
+
+
+def test_a_launch_that_raises_waits_for_the_step_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next launch stages into the buffers of the step before the one that failed to launch."""
+    core = torch_core(True)
+    ex = core.executor
+    assert isinstance(ex, TorchExecutor)
+    for i in range(3):
+        assert core.add_request(request(f"r{i}", temperature=0.0, max_tokens=20, ignore_eos=True)) is None
+    for _ in range(3):
+        core.step()
+    forward = ex.model.forward_step
+
+    def slow_forward(*args: Any) -> torch.Tensor:
+        time.sleep(0.3)
+        return forward(*args)
+
+    monkeypatch.setattr(ex.model, "forward_step", slow_forward)
+    core.step()  # launches a slow step
+    in_flight = core._inflight
+    assert in_flight is not None and not in_flight.handle.done()
+
+    def refuse(sched: Any) -> Any:
+        raise ValueError("a bad block id")
+
+    monkeypatch.setattr(ex, "_prepare", refuse)
+    with pytest.raises(ValueError, match="a bad block id"):
+        core.step()
+    assert in_flight.handle.done()

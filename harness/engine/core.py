@@ -8,6 +8,8 @@ forward and sampling), then waits for step N and returns N's outputs (``harness.
 
 from __future__ import annotations
 
+import contextlib
+
 from harness.engine import overlap
 from harness.engine.config import EngineConfig
 from harness.engine.executor import Executor, TorchExecutor
@@ -123,9 +125,15 @@ class EngineCore:
         self._inflight = None
         if scheduled.total_num_tokens:
             assert self._launch is not None
-            self._inflight = overlap.launch(
-                self.scheduler, scheduled, self._launch, previous is not None or self._continuous
-            )
+            try:
+                self._inflight = overlap.launch(
+                    self.scheduler, scheduled, self._launch, previous is not None or self._continuous
+                )
+            except BaseException:
+                if previous is not None:  # let it end first: the next launch stages into its buffers
+                    with contextlib.suppress(BaseException):
+                        previous.handle.wait()
+                raise
             self.step_index += 1
             self._drop_images(scheduled)
         outputs: list[EngineCoreOutput] = []

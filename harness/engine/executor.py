@@ -178,6 +178,9 @@ class TorchExecutor:
         self.last_sampled = SampledIds(self.device, config.max_num_seqs)
         # Runs launched steps' device parts in order (one step of overlap); a step run by execute() runs inline.
         self.device_thread = DeviceThread()
+        # The last device part raised: a step fed by its ids (``holes``) must not run on ids never
+        # written (-1 into the embedding: an index error, a sticky device assert on CUDA).
+        self._device_failed = False
         self.sdpa = self.model.sdpa_backends()
         self.compile_s: float | None = None
         if config.compile:
@@ -379,11 +382,18 @@ class TorchExecutor:
         read the sampled ids back (the step's one sync). Runs in order, one step at a time."""
         sampled: dict[str, int] = {}
         logprobs: dict[str, Logprobs] = {}
-        with torch.inference_mode():
-            if step.batch is not None:
-                sampled, logprobs = self._forward_and_sample(step)
-            if not sampled:  # nothing fetched: wait here, so the step's time covers its kernels
-                synchronize(self.device)
+        if self._device_failed and step.holes is not None:
+            raise RuntimeError("the step before this one failed, so the tokens it feeds were never sampled")
+        try:
+            with torch.inference_mode():
+                if step.batch is not None:
+                    sampled, logprobs = self._forward_and_sample(step)
+                if not sampled:  # nothing fetched: wait here, so the step's time covers its kernels
+                    synchronize(self.device)
+        except BaseException:
+            self._device_failed = True
+            raise
+        self._device_failed = False
         return ModelRunnerOutput(sampled, step.errors, time.perf_counter() - step.t0, logprobs=logprobs)
 
     def _forward_and_sample(self, step: _Prepared) -> tuple[dict[str, int], dict[str, Logprobs]]:
