@@ -320,7 +320,6 @@ class DecodeGraphs:
         b, bs, at = bucket, self.block_size, bk.at
         host = bk.padding.copy()
         pos = np.asarray(positions, dtype=np.int64)
-        host[at["ids"]][:n] = [c.token_ids[0] for c in decodes]  # one still on the device: see ``replay``
         host[at["positions"]][:n] = pos
         host[at["slots"]][:n] = plan.decode_table[np.arange(n), pos // bs] * bs + pos % bs
         host[at["tables"]].reshape(b, self.max_blocks)[:n] = plan.decode_table
@@ -333,17 +332,16 @@ class DecodeGraphs:
         (floats_t,) = self.stager.floats(floats.reshape(-1))
         return GraphStep(b, n, variant, ints, floats_t, cols)
 
-    def replay(self, step: GraphStep, ids: Tensor | None = None) -> Tensor:
+    def replay(self, step: GraphStep, ids: Tensor) -> Tensor:
         """The device's part: the step's inputs into its bucket's static buffers, its noise drawn,
         the graph replayed -> its tokens [rows], on the device (valid until the next replay).
 
-        ``ids``: the step's input token ids as the executor staged them, when some are filled on
-        the device (the token the step before sampled); else those ``prepare`` wrote.
+        ``ids``: the step's input token ids as the executor staged them, those fed by the step
+        before already filled in on the device (``prepare`` leaves the ids to this).
         """
         bk = self.buckets[step.bucket]
         bk.ints.copy_(step.ints, non_blocking=True)
-        if ids is not None:
-            bk.part("ids")[: step.rows].copy_(ids, non_blocking=True)
+        bk.part("ids")[: step.rows].copy_(ids, non_blocking=True)
         bk.floats.view(-1).copy_(step.floats, non_blocking=True)
         self.sampler.draw_fixed_noise(step.cols, self.noise)
         tokens = bk.graphs[step.variant].replay()

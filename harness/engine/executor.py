@@ -330,7 +330,9 @@ class TorchExecutor:
             if images:
                 step.splices.append((at, len(c.token_ids), c.start_pos, images))
             at += len(c.token_ids)
-        if not sample_chunks:
+        if not sample_chunks:  # prompt chunks that sample nothing: eager, and counted so
+            if self.graphs is not None:
+                self.graphs.eager["prefill"] += 1
             return
         suppress = [(i, c.suppress_token_ids) for i, c in enumerate(sample_chunks) if c.suppress_token_ids]
         step.cols = cols = self.batch.columns(batch_rows, suppress)
