@@ -109,11 +109,15 @@ def test_greedy_streams_with_graphs_equal_the_eager_ones(
     count: int, eager: TorchExecutor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     graphs = emulated(monkeypatch)
+    staged = []
+    stage = graphs.model.stage
+    monkeypatch.setattr(graphs.model, "stage", lambda *a, **k: staged.append(1) or stage(*a, **k))
     reqs = batch_of(count, f"greedy{count}", temperature=0.0)
     assert serve(graphs, reqs) == serve(eager, reqs)
     info = graphs.info()["cuda_graphs"]
     assert info["enabled"] and info["emulated"] and info["captured"] == [1, 2, 4, 8]
     assert info["replays"] > 0 and info["eager_by_reason"]["prefill"] > 0
+    assert len(staged) == info["eager_steps"]  # a replayed step stages its token ids alone
     # The batch shrank through sizes that need padding: 7 rows in 8, 5 or 3 in 4.
     assert any(b in info["replays_by_bucket"] for b in ("4", "8"))
     assert set(info["replays_by_variant"]) == {"greedy"}  # an argmax alone: no softmax, no noise

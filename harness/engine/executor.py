@@ -101,7 +101,8 @@ class _Prepared:
 
     t0: float  # perf_counter when the host began it
     errors: dict[str, str] = field(default_factory=dict)
-    # None below: nothing to run (every request failed or the step had none).
+    # None below: nothing to run (every request failed or the step had none); ids without a batch:
+    # a captured graph replays the step.
     batch: StepBatch | None = None
     ids: Tensor | None = None  # [N] input token ids (PLACEHOLDER where ``holes`` fills them)
     row_idx: Tensor | None = None  # the rows whose logits are sampled; None: every row
@@ -298,10 +299,23 @@ class TorchExecutor:
         return step
 
     def _stage_step(self, step: _Prepared, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk]) -> None:
-        """Decode rows then prefill chunks as one plan, staged; the sampled rows' inputs."""
+        """The sampled rows' inputs; then, unless a captured graph replays the step (its inputs only
+        the token ids), decode rows then prefill chunks as one plan, staged."""
         sample_chunks = decodes + [c for c in prefills if c.sample]
         step.rids = [c.request_id for c in sample_chunks]
         step.batch_rows = batch_rows = self.batch.rows(step.rids)
+        # Prompt chunks that arrived packed (int32 views) are cast as arrays, never one Python int per token.
+        token_ids = step_token_ids([c.token_ids[0] for c in decodes], [c.token_ids for c in prefills])
+        step.holes = self._holes(token_ids, decodes, prefills, batch_rows)
+        if sample_chunks:
+            self._sampling_inputs(step, sample_chunks)
+        if self.graphs is not None:  # a decode-only step of plain requests: a captured graph replays it
+            wanted = self.logprob_ids
+            exclude = self.special_ids | wanted if self.special_ids or wanted else set()
+            step.graph = self.graphs.prepare(self.batch, batch_rows, decodes, prefills, step.cols, exclude)
+        if step.graph is not None:
+            step.ids, step.rows_on_device = self.stager.ints(token_ids, batch_rows)
+            return
         decode_blocks: list[Sequence[int]] = [c.block_ids for c in decodes]
         positions = [c.start_pos for c in decodes]
         plan = StepPlan(decode_blocks, positions, [Chunk(c.block_ids, c.start_pos, len(c.token_ids)) for c in prefills])
@@ -310,8 +324,6 @@ class TorchExecutor:
             plan.decode_table, plan.decode_table_lens = self.batch.tables(
                 batch_rows[: len(decodes)], decode_blocks, width, self.config.num_kv_blocks
             )
-        # Prompt chunks that arrived packed (int32 views) are cast as arrays, never one Python int per token.
-        token_ids = step_token_ids([c.token_ids[0] for c in decodes], [c.token_ids for c in prefills])
         last = plan.last_rows()
         rows = list(range(len(decodes))) + [r for r, c in zip(last, prefills, strict=True) if c.sample]
         every_row = len(rows) == plan.n_rows  # a pure decode step: no row selection
@@ -323,19 +335,17 @@ class TorchExecutor:
             plan, token_ids, [] if every_row else rows, batch_rows, buffers=buffers
         )
         step.row_idx = None if every_row else row_idx
-        step.holes = self._holes(token_ids, decodes, prefills, batch_rows)
         at = plan.n_decode
         for c in prefills:
             images = self.states[c.request_id].images
             if images:
                 step.splices.append((at, len(c.token_ids), c.start_pos, images))
             at += len(c.token_ids)
-        if not sample_chunks:  # prompt chunks that sample nothing: eager, and counted so
-            if self.graphs is not None:
-                self.graphs.eager["prefill"] += 1
-            return
+
+    def _sampling_inputs(self, step: _Prepared, sample_chunks: list[ScheduledChunk]) -> None:
+        """The sampler's columns of the step's sampled rows, and what its few special rows need."""
         suppress = [(i, c.suppress_token_ids) for i, c in enumerate(sample_chunks) if c.suppress_token_ids]
-        step.cols = cols = self.batch.columns(batch_rows, suppress)
+        step.cols = cols = self.batch.columns(step.batch_rows, suppress)
         if self.special_ids:  # the few rows that need their state: bias lists, token history
             for i, c in enumerate(sample_chunks):
                 if c.request_id in self.special_ids:
@@ -351,9 +361,6 @@ class TorchExecutor:
                 for i, c in enumerate(sample_chunks)
                 if c.request_id in wanted
             ]
-        if self.graphs is not None:  # a decode-only step of plain requests: a captured graph replays it
-            exclude = self.special_ids | wanted if self.special_ids or wanted else set()
-            step.graph = self.graphs.prepare(self.batch, batch_rows, decodes, prefills, cols, exclude)
 
     def _holes(
         self,
@@ -388,7 +395,7 @@ class TorchExecutor:
             raise RuntimeError("the step before this one failed, so the tokens it feeds were never sampled")
         try:
             with torch.inference_mode():
-                if step.batch is not None:
+                if step.ids is not None:  # eager (a staged batch) or a graph's replay
                     sampled, logprobs = self._forward_and_sample(step)
                 if not sampled:  # nothing fetched: wait here, so the step's time covers its kernels
                     synchronize(self.device)
@@ -399,7 +406,7 @@ class TorchExecutor:
         return ModelRunnerOutput(sampled, step.errors, time.perf_counter() - step.t0, logprobs=logprobs)
 
     def _forward_and_sample(self, step: _Prepared) -> tuple[dict[str, int], dict[str, Logprobs]]:
-        assert step.batch is not None and step.ids is not None
+        assert step.ids is not None
         ids, last = step.ids, self.last_sampled
         if step.holes is not None:
             holes, rows = step.holes
@@ -409,6 +416,7 @@ class TorchExecutor:
             tokens = self.graphs.replay(step.graph, ids)
             picked = last.record(step.batch_rows, step.rows_on_device, tokens, self.stager)
             return dict(zip(step.rids, picked.tolist(), strict=True)), {}
+        assert step.batch is not None
         x = self.model.embed(ids)  # [N, dim]
         for at, n, start, images in step.splices:
             splice_images(x[at : at + n], start, images)
