@@ -112,3 +112,11 @@ def test_the_load_and_plan_settings_that_shape_a_run_are_compared() -> None:
     old = RunEntry("pickle", 0, "ok", "", None, {"metadata": {"flags": {"endpoint": "/v1/completions"}}}, None)
     # Blocks and image reuse came later: absent is 0.
     assert run_settings(old) == {"endpoint": "/v1/completions", "block_size": 0, "image_reuse": 0.0}
+    # A trace sent at its own times: the recorded rate and burstiness played no part, so they
+    # do not make two such runs incomparable.
+    timed = [
+        RunEntry("pickle", 0, "ok", "", None, {"metadata": {"flags": flags, "own_send_times": True}}, None)
+        for flags in ({"request_rate": 5.0, "burstiness": 1.0}, {"request_rate": 50.0, "burstiness": 0.5})
+    ]
+    assert run_settings(timed[0]) == run_settings(timed[1])
+    assert "request_rate" not in run_settings(timed[0]) and "burstiness" not in run_settings(timed[0])

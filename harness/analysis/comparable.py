@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from harness.analysis.compare import Arm
+from harness.analysis.documents import own_send_times
 from harness.analysis.runs import RunEntry
 from harness.engine.config import EngineConfig
 from harness.engine.step_time import LINEAR, fixed_ms_of, step_time_model
@@ -48,9 +49,10 @@ def run_settings(entry: RunEntry) -> dict[str, Any]:
     meta = entry.doc.get("metadata") or {}
     flags = meta.get("flags") or {}
     out = {key: flags.get(key, DEFAULTS.get(key)) for key in compared_settings() if key in flags or key in DEFAULTS}
-    rate = flags.get("request_rate")
-    if rate is not None:
-        out["request_rate"] = rate
+    if own_send_times(entry.doc):  # each request went at its own time: rate and burstiness played no part
+        out.pop("burstiness", None)
+    elif flags.get("request_rate") is not None:
+        out["request_rate"] = flags["request_rate"]
     if "sim_step_fixed_ms" in out or "sim_step_per_token_ms" in out:
         # The knobs' flags default to None (the step model's own) since the models came; earlier runs
         # recorded linear's 2.0 and 0.01. Compare what the engine ran, not how it was spelled.
