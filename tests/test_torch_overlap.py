@@ -185,7 +185,7 @@ def test_a_launch_that_raises_waits_for_the_step_in_flight(monkeypatch: pytest.M
     in_flight = core._inflight
     assert in_flight is not None and not in_flight.handle.done()
 
-    def refuse(sched: Any) -> Any:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
         raise ValueError("a bad block id")
 
     monkeypatch.setattr(ex, "_prepare", refuse)

@@ -49,14 +49,13 @@ class EngineCore:
         self.step_index = 0
         # What the last step() scheduled (None before the first, or when it scheduled nothing).
         self.last_step: SchedulerOutput | None = None
-        # Executors with a device thread launch a step and return a handle. In series, the sim's
-        # steps still go through it (their modelled span is reported); torch's run inline.
+        # Executors with a device thread launch a step and return a handle; each says whether the
+        # overlap pays on its device, and whether its steps go through the thread even in series.
         launch: overlap.Launch | None = getattr(self.executor, "launch", None)
-        # torch on the CPU: the forward needs the cores the host would overlap it with (measured
-        # slower, docs/results.md), so it runs in series unless told otherwise.
-        on_cpu = isinstance(self.executor, TorchExecutor) and self.executor.device.type == "cpu"
-        self.overlapped = config.async_scheduling and launch is not None and (not on_cpu or config.overlap_on_cpu)
-        self._launch = launch if self.overlapped or config.executor == "sim" else None
+        self.overlapped = (
+            config.async_scheduling and launch is not None and getattr(self.executor, "overlap_pays", False)
+        )
+        self._launch = launch if self.overlapped or getattr(self.executor, "launches_in_series", False) else None
         self._inflight: overlap.InFlight | None = None
         # The engine had work since the last step ended: the device's gap before the next one is idle time.
         self._continuous = False

@@ -100,6 +100,7 @@ class _Prepared:
     """A step as the host prepared it: all its device part reads, fixed at launch."""
 
     t0: float  # perf_counter when the host began it
+    holes_possible: bool  # launched with one step of overlap: the next step may feed on its ids
     errors: dict[str, str] = field(default_factory=dict)
     # None below: nothing to run (every request failed or the step had none); ids without a batch:
     # a captured graph replays the step.
@@ -179,6 +180,10 @@ class TorchExecutor:
         self.last_sampled = SampledIds(self.device, config.max_num_seqs)
         # Runs launched steps' device parts in order (one step of overlap); a step run by execute() runs inline.
         self.device_thread = DeviceThread()
+        # On the CPU the forward needs the cores the host would overlap it with (measured slower,
+        # docs/results.md): in series there unless told otherwise. In series, steps run inline.
+        self.overlap_pays = self.device.type != "cpu" or config.overlap_on_cpu
+        self.launches_in_series = False
         # The last device part raised: a step fed by its ids (``holes``) must not run on ids never
         # written (-1 into the embedding: an index error, a sticky device assert on CUDA).
         self._device_failed = False
@@ -252,7 +257,7 @@ class TorchExecutor:
 
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         """Run the step here and return its outputs: the engine loop in series."""
-        return self._compute(self._prepare(sched))
+        return self._compute(self._prepare(sched, launched=False))
 
     def launch(self, sched: SchedulerOutput, continuous: bool = False) -> StepHandle[ModelRunnerOutput]:
         """Prepare the step on the host, hand its forward and sampling to the device thread and
@@ -263,19 +268,20 @@ class TorchExecutor:
         this one gathers from it before its forward, so no sampled id waits for the host.
         """
         launched_ns = time.monotonic_ns()
-        step = self._prepare(sched)
+        step = self._prepare(sched, launched=True)
         return self.device_thread.launch(None, lambda: self._compute(step), continuous, launched_ns)
 
     def device_stats(self) -> DeviceStats:
         """The device thread's busy time and the gaps the host left it between steps (overlapped)."""
         return self.device_thread.stats
 
-    def _prepare(self, sched: SchedulerOutput) -> _Prepared:
+    def _prepare(self, sched: SchedulerOutput, launched: bool) -> _Prepared:
         """The host's part of a step: per-request state, the plan, its inputs staged on the device
         and everything the device part reads, fixed now (the next step's host part may run while
-        this step's device part does)."""
+        this step's device part does). ``launched``: one step of overlap, so some inputs may be
+        tokens still on the device; a step run in series has none to look for."""
         t0 = time.perf_counter()
-        step = _Prepared(t0)
+        step = _Prepared(t0, launched)
         with torch.inference_mode():
             for rid in sched.finished_req_ids:
                 self.states.pop(rid, None)
@@ -306,7 +312,7 @@ class TorchExecutor:
         step.batch_rows = batch_rows = self.batch.rows(step.rids)
         # Prompt chunks that arrived packed (int32 views) are cast as arrays, never one Python int per token.
         token_ids = step_token_ids([c.token_ids[0] for c in decodes], [c.token_ids for c in prefills])
-        step.holes = self._holes(token_ids, decodes, prefills, batch_rows)
+        step.holes = self._holes(token_ids, decodes, prefills, batch_rows) if step.holes_possible else None
         if sample_chunks:
             self._sampling_inputs(step, sample_chunks)
         if self.graphs is not None:  # a decode-only step of plain requests: a captured graph replays it
@@ -413,9 +419,7 @@ class TorchExecutor:
             ids.index_copy_(0, holes, last.device_ids.index_select(0, rows))
         if step.graph is not None and self.graphs is not None:  # the graph's forward and sampler
             assert step.rows_on_device is not None
-            tokens = self.graphs.replay(step.graph, ids)
-            picked = last.record(step.batch_rows, step.rows_on_device, tokens, self.stager)
-            return dict(zip(step.rids, picked.tolist(), strict=True)), {}
+            return self._read_back(step, self.graphs.replay(step.graph, ids)), {}
         assert step.batch is not None
         x = self.model.embed(ids)  # [N, dim]
         for at, n, start, images in step.splices:
@@ -435,9 +439,17 @@ class TorchExecutor:
                 logits[at_rows], tokens[at_rows], [k for _, k in step.logprob_ks], self.config.vocab_size
             )
             logprobs = {step.rids[i]: lp for i, lp in zip(asked, found, strict=True)}
-        assert step.rows_on_device is not None
-        picked = last.record(step.batch_rows, step.rows_on_device, tokens, self.stager)
-        return dict(zip(step.rids, picked.tolist(), strict=True)), logprobs
+        return self._read_back(step, tokens), logprobs
+
+    def _read_back(self, step: _Prepared, tokens: Tensor) -> dict[str, int]:
+        """The sampled ids on the host (the step's one sync), each request's; a launched step also
+        keeps them by row, on the device, for the step after it to feed."""
+        if step.holes_possible:
+            assert step.rows_on_device is not None
+            picked = self.last_sampled.record(step.batch_rows, step.rows_on_device, tokens, self.stager)
+        else:
+            picked = self.stager.fetch_array(tokens)
+        return dict(zip(step.rids, picked.tolist(), strict=True))
 
     def _history_row(self, st: _TorchState, c: ScheduledChunk, batch_row: int) -> SampleRow:
         """A penalized row with its token history: the output tokens fed up to this step."""

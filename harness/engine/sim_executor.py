@@ -53,6 +53,8 @@ class SimExecutor:
         self.states: dict[str, _SimState] = {}
         self.step_time = step_time_model(config.sim_step_model, config.sim_step_fixed_ms, config.sim_step_per_token_ms)
         self.device = DeviceThread()  # the modelled GPU: a worker thread that runs launched steps in order
+        self.overlap_pays = True  # the modelled GPU leaves the host free
+        self.launches_in_series = True  # in series too: a step's span is the modelled GPU's
 
     def info(self) -> dict[str, Any]:
         return {
