@@ -202,11 +202,17 @@ def test_requests_whose_outputs_never_come_back_fail_at_the_request_timeout():
         time.sleep(0.5)  # the rogue's connection is up before the requests start
 
         async def scenario():
+            # Lengths differ so the requests finish in different steps: the engine's PUSH deals
+            # step messages to both pullers in turn, so some last outputs go to the rogue (with one
+            # length, all requests finish in one step and that message has even odds of escaping).
             async with aiohttp.ClientSession() as session:
-                body = {"model": MODEL, "prompt": "A long night", "max_tokens": 24, "ignore_eos": True}
                 url = f"{server.base_url}/v1/completions"
+                bodies = [
+                    {"model": MODEL, "prompt": "A long night", "max_tokens": 24 + i, "ignore_eos": True}
+                    for i in range(8)
+                ]
                 return await asyncio.wait_for(
-                    asyncio.gather(*(post_json(session, url, body) for _ in range(8))), timeout=60
+                    asyncio.gather(*(post_json(session, url, body) for body in bodies)), timeout=60
                 )
 
         results = asyncio.run(scenario())  # wait_for: a request that never ends fails the test
