@@ -6,7 +6,8 @@
 #
 # What runs (--only, default all):
 #   tests   the tests that skip without a GPU (the varlen attention kernels against the torch
-#           reference, captured CUDA graphs against eager steps, the cuda-ipc transport), where
+#           reference, captured CUDA graphs against eager steps, the cuda-ipc transport, the
+#           overlapped loop's side-stream read-back against an immediate one), where
 #           pytest is installed; else said and skipped
 #   checks  the text and image workloads, pickle and msgspec-oob, a few minutes
 #   seed    the seed's workload (docs/seed.md: 1,000 sonnet prompts at 40 req/s, 150 tokens out,
@@ -222,7 +223,8 @@ failed=0
 if [ "$only" = tests ] || [ "$only" = all ]; then
   gpu_tests=(tests/test_attention_varlen.py::test_the_cuda_kernel_equals_the_reference
              tests/test_cuda_graphs.py::test_captured_graphs_replay_the_eager_streams
-             tests/test_e2e_mm_transports.py::test_cuda_ipc_serves_images)
+             tests/test_e2e_mm_transports.py::test_cuda_ipc_serves_images
+             tests/test_torch_overlap.py::test_cuda_side_stream_read_back_streams_what_an_immediate_read_does)
   if "$python" -c 'import pytest' 2>/dev/null; then
     echo "gpu_check: [tests] ${gpu_tests[*]}"
     "$python" -m pytest -q -p no:cacheprovider -rs "${gpu_tests[@]}" 2>&1 | tee "$out/gpu-tests.log"

@@ -19,8 +19,8 @@ from harness.analysis.runs import RunEntry
 from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore
 from harness.engine.overlap import PLACEHOLDER
-from harness.engine.sim_gpu import DeviceThread
-from harness.wire import runs_on
+from harness.engine.sim_gpu import DeviceThread, StepHandle
+from harness.wire import prom, runs_on
 from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, SamplingParams
 from harness.wire.spans import device_time, trace_events
 
@@ -181,7 +181,7 @@ def test_a_device_error_reaches_the_host():
     def broken() -> None:
         raise RuntimeError("boom")
 
-    handle = device.launch(0.0, broken, continuous=False)
+    handle: StepHandle[None] = device.launch(0.0, broken, continuous=False)
     with pytest.raises(RuntimeError, match="boom"):
         handle.wait()
     assert device.launch(0.0, lambda: 5, continuous=True).wait() == 5
@@ -209,6 +209,11 @@ def test_a_runs_gpu_idle_share_comes_from_its_batches_and_is_printed():
     rows = dict(runs_on.report_rows(engine))
     assert rows["Modelled GPU idle between steps:"].startswith("2.5% of its busy time")
     assert runs_on.with_device_time({"executor": "torch"}, {}) == {"executor": "torch"}
+    # torch says how it timed the device; the label survives /metrics and names it.
+    for timing, label in (("cuda-events", "GPU (CUDA events)"), ("device-thread", "Engine device thread")):
+        scrape = prom.render(runs_on.metric_samples({"executor": "torch", "device_time": timing}))
+        engine = runs_on.with_device_time(runs_on.from_metrics(scrape), device)
+        assert engine is not None and f"{label} idle between steps:" in dict(runs_on.report_rows(engine))
 
 
 @pytest.mark.parametrize("prefix_caching", [False, True])

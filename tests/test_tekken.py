@@ -174,7 +174,7 @@ def test_frontend_chat_images_get_placeholders_at_their_img_tokens(tok: TekkenTo
 
 
 def test_the_engine_vocabulary_follows_the_tokenizer_and_is_recorded(tok: TekkenTokenizer) -> None:
-    from harness.engine.executor import limits_info
+    from harness.engine.config import limits_info
 
     config = EngineConfig(vocab_size=tok.vocab_size)
     info = limits_info(config)

@@ -5,7 +5,8 @@ the device (``TorchExecutor.launch``).
 The real tiny model on the CPU; token streams, finish reasons and logprobs equal the loop in
 series for the same seed: greedy, seeded, penalties and logit bias (their token history is
 kept on the device side), stops, EOS, min_tokens, chunked prefills, aborts, preemption and
-prefix hits, images.
+prefix hits, images. Each again with the sampled ids handed back later, as on CUDA (a side
+stream's copy, ``harness.engine.read_back``), emulated on the CPU.
 """
 
 from __future__ import annotations
@@ -21,12 +22,17 @@ from test_overlap import Stream, make_core, request, serve, workload
 
 from harness.engine.core import EngineCore
 from harness.engine.executor import TorchExecutor
+from harness.engine.sim_gpu import Pending
 from harness.wire.messages import EngineCoreRequest, PlaceholderRange, SamplingParams
 
 
-def torch_core(overlapped: bool, **kw: Any) -> EngineCore:
-    """``test_overlap``'s engine with the tiny model on the CPU (the sim's knobs go unread)."""
-    return make_core(overlapped, executor="torch", device="cpu", overlap_on_cpu=True, **kw)
+def torch_core(overlapped: bool, deferred: bool = False, **kw: Any) -> EngineCore:
+    """``test_overlap``'s engine with the tiny model on the CPU (the sim's knobs go unread);
+    ``deferred``: launched steps' ids are handed over when read, as CUDA's side-stream copy is."""
+    core = make_core(overlapped, executor="torch", device="cpu", overlap_on_cpu=True, **kw)
+    assert isinstance(core.executor, TorchExecutor)
+    core.executor.read_back.deferred = deferred
+    return core
 
 
 def rounded(streams: Stream) -> Stream:
@@ -41,9 +47,11 @@ def rounded(streams: Stream) -> Stream:
     return {rid: [item(t) for t in s] for rid, s in streams.items()}
 
 
-def both(load: Any, abort: dict[str, int] | None = None, **kw: Any) -> tuple[Stream, Stream, EngineCore]:
+def both(
+    load: Any, abort: dict[str, int] | None = None, deferred: bool = False, **kw: Any
+) -> tuple[Stream, Stream, EngineCore]:
     series = serve(torch_core(False, **kw), load(), abort or {})
-    core = torch_core(True, **kw)
+    core = torch_core(True, deferred, **kw)
     return rounded(series), rounded(serve(core, load(), abort or {})), core
 
 
@@ -58,8 +66,9 @@ def seeded_workload() -> dict[int, list[EngineCoreRequest]]:
     return load
 
 
-def test_overlapped_streams_equal_the_loop_in_series():
-    series, overlapped, core = both(seeded_workload, {"stop-string": 4})
+@pytest.mark.parametrize("deferred", [False, True])
+def test_overlapped_streams_equal_the_loop_in_series(deferred: bool) -> None:
+    series, overlapped, core = both(seeded_workload, {"stop-string": 4}, deferred)
     assert overlapped == series
     reasons = {s[-1] for s in series.values()}
     assert {"FinishReason.LENGTH", "FinishReason.STOP"} <= reasons
@@ -67,7 +76,8 @@ def test_overlapped_streams_equal_the_loop_in_series():
     assert stats is not None and stats.steps > 0 and stats.busy_ns > 0  # the steps ran on the device thread
 
 
-def test_penalties_and_bias_keep_their_history_on_the_device_side():
+@pytest.mark.parametrize("deferred", [False, True])
+def test_penalties_and_bias_keep_their_history_on_the_device_side(deferred: bool) -> None:
     def load() -> dict[int, list[EngineCoreRequest]]:
         return {
             0: [
@@ -79,14 +89,14 @@ def test_penalties_and_bias_keep_their_history_on_the_device_side():
             4: [request("late", temperature=0.0, repetition_penalty=1.2, prompt_len=40, max_tokens=12)],
         }
 
-    series, overlapped, _ = both(load)
+    series, overlapped, _ = both(load, deferred=deferred)
     assert overlapped == series
     assert series["rep"] != series["plain"]  # the penalty did change something
 
 
-@pytest.mark.parametrize("prefix_caching", [False, True])
-def test_streams_equal_when_the_paged_cache_preempts(prefix_caching):
-    kw = dict(kv_cache_tokens=160, kv_block_size=8, prefix_caching=prefix_caching, max_model_len=96)
+@pytest.mark.parametrize(("prefix_caching", "deferred"), [(False, False), (True, False), (True, True)])
+def test_streams_equal_when_the_paged_cache_preempts(prefix_caching: bool, deferred: bool) -> None:
+    kw: dict[str, Any] = dict(kv_cache_tokens=160, kv_block_size=8, prefix_caching=prefix_caching, max_model_len=96)
 
     def load() -> dict[int, list[EngineCoreRequest]]:
         shared: dict[str, Any] = dict(prompt_len=20, ignore_eos=True)
@@ -98,7 +108,7 @@ def test_streams_equal_when_the_paged_cache_preempts(prefix_caching):
             3: [request("q", max_tokens=30, stop_token_ids=[11], temperature=0.0)],
         }
 
-    series_core, overlapped_core = torch_core(False, **kw), torch_core(True, **kw)
+    series_core, overlapped_core = torch_core(False, **kw), torch_core(True, deferred, **kw)
     series = rounded(serve(series_core, load(), {}))
     overlapped = rounded(serve(overlapped_core, load(), {}))
     assert overlapped == series
@@ -192,3 +202,59 @@ def test_a_launch_that_raises_waits_for_the_step_in_flight(monkeypatch: pytest.M
     with pytest.raises(ValueError, match="a bad block id"):
         core.step()
     assert in_flight.handle.done()
+
+
+def test_deferred_ids_reach_the_host_only_when_read_and_a_failed_read_fails_its_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As on CUDA: a launched step's handle holds its outputs pending; the device's error surfaces
+    when its ids are read, fails the requests in that step, and the engine serves on."""
+    core = torch_core(True, deferred=True)
+    ex = core.executor
+    assert isinstance(ex, TorchExecutor)
+    ids = ex.read_back.ids
+    reads = iter(range(10**6))
+
+    def broken() -> np.ndarray:
+        raise RuntimeError("copy failed")
+
+    def failing_copy(*args: Any) -> Pending[np.ndarray]:
+        copied = ids(*args)
+        return Pending(broken) if next(reads) == 1 else copied  # the first decode's copy
+
+    monkeypatch.setattr(ex.read_back, "ids", failing_copy)
+    assert core.add_request(request("a", temperature=0.0, max_tokens=8, ignore_eos=True)) is None
+    core.step()  # launches the prefill
+    in_flight = core._inflight
+    assert in_flight is not None
+    in_flight.handle._done.wait()
+    assert isinstance(in_flight.handle._result, Pending)  # the device thread did not read the ids
+    with pytest.raises(RuntimeError, match="copy failed"):
+        for _ in range(10):
+            core.step()
+    core.fail_all("copy failed")
+    ex.device_thread.stop()
+    again = serve(core, {0: [request("b", temperature=0.0, max_tokens=5)]}, {})
+    fresh = serve(torch_core(True), {0: [request("b", temperature=0.0, max_tokens=5)]}, {})
+    assert again == fresh and len(again["b"]) == 6  # five tokens and the finish reason
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs where one is lent)")
+def test_cuda_side_stream_read_back_streams_what_an_immediate_read_does() -> None:
+    """On CUDA a launched step's ids come back on a side stream while the next step is launched;
+    the streams equal those of the same loop reading each step's ids at once, and the GPU's busy
+    and idle time come from events."""
+
+    def cuda_core(deferred: bool) -> EngineCore:
+        core = make_core(True, executor="torch", device="cuda", dtype="float32")
+        assert isinstance(core.executor, TorchExecutor) and core.executor.read_back.timed
+        core.executor.read_back.deferred = deferred
+        return core
+
+    abort = {"stop-string": 4}
+    at_once = serve(cuda_core(False), seeded_workload(), abort)
+    core = cuda_core(True)
+    assert serve(core, seeded_workload(), abort) == at_once
+    stats = core.device_stats()
+    assert core.executor.info()["device_time"] == "cuda-events"
+    assert stats is not None and stats.steps > 0 and stats.busy_ns > 0 and stats.gaps > 0

@@ -174,3 +174,22 @@ class EngineConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def limits_info(config: EngineConfig) -> dict[str, Any]:
+    """The engine's admission limits, for its info dict (both executors)."""
+    return {
+        "max_num_seqs": config.max_num_seqs,
+        # The tokenizer's vocabulary (what the sampler draws from; the LM head is at least as wide).
+        "vocab_size": config.vocab_size,
+        "max_model_len": config.max_model_len,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "long_prefill_token_threshold": config.long_prefill_token_threshold,
+        # What the paged KV cache holds (num_kv_blocks x kv_block_size) ...
+        "kv_cache_tokens": config.kv_capacity,
+        "kv_cache_tokens_set": config.kv_cache_tokens is not None,
+        # ... and what that allows at the worst case of a whole max_model_len each.
+        "max_seqs_at_max_model_len": min(config.max_num_seqs, config.kv_capacity // config.max_model_len),
+        "kv_block_size": config.kv_block_size,
+        "prefix_caching": config.prefix_caching,
+    }

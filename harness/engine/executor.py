@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from harness.engine.config import EngineConfig
+from harness.engine.config import EngineConfig, limits_info
 from harness.engine.cuda_graphs import GraphStep, decode_graphs, scratch_blocks
 from harness.engine.device import (
     MemoryPlan,
@@ -45,12 +45,13 @@ from harness.engine.input_batch import InputBatch, SampledIds
 from harness.engine.logprobs import top_logprobs
 from harness.engine.model import StepBatch, build_model, get_model_config
 from harness.engine.overlap import PLACEHOLDER
+from harness.engine.read_back import ReadBack, StepMarks
 from harness.engine.sampler import SampleColumns, Sampler, SampleRow, uses_penalties
-from harness.engine.sim_gpu import DeviceStats, DeviceThread, StepHandle
+from harness.engine.sim_gpu import DeviceStats, DeviceThread, Pending, StepHandle
 from harness.engine.staging import Stager, StepBuffers, step_token_ids
 from harness.engine.step import ModelRunnerOutput, NewRequest, ScheduledChunk, SchedulerOutput
 from harness.engine.step_plan import Chunk, StepPlan, blocks_for
-from harness.engine.vision import build_vision_encoder
+from harness.engine.vision import build_vision_encoder, splice_images
 from harness.wire.messages import Logprobs, SamplingParams
 
 log = logging.getLogger("wirebench.engine")
@@ -66,20 +67,6 @@ class Executor(Protocol):
 
 def error_text(exc: BaseException) -> str:
     return f"could not process the request's inputs: {type(exc).__name__}: {exc}"
-
-
-def splice_images(x: Tensor, start: int, images: list[tuple[int, Tensor]]) -> None:
-    """Overwrite, in place, the rows of a chunk that fall inside image placeholders.
-
-    x: [T, dim] embeddings of positions [start, start+T); images: (placeholder
-    offset, embeddings [N, dim]) pairs. A placeholder may span several chunks:
-    each chunk takes the slice of the image's rows that lies inside it.
-    """
-    end = start + x.shape[0]
-    for offset, emb in images:
-        lo, hi = max(start, offset), min(end, offset + emb.shape[0])
-        if lo < hi:
-            x[lo - start : hi - start] = emb[lo - offset : hi - offset]
 
 
 @dataclass
@@ -101,6 +88,7 @@ class _Prepared:
 
     t0: float  # perf_counter when the host began it
     holes_possible: bool  # launched with one step of overlap: the next step may feed on its ids
+    continuous: bool = False  # launched while the engine had work since the step before ended
     errors: dict[str, str] = field(default_factory=dict)
     # None below: nothing to run (every request failed or the step had none); ids without a batch:
     # a captured graph replays the step.
@@ -178,6 +166,9 @@ class TorchExecutor:
         # A row per live request: its sampling columns and block table.
         self.batch = InputBatch(config.max_num_seqs, blocks_for(config.max_model_len, config.kv_block_size))
         self.last_sampled = SampledIds(self.device, config.max_num_seqs)
+        # Launched steps' ids come back on a side stream on CUDA; the newest such step's, noted.
+        self.read_back = ReadBack(self.device)
+        self._last_ids: Pending[np.ndarray] | None = None
         # Runs launched steps' device parts in order (one step of overlap); a step run by execute() runs inline.
         self.device_thread = DeviceThread()
         # On the CPU the forward needs the cores the host would overlap it with (measured slower,
@@ -225,6 +216,8 @@ class TorchExecutor:
             "compile": cfg.compile,
             "cuda_graphs": self.graphs.info() if self.graphs is not None else {"enabled": False},
             "torch_threads": torch.get_num_threads(),
+            # Overlapped steps' time: the GPU's own (CUDA events), or the device thread's as the host sees it.
+            "device_time": "cuda-events" if self.read_back.timed else "device-thread",
             "torch_version": torch.__version__,
         }
         if self.compile_s is not None:
@@ -257,7 +250,8 @@ class TorchExecutor:
 
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         """Run the step here and return its outputs: the engine loop in series."""
-        return self._compute(self._prepare(sched, launched=False))
+        out = self._compute(self._prepare(sched, launched=False))
+        return out.wait() if isinstance(out, Pending) else out
 
     def launch(self, sched: SchedulerOutput, continuous: bool = False) -> StepHandle[ModelRunnerOutput]:
         """Prepare the step on the host, hand its forward and sampling to the device thread and
@@ -269,11 +263,13 @@ class TorchExecutor:
         """
         launched_ns = time.monotonic_ns()
         step = self._prepare(sched, launched=True)
+        step.continuous = continuous
         return self.device_thread.launch(None, lambda: self._compute(step), continuous, launched_ns)
 
     def device_stats(self) -> DeviceStats:
-        """The device thread's busy time and the gaps the host left it between steps (overlapped)."""
-        return self.device_thread.stats
+        """Busy time and the gaps the host left between steps (overlapped): the GPU's own, from
+        events on its stream, on CUDA; elsewhere the device thread's."""
+        return self.read_back.gpu if self.read_back.timed else self.device_thread.stats
 
     def _prepare(self, sched: SchedulerOutput, launched: bool) -> _Prepared:
         """The host's part of a step: per-request state, the plan, its inputs staged on the device
@@ -392,26 +388,48 @@ class TorchExecutor:
         holes_t, rows_t = self.stager.ints(holes, rows)
         return holes_t, rows_t
 
-    def _compute(self, step: _Prepared) -> ModelRunnerOutput:
+    def _compute(self, step: _Prepared) -> ModelRunnerOutput | Pending[ModelRunnerOutput]:
         """The device's part of a step: fill the inputs still on the device, forward, sample, and
-        read the sampled ids back (the step's one sync). Runs in order, one step at a time."""
-        sampled: dict[str, int] = {}
+        read the sampled ids back (the step's one sync). Runs in order, one step at a time. On CUDA
+        a launched step returns once its kernels and the copy of its ids are queued: its outputs
+        are pending (``harness.engine.read_back``), and the next step can be launched behind it."""
+        ids: Pending[np.ndarray] | None = None
         logprobs: dict[str, Logprobs] = {}
         if self._device_failed and step.holes is not None:
             raise RuntimeError("the step before this one failed, so the tokens it feeds were never sampled")
         try:
             with torch.inference_mode():
+                marks = self.read_back.begin(step.continuous) if step.holes_possible else None
                 if step.ids is not None:  # eager (a staged batch) or a graph's replay
-                    sampled, logprobs = self._forward_and_sample(step)
-                if not sampled:  # nothing fetched: wait here, so the step's time covers its kernels
+                    ids, logprobs = self._forward_and_sample(step, marks)
+                if ids is None:  # nothing fetched: wait here, so the step's time covers its kernels
+                    self.read_back.end(marks)
                     synchronize(self.device)
+                    if marks is not None:
+                        self.read_back.time(marks)
         except BaseException:
             self._device_failed = True
             raise
         self._device_failed = False
+        if ids is None:
+            return ModelRunnerOutput({}, step.errors, time.perf_counter() - step.t0, logprobs=logprobs)
+        done = ids
+        if self.read_back.deferred and step.holes_possible:
+            return Pending(lambda: self._outputs(step, done, logprobs))
+        return self._outputs(step, done, logprobs)
+
+    def _outputs(self, step: _Prepared, ids: Pending[np.ndarray], logprobs: dict[str, Logprobs]) -> ModelRunnerOutput:
+        try:
+            picked = ids.wait()
+        except BaseException:  # the device's error, seen when its ids are read
+            self._device_failed = True
+            raise
+        sampled = dict(zip(step.rids, picked.tolist(), strict=True))
         return ModelRunnerOutput(sampled, step.errors, time.perf_counter() - step.t0, logprobs=logprobs)
 
-    def _forward_and_sample(self, step: _Prepared) -> tuple[dict[str, int], dict[str, Logprobs]]:
+    def _forward_and_sample(
+        self, step: _Prepared, marks: StepMarks | None
+    ) -> tuple[Pending[np.ndarray] | None, dict[str, Logprobs]]:
         assert step.ids is not None
         ids, last = step.ids, self.last_sampled
         if step.holes is not None:
@@ -419,15 +437,17 @@ class TorchExecutor:
             ids.index_copy_(0, holes, last.device_ids.index_select(0, rows))
         if step.graph is not None and self.graphs is not None:  # the graph's forward and sampler
             assert step.rows_on_device is not None
-            return self._read_back(step, self.graphs.replay(step.graph, ids)), {}
+            return self._read_back(step, self.graphs.replay(step.graph, ids), marks), {}
         assert step.batch is not None
         x = self.model.embed(ids)  # [N, dim]
         for at, n, start, images in step.splices:
             splice_images(x[at : at + n], start, images)
         logits = self.model.forward_step(x, step.batch, step.row_idx)
         if step.cols is None:
-            return {}, {}
+            return None, {}
         cols = step.cols
+        if step.histories and self._last_ids is not None:
+            self._last_ids.wait()  # a history may end with the step before's token, read from the host
         for i, st, c in step.histories:
             cols.penalized[i] = self._history_row(st, c, int(step.batch_rows[i]))
         tokens = self.sampler.sample_columns(logits, cols)
@@ -439,17 +459,21 @@ class TorchExecutor:
                 logits[at_rows], tokens[at_rows], [k for _, k in step.logprob_ks], self.config.vocab_size
             )
             logprobs = {step.rids[i]: lp for i, lp in zip(asked, found, strict=True)}
-        return self._read_back(step, tokens), logprobs
+        return self._read_back(step, tokens, marks), logprobs
 
-    def _read_back(self, step: _Prepared, tokens: Tensor) -> dict[str, int]:
-        """The sampled ids on the host (the step's one sync), each request's; a launched step also
-        keeps them by row, on the device, for the step after it to feed."""
-        if step.holes_possible:
-            assert step.rows_on_device is not None
-            picked = self.last_sampled.record(step.batch_rows, step.rows_on_device, tokens, self.stager)
-        else:
+    def _read_back(self, step: _Prepared, tokens: Tensor, marks: StepMarks | None) -> Pending[np.ndarray]:
+        """The sampled ids on their way to the host (the step's one sync); a launched step also
+        keeps them by row, on the device, for the step after it to feed, and notes them on the host
+        for its penalty histories."""
+        if not step.holes_possible:
             picked = self.stager.fetch_array(tokens)
-        return dict(zip(step.rids, picked.tolist(), strict=True))
+            return Pending(lambda: picked)
+        assert step.rows_on_device is not None
+        rows, last = step.batch_rows, self.last_sampled
+        last.keep(rows, step.rows_on_device, tokens)
+        copied = self.read_back.ids(tokens, marks, self.stager.fetch_array)
+        self._last_ids = Pending(lambda: last.note(rows, copied.wait()))
+        return self._last_ids
 
     def _history_row(self, st: _TorchState, c: ScheduledChunk, batch_row: int) -> SampleRow:
         """A penalized row with its token history: the output tokens fed up to this step."""
@@ -472,22 +496,3 @@ class TorchExecutor:
             output_token_ids=st.output_ids,
             bias=st.bias,
         )
-
-
-def limits_info(config: EngineConfig) -> dict[str, Any]:
-    """The engine's admission limits, for its info dict (both executors)."""
-    return {
-        "max_num_seqs": config.max_num_seqs,
-        # The tokenizer's vocabulary (what the sampler draws from; the LM head is at least as wide).
-        "vocab_size": config.vocab_size,
-        "max_model_len": config.max_model_len,
-        "max_num_batched_tokens": config.max_num_batched_tokens,
-        "long_prefill_token_threshold": config.long_prefill_token_threshold,
-        # What the paged KV cache holds (num_kv_blocks x kv_block_size) ...
-        "kv_cache_tokens": config.kv_capacity,
-        "kv_cache_tokens_set": config.kv_cache_tokens is not None,
-        # ... and what that allows at the worst case of a whole max_model_len each.
-        "max_seqs_at_max_model_len": min(config.max_num_seqs, config.kv_capacity // config.max_model_len),
-        "kv_block_size": config.kv_block_size,
-        "prefix_caching": config.prefix_caching,
-    }

@@ -14,6 +14,7 @@ device (the next step's input, gathered there without a host read) and on the ho
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -160,24 +161,36 @@ class InputBatch:
 class SampledIds:
     """Each persistent-batch row's newest sampled id, written by the step that sampled it.
 
-    Only the device part of a step reads and writes it (steps run there one at a time), so it
-    needs no lock; the host part refers to rows, never to values.
+    Only the device part of a step reads and writes the device column (steps run there one at a
+    time); the host copy is written when a step's ids reach the host, on whichever thread waits
+    for them first, so it is locked. The host part of a step refers to rows, never to values.
     """
 
     def __init__(self, device: torch.device, capacity: int = 64) -> None:
         self.device_ids = torch.full((capacity,), -1, dtype=torch.int64, device=device)
         self.host_ids = np.full(capacity, -1, dtype=np.int64)
+        self._lock = threading.Lock()
 
-    def record(self, rows: np.ndarray, rows_on_device: Tensor, tokens: Tensor, stager: Stager) -> np.ndarray:
+    def keep(self, rows: np.ndarray, rows_on_device: Tensor, tokens: Tensor) -> None:
         """Keep ``tokens`` [len(rows)] (on the device) as the ``rows``' newest ids (``rows_on_device``:
-        the same, staged with the step); returns them read back to the host (the step's one sync)."""
+        the same rows, staged with the step)."""
         if rows.size and int(rows.max()) >= self.host_ids.size:  # more live rows than ever: double
             n = max(int(rows.max()) + 1, 2 * self.host_ids.size)
             grown = torch.full((n,), -1, dtype=torch.int64, device=self.device_ids.device)
             grown[: self.device_ids.numel()] = self.device_ids
             self.device_ids = grown
-            self.host_ids = np.concatenate([self.host_ids, np.full(n - self.host_ids.size, -1, dtype=np.int64)])
+            with self._lock:
+                extra = np.full(n - self.host_ids.size, -1, dtype=np.int64)
+                self.host_ids = np.concatenate([self.host_ids, extra])
         self.device_ids.index_copy_(0, rows_on_device, tokens)
-        picked = stager.fetch_array(tokens)
-        self.host_ids[rows] = picked
+
+    def note(self, rows: np.ndarray, picked: np.ndarray) -> np.ndarray:
+        """The same ids, read back to the host; returns ``picked``."""
+        with self._lock:
+            self.host_ids[rows] = picked
         return picked
+
+    def record(self, rows: np.ndarray, rows_on_device: Tensor, tokens: Tensor, stager: Stager) -> np.ndarray:
+        """``keep``, then the ids read back at once (a step run in series: its one sync)."""
+        self.keep(rows, rows_on_device, tokens)
+        return self.note(rows, stager.fetch_array(tokens))

@@ -11,8 +11,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from harness.engine.config import EngineConfig
-from harness.engine.executor import error_text, limits_info
+from harness.engine.config import EngineConfig, limits_info
+from harness.engine.executor import error_text
 from harness.engine.logprobs import sim_logprobs
 from harness.engine.sim_gpu import DeviceStats, DeviceThread, StepHandle
 from harness.engine.step import ModelRunnerOutput, NewRequest, SchedulerOutput

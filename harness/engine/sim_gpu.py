@@ -10,6 +10,9 @@ to the device only until the host waits on its handle. Two kinds of step:
 - measured (the ``torch`` executor with one step of overlap): no duration; the step's forward and
   sampling run on this thread, start and end are the clock's when they begin and end. The gap
   between steps is then the host's time the device waited for: what the overlap did not hide.
+  On CUDA a step's work returns once its kernels are queued, its outputs ``Pending`` until the
+  copy of its ids lands; the GPU's own busy and idle time then comes from events on its stream
+  (``harness.engine.read_back``).
 
 Idle time counts the gap between the end of one step and the start of the next only where the
 engine had work throughout (``continuous`` at launch): a gap because no request was there is the
@@ -61,12 +64,36 @@ class DeviceStats:
         return asdict(self)
 
 
+class Pending(Generic[T]):
+    """A launched step's outputs still on their way back from the device (``harness.engine.read_back``):
+    made once, by whichever thread waits for them first; later waits get the same value or error."""
+
+    def __init__(self, make: Callable[[], T]) -> None:
+        self._make: Callable[[], T] | None = make
+        self._lock = threading.Lock()
+        self._value: T | None = None
+        self._error: BaseException | None = None
+
+    def wait(self) -> T:
+        with self._lock:
+            if self._make is not None:
+                make, self._make = self._make, None
+                try:
+                    self._value = make()
+                except BaseException as exc:  # kept for every waiter, not lost on the first
+                    self._error = exc
+            if self._error is not None:
+                raise self._error
+            assert self._value is not None
+            return self._value
+
+
 class StepHandle(Generic[T]):
     """One launched step: ``wait()`` blocks until the device has run it and returns its outputs."""
 
     def __init__(self) -> None:
         self._done = threading.Event()
-        self._result: T | None = None
+        self._result: T | Pending[T] | None = None
         self._error: BaseException | None = None
         self.start_ns = 0  # the modelled GPU's start and end of the step
         self.end_ns = 0
@@ -79,9 +106,11 @@ class StepHandle(Generic[T]):
         if self._error is not None:
             raise self._error
         assert self._result is not None
+        if isinstance(self._result, Pending):  # launched, its outputs still on their way back
+            return self._result.wait()
         return self._result
 
-    def _finish(self, result: T | None, error: BaseException | None, start_ns: int, end_ns: int) -> None:
+    def _finish(self, result: T | Pending[T] | None, error: BaseException | None, start_ns: int, end_ns: int) -> None:
         self._result, self._error = result, error
         self.start_ns, self.end_ns = start_ns, end_ns
         self._done.set()
@@ -91,7 +120,7 @@ class StepHandle(Generic[T]):
 class _Job(Generic[T]):
     launched_ns: int
     duration_ns: int  # modelled; -1: measured, set when the step ends
-    work: Callable[[], T]
+    work: Callable[[], T | Pending[T]]
     continuous: bool
     handle: StepHandle[T] = field(default_factory=StepHandle)
 
@@ -119,7 +148,11 @@ class DeviceThread:
         self._end_ns = 0  # modelled end of the last step (device thread only)
 
     def launch(
-        self, duration_s: float | None, work: Callable[[], T], continuous: bool, launched_ns: int | None = None
+        self,
+        duration_s: float | None,
+        work: Callable[[], T | Pending[T]],
+        continuous: bool,
+        launched_ns: int | None = None,
     ) -> StepHandle[T]:
         """Queue a step; ``duration_s``: its modelled time, None to measure it; ``continuous``: the
         engine had work since the previous step ended; ``launched_ns``: when the host began

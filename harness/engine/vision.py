@@ -172,3 +172,17 @@ def build_vision_encoder(
     enc = VisionEncoder(vision_dim, out_dim, image_tokens, device, dtype)
     enc.init_weights(seed)
     return enc.eval().requires_grad_(False)
+
+
+def splice_images(x: Tensor, start: int, images: list[tuple[int, Tensor]]) -> None:
+    """Overwrite, in place, the rows of a chunk that fall inside image placeholders.
+
+    x: [T, dim] embeddings of positions [start, start+T); images: (placeholder
+    offset, embeddings [N, dim]) pairs. A placeholder may span several chunks:
+    each chunk takes the slice of the image's rows that lies inside it.
+    """
+    end = start + x.shape[0]
+    for offset, emb in images:
+        lo, hi = max(start, offset), min(end, offset + emb.shape[0])
+        if lo < hi:
+            x[lo - start : hi - start] = emb[lo - offset : hi - offset]

@@ -33,6 +33,7 @@ _FIELDS = {
     "max_num_batched_tokens": "max_num_batched_tokens",
     "compile": "compile",
     "overlapped": "overlapped",
+    "device_time": "device_time",
     "device_warning": "device_warning",
     "sdpa_warning": "sdpa_warning",
 }
@@ -209,8 +210,13 @@ def report_rows(engine: dict[str, Any] | None, request_tokens: float | None = No
         rows.append(("Engine loop:", loop))
     busy, idle = engine.get("gpu_busy_ms"), engine.get("gpu_idle_ms")
     if isinstance(busy, (int, float)) and isinstance(idle, (int, float)) and busy > 0:
-        # sim: its modelled GPU; torch: the thread that runs each step's forward and sampling.
-        label = "Modelled GPU" if engine.get("executor") == "sim" else "Engine device thread"
+        # sim: its modelled GPU; torch: CUDA events on the GPU's stream, or the thread that runs
+        # each step's forward and sampling.
+        label = "Engine device thread"
+        if engine.get("executor") == "sim":
+            label = "Modelled GPU"
+        elif engine.get("device_time") == "cuda-events":
+            label = "GPU (CUDA events)"
         rows.append(
             (f"{label} idle between steps:", f"{idle / busy:.1%} of its busy time ({idle:,.0f} / {busy:,.0f} ms)")
         )
