@@ -194,3 +194,26 @@ def test_setup_always_installs_torch_spec_with_its_pip_options(tmp_path: Path) -
     spec = "torch==2.6.0 --index-url https://download.pytorch.org/whl/cu124"
     assert setup_installs(tmp_path, torch_imports=True, torch_spec=spec) == [spec, "-e ."]
     assert setup_installs(tmp_path, torch_imports=False, torch_spec="torch>=2.4") == ["torch>=2.4", "-e ."]
+
+
+def test_the_seed_summary_judges_the_gpu_idle_only_where_cuda_events_timed_it(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check_seed", REPO / "scripts" / "gpu_check_seed.py")
+    assert spec is not None and spec.loader is not None
+    seed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(seed)
+    engine = {"device": "cuda:0", "steps": 4000, "gpu_busy_ms": 24_000.0, "gpu_idle_ms": 600.0}
+    run = {"completed": 1000, "failed": 0, "duration": 28.0, "mean_tpot_ms": 25.0, "median_itl_ms": 20.0}
+    runs = [{"status": "ok", "result_file": "run.json"}]
+    for device_time, judged in (("cuda-events", True), ("device-thread", False)):
+        (tmp_path / "run.json").write_text(
+            json.dumps({**run, "metadata": {"engine": {**engine, "device_time": device_time}}})
+        )
+        bad: list[str] = []
+        out = seed.arm_summary(str(tmp_path), "msgspec", runs, "cuda", bad)
+        assert bad == []
+        assert ("gpu_idle_per_step_ms" in out["targets"]) is judged, out["targets"]
+        if judged:
+            assert out["gpu_idle_per_step_ms"] == pytest.approx(0.15) and out["targets"]["gpu_idle_per_step_ms"]
+        assert out["targets"]["duration"] and out["targets"]["mean_tpot_ms"]
