@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import aiohttp
 import pytest
@@ -152,9 +153,18 @@ def test_aiohttp_stream_and_metrics_move(pickle_server):
             pickle_server.base_url,
             {"model": MODEL, "prompt": "The quiet sea", "max_tokens": 20, "ignore_eos": True, "temperature": 0},
         )
-        await asyncio.sleep(0.6)  # the engine's counters arrive with its idle heartbeat
-        _, after = await get_text(pickle_server.base_url, "/metrics")
-        return before, chunks, done, after
+        # The engine's counters arrive with its idle heartbeat (0.25 s after its last output).
+        deadline = time.monotonic() + 10
+        while True:
+            await asyncio.sleep(0.2)
+            _, after = await get_text(pickle_server.base_url, "/metrics")
+            engine_side = [("request", "decode"), ("output", "encode")]
+            if time.monotonic() > deadline or all(
+                metric(after, "wirebench_codec_messages_total", direction=d, op=o)
+                > metric(before, "wirebench_codec_messages_total", direction=d, op=o)
+                for d, o in engine_side
+            ):
+                return before, chunks, done, after
 
     before, chunks, done, after = asyncio.run(scenario())
     assert done and chunks[-1]["choices"][0]["finish_reason"] == "length"
@@ -439,10 +449,21 @@ def test_request_timelines_are_ordered_add_up_and_make_a_trace(tmp_path):
                 )
                 assert done
                 rids.append(chunks[0]["id"])
-            await asyncio.sleep(0.6)  # the engine ships its timestamps within 50 ms, or when idle
-            status, text = await get_text(server.base_url, "/v1/wirebench/spans")
+            # The engine ships its timestamps within 50 ms, or when idle.
+            deadline = time.monotonic() + 10
+            while True:
+                await asyncio.sleep(0.2)
+                status, text = await get_text(server.base_url, "/v1/wirebench/spans")
+                got = json.loads(text) if status == 200 else {}
+                shipped = {
+                    t["request_id"]
+                    for t in got.get("requests", [])
+                    if (t.get("first_batch") or {}).get("encode_end", 0) > 0
+                }
+                if time.monotonic() > deadline or set(rids) <= shipped:
+                    break
             _, metrics_text = await get_text(server.base_url, "/metrics")
-            return rids, status, json.loads(text), metrics_text
+            return rids, status, got, metrics_text
 
         rids, status, spans, metrics_text = asyncio.run(scenario())
     finally:

@@ -53,22 +53,23 @@ def test_a_reader_left_waiting_longer_than_the_timeout_gets_a_request_timeout_er
 
 
 def test_outputs_that_keep_coming_within_the_timeout_never_time_out() -> None:
-    # Outputs every 20 ms for 10 x the 50 ms timeout: the one timer re-arms each time it fires early.
+    # Outputs every 20 ms for 5 x the 200 ms timeout: the one timer re-arms each time it fires early.
+    # (A timeout near the gap would fail on a loaded machine: a stall lets both timers come due.)
     async def main() -> list[object]:
-        q = OutputQueue(timeout_s=0.05)
+        q = OutputQueue(timeout_s=0.2)
 
         async def produce() -> None:
-            for i in range(25):
+            for i in range(50):
                 await asyncio.sleep(0.02)
                 q.put_nowait(i)  # type: ignore[arg-type]
 
         producer = asyncio.ensure_future(produce())
-        got: list[object] = [await q.get() for _ in range(25)]
+        got: list[object] = [await q.get() for _ in range(50)]
         await producer
         q.close()
         return got
 
-    assert asyncio.run(main()) == list(range(25))
+    assert asyncio.run(main()) == list(range(50))
 
 
 def test_close_cancels_the_timer() -> None:
@@ -90,9 +91,9 @@ def test_close_cancels_the_timer() -> None:
 
 def test_a_consumer_busy_longer_than_the_timeout_still_gets_the_whole_timeout_to_wait() -> None:
     async def main() -> object:
-        q = OutputQueue(timeout_s=0.05)
+        q = OutputQueue(timeout_s=0.3)
         q.put_nowait(0)  # type: ignore[arg-type]
-        await asyncio.sleep(0.1)  # busy elsewhere (e.g. a slow HTTP client) past the timeout
+        await asyncio.sleep(0.5)  # busy elsewhere (e.g. a slow HTTP client) past the timeout
         assert await q.get() == 0
         loop = asyncio.get_running_loop()
         loop.call_later(0.02, q.put_nowait, 1)  # type: ignore[arg-type]  # the next output, 20 ms into the new wait
