@@ -22,6 +22,7 @@ from test_overlap import Stream, make_core, request, serve, workload
 
 from harness.engine.core import EngineCore
 from harness.engine.executor import TorchExecutor
+from harness.engine.read_back import ReadBack
 from harness.engine.sim_gpu import Pending
 from harness.wire.messages import EngineCoreRequest, PlaceholderRange, SamplingParams
 
@@ -204,11 +205,13 @@ def test_a_launch_that_raises_waits_for_the_step_in_flight(monkeypatch: pytest.M
     assert in_flight.handle.done()
 
 
+@pytest.mark.parametrize("penalty", [1.0, 1.2])
 def test_deferred_ids_reach_the_host_only_when_read_and_a_failed_read_fails_its_step(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, penalty: float
 ) -> None:
     """As on CUDA: a launched step's handle holds its outputs pending; the device's error surfaces
-    when its ids are read, fails the requests in that step, and the engine serves on."""
+    when its ids are read, fails the requests in that step, and the engine serves on (penalized
+    requests too: a new one's history does not wait for the failed step's ids)."""
     core = torch_core(True, deferred=True)
     ex = core.executor
     assert isinstance(ex, TorchExecutor)
@@ -223,7 +226,8 @@ def test_deferred_ids_reach_the_host_only_when_read_and_a_failed_read_fails_its_
         return Pending(broken) if next(reads) == 1 else copied  # the first decode's copy
 
     monkeypatch.setattr(ex.read_back, "ids", failing_copy)
-    assert core.add_request(request("a", temperature=0.0, max_tokens=8, ignore_eos=True)) is None
+    asked: dict[str, Any] = dict(temperature=0.0, repetition_penalty=penalty)
+    assert core.add_request(request("a", max_tokens=8, ignore_eos=True, **asked)) is None
     core.step()  # launches the prefill
     in_flight = core._inflight
     assert in_flight is not None
@@ -234,21 +238,25 @@ def test_deferred_ids_reach_the_host_only_when_read_and_a_failed_read_fails_its_
             core.step()
     core.fail_all("copy failed")
     ex.device_thread.stop()
-    again = serve(core, {0: [request("b", temperature=0.0, max_tokens=5)]}, {})
-    fresh = serve(torch_core(True), {0: [request("b", temperature=0.0, max_tokens=5)]}, {})
+    again = serve(core, {0: [request("b", max_tokens=5, **asked)]}, {})
+    fresh = serve(torch_core(True), {0: [request("b", max_tokens=5, **asked)]}, {})
     assert again == fresh and len(again["b"]) == 6  # five tokens and the finish reason
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs where one is lent)")
-def test_cuda_side_stream_read_back_streams_what_an_immediate_read_does() -> None:
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_cuda_side_stream_read_back_streams_what_an_immediate_read_does(cuda_graphs: bool) -> None:
     """On CUDA a launched step's ids come back on a side stream while the next step is launched;
-    the streams equal those of the same loop reading each step's ids at once, and the GPU's busy
-    and idle time come from events."""
+    the streams equal those of the same loop reading each step's ids at once on the one stream
+    (with graphs too: the copy reads a graph's static output, which the next replay rewrites),
+    and the GPU's busy and idle time come from events."""
 
-    def cuda_core(deferred: bool) -> EngineCore:
-        core = make_core(True, executor="torch", device="cuda", dtype="float32")
-        assert isinstance(core.executor, TorchExecutor) and core.executor.read_back.timed
-        core.executor.read_back.deferred = deferred
+    def cuda_core(side_stream: bool) -> EngineCore:
+        core = make_core(True, executor="torch", device="cuda", dtype="float32", cuda_graphs=cuda_graphs)
+        ex = core.executor
+        assert isinstance(ex, TorchExecutor) and ex.read_back.timed and ex.read_back.deferred
+        if not side_stream:
+            ex.read_back = ReadBack(ex.device, side_stream=False)
         return core
 
     abort = {"stop-string": 4}

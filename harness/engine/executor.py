@@ -446,7 +446,7 @@ class TorchExecutor:
         if step.cols is None:
             return None, {}
         cols = step.cols
-        if step.histories and self._last_ids is not None:
+        if step.histories and step.holes is not None and self._last_ids is not None:
             self._last_ids.wait()  # a history may end with the step before's token, read from the host
         for i, st, c in step.histories:
             cols.penalized[i] = self._history_row(st, c, int(step.batch_rows[i]))

@@ -5,8 +5,10 @@ CUDA, step N's ids are copied into pinned host memory on a side stream once its 
 (an event marks the copy); the device thread goes straight on to launch N+1, and whoever needs
 N's ids waits for that event alone, not for the stream, which by then runs N+1: the engine thread
 for the scheduler's update, or step N+1 itself when a penalized row's token history holds N's
-placeholder. Events timed on the stream give the GPU's own busy time and its idle gaps between
-steps, which the host cannot see.
+placeholder. Events on the stream time each step: busy from before its first kernel to after
+its last (a host sync inside the step, for logprobs or a penalty history, counts as busy), idle
+from the end of one step to the start of the next (the wait for the copy before included): gaps
+the host cannot see.
 
 On the CPU every op has finished when it returns, so a step reads its ids at once (the loop in
 series, and overlap on the CPU); ``deferred`` set there hands them over later all the same, so
@@ -15,6 +17,7 @@ the tests run this hand-off without a GPU.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +28,8 @@ import torch
 from torch import Tensor
 
 from harness.engine.sim_gpu import DeviceStats, Pending
+
+log = logging.getLogger("wirebench.engine")
 
 
 @dataclass
@@ -39,8 +44,9 @@ class StepMarks:
 class ReadBack:
     """Each launched step's ids, on the host once copied; the GPU's busy and idle time from events."""
 
-    def __init__(self, device: torch.device) -> None:
-        cuda = device.type == "cuda"
+    def __init__(self, device: torch.device, side_stream: bool | None = None) -> None:
+        """``side_stream``: copy and time on CUDA streams (default: where the device is CUDA)."""
+        cuda = device.type == "cuda" if side_stream is None else side_stream
         self.device = device
         self.deferred = cuda  # tests set it on the CPU
         self._stream = torch.cuda.Stream(device) if cuda else None
@@ -92,7 +98,10 @@ class ReadBack:
         def on_host() -> np.ndarray:
             copied.synchronize()  # waits for this step's copy, not for the stream
             if marks is not None:
-                self.time(marks)
+                try:
+                    self.time(marks)
+                except RuntimeError as exc:  # a figure lost, never the step's tokens
+                    log.warning("could not time a step on the GPU: %s", exc)
             return host.numpy()
 
         return Pending(on_host)

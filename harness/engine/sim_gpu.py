@@ -11,8 +11,8 @@ to the device only until the host waits on its handle. Two kinds of step:
   sampling run on this thread, start and end are the clock's when they begin and end. The gap
   between steps is then the host's time the device waited for: what the overlap did not hide.
   On CUDA a step's work returns once its kernels are queued, its outputs ``Pending`` until the
-  copy of its ids lands; the GPU's own busy and idle time then comes from events on its stream
-  (``harness.engine.read_back``).
+  copy of its ids lands (the handle's span then ends when the host has them); the GPU's busy and
+  idle time then comes from events on its stream (``harness.engine.read_back``).
 
 Idle time counts the gap between the end of one step and the start of the next only where the
 engine had work throughout (``continuous`` at launch): a gap because no request was there is the
@@ -107,7 +107,9 @@ class StepHandle(Generic[T]):
             raise self._error
         assert self._result is not None
         if isinstance(self._result, Pending):  # launched, its outputs still on their way back
-            return self._result.wait()
+            self._result = self._result.wait()
+            # The step's span then ends when its outputs reached the host, not when it was queued.
+            self.end_ns = max(self.end_ns, time.monotonic_ns())
         return self._result
 
     def _finish(self, result: T | Pending[T] | None, error: BaseException | None, start_ns: int, end_ns: int) -> None:
