@@ -35,7 +35,9 @@ def test_rows_are_kept_reused_and_grown() -> None:
 def test_sampled_ids_are_kept_by_row_on_both_sides_and_grow() -> None:
     ids = SampledIds(torch.device("cpu"), capacity=2)
     rows = np.array([1, 5])  # row 5 is past the capacity: both columns grow
-    picked = ids.record(rows, torch.from_numpy(rows), torch.tensor([11, 12]), Stager(torch.device("cpu")))
+    tokens = torch.tensor([11, 12])
+    ids.keep(rows, torch.from_numpy(rows), tokens)
+    picked = ids.note(rows, Stager(torch.device("cpu")).fetch_array(tokens))
     assert picked.tolist() == [11, 12]
     assert ids.host_ids[[1, 5]].tolist() == [11, 12] and ids.device_ids[[1, 5]].tolist() == [11, 12]
     assert ids.host_ids[0] == -1 and ids.device_ids.numel() == ids.host_ids.size >= 6

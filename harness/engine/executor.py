@@ -308,7 +308,8 @@ class TorchExecutor:
         step.batch_rows = batch_rows = self.batch.rows(step.rids)
         # Prompt chunks that arrived packed (int32 views) are cast as arrays, never one Python int per token.
         token_ids = step_token_ids([c.token_ids[0] for c in decodes], [c.token_ids for c in prefills])
-        step.holes = self._holes(token_ids, decodes, prefills, batch_rows) if step.holes_possible else None
+        holes = self._holes(token_ids, decodes, prefills, batch_rows) if step.holes_possible else None
+        with_holes = list(holes) if holes is not None else []  # staged in the step's one copy
         if sample_chunks:
             self._sampling_inputs(step, sample_chunks)
         if self.graphs is not None:  # a decode-only step of plain requests: a captured graph replays it
@@ -316,7 +317,8 @@ class TorchExecutor:
             exclude = self.special_ids | wanted if self.special_ids or wanted else set()
             step.graph = self.graphs.prepare(self.batch, batch_rows, decodes, prefills, step.cols, exclude)
         if step.graph is not None:
-            step.ids, step.rows_on_device = self.stager.ints(token_ids, batch_rows)
+            step.ids, step.rows_on_device, *staged_holes = self.stager.ints(token_ids, batch_rows, *with_holes)
+            step.holes = (staged_holes[0], staged_holes[1]) if staged_holes else None
             return
         decode_blocks: list[Sequence[int]] = [c.block_ids for c in decodes]
         positions = [c.start_pos for c in decodes]
@@ -333,9 +335,10 @@ class TorchExecutor:
         # before it may still read its own.
         self._buffer_turn ^= 1
         buffers = self.step_buffers[self._buffer_turn]
-        step.batch, (step.ids, row_idx, step.rows_on_device) = self.model.stage(
-            plan, token_ids, [] if every_row else rows, batch_rows, buffers=buffers
+        step.batch, (step.ids, row_idx, step.rows_on_device, *staged_holes) = self.model.stage(
+            plan, token_ids, [] if every_row else rows, batch_rows, *with_holes, buffers=buffers
         )
+        step.holes = (staged_holes[0], staged_holes[1]) if staged_holes else None
         step.row_idx = None if every_row else row_idx
         at = plan.n_decode
         for c in prefills:
@@ -370,7 +373,7 @@ class TorchExecutor:
         decodes: list[ScheduledChunk],
         prefills: list[ScheduledChunk],
         batch_rows: np.ndarray,
-    ) -> tuple[Tensor, Tensor] | None:
+    ) -> tuple[np.ndarray, np.ndarray] | None:
         """The step's input rows that feed a token still on the device (``PLACEHOLDER``), and the
         persistent-batch rows whose last sampled id they take; None when there are none."""
         flat = np.asarray(token_ids)
@@ -385,8 +388,7 @@ class TorchExecutor:
             ends = np.cumsum([len(c.token_ids) for c in prefills]) + n
             owners = [prefills[k].request_id for k in np.searchsorted(ends, holes[~in_decodes], side="right")]
             rows[~in_decodes] = self.batch.rows(owners)
-        holes_t, rows_t = self.stager.ints(holes, rows)
-        return holes_t, rows_t
+        return holes, rows
 
     def _compute(self, step: _Prepared) -> ModelRunnerOutput | Pending[ModelRunnerOutput]:
         """The device's part of a step: fill the inputs still on the device, forward, sample, and

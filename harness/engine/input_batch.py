@@ -22,7 +22,6 @@ import torch
 from torch import Tensor
 
 from harness.engine.sampler import SampleColumns, is_greedy
-from harness.engine.staging import Stager
 from harness.wire.messages import SamplingParams
 
 
@@ -189,8 +188,3 @@ class SampledIds:
         with self._lock:
             self.host_ids[rows] = picked
         return picked
-
-    def record(self, rows: np.ndarray, rows_on_device: Tensor, tokens: Tensor, stager: Stager) -> np.ndarray:
-        """``keep``, then the ids read back at once (a step run in series: its one sync)."""
-        self.keep(rows, rows_on_device, tokens)
-        return self.note(rows, stager.fetch_array(tokens))
