@@ -199,6 +199,8 @@ class Kernel:
     calls_per_layer: int  # kernel launches of attention proper per layer (at most, the reference)
     varlen: bool = False  # reads cu_seqlens_q, seqlens_k, block_table
     packed_keys: bool = False  # reads cu_seqlens_k, key_slots
+    # reads the reference's key slots and masks: a varlen kernel does not, and skips building them
+    reference_fields: bool = True
     note: str = ""  # why not a kernel, where one was looked for
 
 
@@ -238,11 +240,11 @@ def step_meta(
     bs = block_size
     decode_slots = d_mask = chunk_slots = c_mask = chunk_dst = None
     b = plan.n_decode
-    if b:
+    if b and kernel.reference_fields:
         length = plan.max_len
         decode_slots = key_slots(decode_tables.view(b, -1), bs, length)
         d_mask = decode_mask(pos_rows[:b], length, dtype)
-    if plan.chunks:
+    if plan.chunks and kernel.reference_fields:
         c, width, length = len(plan.chunks), plan.chunk_width, plan.chunk_span
         chunk_slots = key_slots(chunk_tables.view(c, -1), bs, length)
         if any(ch.start for ch in plan.chunks):  # else causal: no mask

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from harness.engine.attention import REFERENCE, AttentionMeta, Kernel, reference, step_meta
 from harness.engine.staging import Stager
-from harness.engine.step_plan import Chunk, StepPlan
+from harness.engine.step_plan import Chunk, StepPlan, blocks_for
 
 PROBE_TOLERANCE = 2e-2  # fp16/bf16 against the reference's SDPA in the same dtype
 
@@ -51,7 +51,7 @@ def vllm_paged(block_size: int) -> Kernel:
         )
         return out.reshape(n, h * d)
 
-    return Kernel("flash-varlen-paged", run, calls_per_layer=1, varlen=True)
+    return Kernel("flash-varlen-paged", run, calls_per_layer=1, varlen=True, reference_fields=False)
 
 
 def torch_varlen(block_size: int) -> Kernel:
@@ -69,7 +69,7 @@ def torch_varlen(block_size: int) -> Kernel:
         )[0]
         return out.reshape(n, h * d)
 
-    return Kernel("torch-flash-varlen", run, calls_per_layer=1, varlen=True, packed_keys=True)
+    return Kernel("torch-flash-varlen", run, calls_per_layer=1, varlen=True, packed_keys=True, reference_fields=False)
 
 
 CANDIDATES: tuple[Callable[[int], Kernel], ...] = (vllm_paged, torch_varlen)
@@ -79,7 +79,7 @@ def probe_plan(block_size: int) -> StepPlan:
     """A small mixed step: two decode rows of different lengths, a chunk from position 0 and a
     chunk after a cached prefix, every block table out of order (blocks handed out backwards)."""
     lens = [21, 6, 11, 39]  # keys each sequence sees
-    need = [-(-n // block_size) for n in lens]
+    need = [blocks_for(n, block_size) for n in lens]
     ids = list(reversed(range(sum(need))))
     tables: list[Sequence[int]] = [ids[sum(need[:i]) : sum(need[: i + 1])] for i in range(len(need))]
     return StepPlan(tables[:2], [20, 5], [Chunk(tables[2], 0, 11), Chunk(tables[3], 19, 20)])
@@ -95,7 +95,8 @@ def probe(
     k_cache, v_cache = (torch.randn(slots, n_kv, head_dim, generator=gen, device=device, dtype=dtype) for _ in range(2))
     q = torch.randn(plan.n_rows, n_heads, head_dim, generator=gen, device=device, dtype=dtype)
     staged = Stager(device).ints(*plan.index_lists(block_size), *plan.varlen_lists(block_size))
-    meta = step_meta(plan, staged, block_size, dtype, n_heads // n_kv, kernel)
+    # The reference's fields too, to run both on one meta.
+    meta = step_meta(plan, staged, block_size, dtype, n_heads // n_kv, replace(kernel, reference_fields=True))
     torch.testing.assert_close(
         kernel.run(q, k_cache, v_cache, meta).float(),
         reference(q, k_cache, v_cache, meta).float(),

@@ -53,6 +53,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from harness.engine.attention import REFERENCE
 from harness.engine.config import EngineConfig
 from harness.engine.input_batch import InputBatch
 from harness.engine.model import Transformer
@@ -176,13 +177,14 @@ class DecodeGraphs:
         self.device = model.device
         self.scratch_block = scratch_block  # the scheduler hands out blocks [0, scratch_block)
         self.block_size = model.block_size
-        self.max_blocks = -(-model.max_model_len // model.block_size)
+        self.max_blocks = model.blocks_per_slot  # a whole max_model_len of blocks a row
         # A varlen kernel that reads keys in place through the block tables takes fixed shapes (one
         # query a row, max_model_len keys at most): the graphs use it. One that packs the step's keys
         # sizes them by the step's lengths, which a graph cannot: the reference serves instead.
         kernel = model.attention_kernel
         self.varlen = kernel.varlen and not kernel.packed_keys
-        self.attention = kernel.name if self.varlen else "torch-reference"
+        self.kernel = kernel if self.varlen else REFERENCE
+        self.attention = self.kernel.name
         self.sizes = bucket_sizes(max_num_seqs)
         # Shared by every bucket: the sampler's Exp(1) noise, drawn into its first rows before a replay.
         self.noise = torch.ones(self.sizes[-1], sampler.vocab_size, device=self.device)
@@ -222,9 +224,9 @@ class DecodeGraphs:
         shapes = StepPlan([()] * b, [model.max_model_len - 1] * b)
         none = bk.ints[:0]
         staged = [bk.part("slots"), bk.part("positions"), bk.part("tables"), none, none]
-        if self.varlen:  # make_batch takes the model's kernel only with the varlen lists
+        if self.varlen:
             staged += [bk.part("cu_q"), bk.part("k_lens"), bk.part("cu_k"), bk.part("tables")]
-        batch = model.make_batch(shapes, staged)
+        batch = model.make_batch(shapes, staged, self.kernel)
         logits = model.forward_step(model.embed(bk.part("ids")), batch)
         return self.sampler.sample_fixed(logits, bk.part("sampling").view(3, b), bk.floats, self.noise, variant)
 
@@ -321,7 +323,7 @@ class DecodeGraphs:
         host = bk.padding.copy()
         pos = np.asarray(positions, dtype=np.int64)
         host[at["positions"]][:n] = pos
-        host[at["slots"]][:n] = plan.decode_table[np.arange(n), pos // bs] * bs + pos % bs
+        host[at["slots"]][:n] = plan.index_lists(bs)[0]  # a pure decode plan: its decode rows' slots
         host[at["tables"]].reshape(b, self.max_blocks)[:n] = plan.decode_table
         host[at["k_lens"]][:n] = pos + 1
         host[at["cu_k"]][1:] = np.cumsum(host[at["k_lens"]])

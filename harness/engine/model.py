@@ -307,17 +307,17 @@ class Transformer(nn.Module):
         """[N] int64 -> [N, dim]."""
         return self.tok_embeddings(token_ids)
 
-    def make_batch(self, plan: StepPlan, staged: list[Tensor]) -> StepBatch:
+    def make_batch(self, plan: StepPlan, staged: list[Tensor], kernel: attention.Kernel | None = None) -> StepBatch:
         """Per-step tensors from the plan and its ``index_lists`` already on the device, then its
-        ``varlen_lists`` where the attention kernel reads them (``attention.step_meta``).
+        ``varlen_lists`` where the attention kernel reads them (``attention.step_meta``);
+        ``kernel``: the model's unless given (CUDA graphs choose their own).
 
         Dispatches only device ops (aranges, compares, gathers), a fixed number whatever the
         number of sequences: no value is read back.
         """
         row_slots, pos_rows = staged[:2]
-        group, kernel = self.cfg.n_heads // self.cfg.n_kv_heads, self.attention_kernel
-        if kernel.varlen and len(staged) < 9:  # a caller that staged index_lists alone (CUDA graphs)
-            kernel = attention.REFERENCE
+        group = self.cfg.n_heads // self.cfg.n_kv_heads
+        kernel = self.attention_kernel if kernel is None else kernel
         meta = attention.step_meta(plan, staged, self.block_size, self.dtype, group, kernel)
         return StepBatch(plan, row_slots, pos_rows, self.rope_cos[pos_rows], self.rope_sin[pos_rows], meta, kernel)
 

@@ -141,12 +141,9 @@ class StepPlan:
         k_lens = np.concatenate([np.asarray(self.decode_positions, dtype=np.int64) + 1, starts + lengths])
         width = blocks_for(int(k_lens.max(initial=0)), bs)
         table = np.zeros((len(k_lens), width), dtype=np.int64)
-        if b:
-            given = self.decode_table[:, :width] if self.decode_table is not None else None
-            if given is None:
-                table[:b] = _padded(self.decode_blocks, width)
-            else:  # a row's blocks past its length are never read (the kernel stops at its keys)
-                table[:b, : given.shape[1]] = given
+        if b:  # the decode tables index_lists gathers, padded; past a row's keys nothing is read
+            decode_tables = self._decode_written(bs)[0]
+            table[:b, : decode_tables.shape[1]] = decode_tables
         if self.chunks:
             table[b:] = _padded([c.blocks for c in self.chunks], width)
         return _cumsum0(q_lens), k_lens, _cumsum0(k_lens), table.reshape(-1)
