@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from harness.frontend.shm_sender import add_message
@@ -13,14 +13,11 @@ from harness.wire.shm import DEFAULT_THRESHOLD
 
 
 class CudaIpcSender(HeldUntilTaken):
-    """Each big frame copied into a CUDA tensor, held by its serial until the engine reports it taken."""
+    """Each big frame copied into a CUDA tensor, held as (0, serial) until the engine reports it taken."""
 
     def __init__(self, threshold: int = DEFAULT_THRESHOLD) -> None:
         super().__init__()
         self.threshold = threshold
-
-    def _key(self, fd: int, serial: int) -> Hashable:
-        return serial  # a CUDA handle has no fd (its TAKEN entry carries 0)
 
     async def message(self, rid: str, frames: Sequence[Any], request: Any = None) -> tuple[list[Any], list[Any]]:
         table: list[list[Any]] = []
@@ -34,7 +31,7 @@ class CudaIpcSender(HeldUntilTaken):
                     continue
                 serial = self._next_serial()
                 tensor, raw = await asyncio.to_thread(cuda_ipc.share_cuda, view)
-                self._hold(serial, tensor, held)
+                self._hold((0, serial), tensor, held)  # a CUDA handle has no fd: its TAKEN entry carries 0
                 table.append([i, serial, raw.hex()])
                 out.append(b"")
         except BaseException:

@@ -15,7 +15,7 @@ from harness.wire import torch_shm
 
 
 class HeldUntilTaken:
-    """The buffers a sender holds for the engine, by the key its TAKEN entry names (``_key``)."""
+    """The buffers a sender holds for the engine, by the (fd or 0, serial) its TAKEN entry names."""
 
     def __init__(self) -> None:
         self._serial = 0  # numbers every handed-over buffer: a TAKEN entry names it by its serial
@@ -24,10 +24,6 @@ class HeldUntilTaken:
     def _next_serial(self) -> int:
         self._serial += 1
         return self._serial
-
-    def _key(self, fd: int, serial: int) -> Hashable:
-        """The held key a TAKEN entry with ``fd`` and ``serial`` names."""
-        return (fd, serial)
 
     def _hold(self, key: Hashable, buffer: Any, held: list[Any]) -> None:
         """Keep ``buffer`` until it is taken; ``held``: the request's keys, for ``unsent``."""
@@ -38,7 +34,7 @@ class HeldUntilTaken:
         """The engine's RELEASE entries: [segment, fd, serial] each; TAKEN ones free their buffer."""
         for segment, fd, serial in entries:
             if segment == torch_shm.TAKEN:
-                self._held.pop(self._key(int(fd), int(serial)), None)
+                self._held.pop((int(fd), int(serial)), None)
 
     def unsent(self, held: Sequence[Any]) -> None:
         for key in held:

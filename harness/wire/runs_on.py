@@ -100,10 +100,10 @@ def with_step_counts(engine: dict[str, Any] | None, before: str | None, after: s
     if engine is None or not before or not after:
         return engine
     counts = []
-    kv: list[dict[str, float | None]] = []
-    graphs: list[dict[str, float | None]] = []
+    scrapes = []
     for text in (before, after):
         values = prom.parse(text)
+        scrapes.append(values)
         steps = values.get((prom.ENGINE_STEPS, frozenset()))
         waiting = {
             dict(labels).get("blocked_by", "?"): v
@@ -113,21 +113,34 @@ def with_step_counts(engine: dict[str, Any] | None, before: str | None, after: s
         if steps is None:
             return engine
         counts.append((steps, waiting))
-        kv.append({k: values.get((name, frozenset())) for k, name in KV_COUNTERS.items()})
-        graphs.append({k: values.get((name, frozenset())) for k, name in GRAPH_COUNTERS.items()})
     (steps0, waiting0), (steps1, waiting1) = counts
     out = {
         **engine,
         "steps": int(steps1 - steps0),
         "steps_waiting": {k: int(v - waiting0.get(k, 0)) for k, v in waiting1.items()},
     }
-    if all(v is not None for scrape in kv for v in scrape.values()):  # an engine with a paged KV cache
-        delta = {k: int((kv[1][k] or 0) - (kv[0][k] or 0)) for k in KV_COUNTERS}
+    delta = _deltas(scrapes, KV_COUNTERS)
+    if delta is not None:  # an engine with a paged KV cache
         out["preemptions"] = delta["preemptions"]
         queries = delta["prefix_cache_query_tokens"]
         out["prefix_cache_hit_pct"] = round(100 * delta["prefix_cache_hit_tokens"] / queries, 1) if queries else 0.0
-    if all(v is not None for scrape in graphs for v in scrape.values()):  # an engine with --cuda-graphs
-        out.update({k: int((graphs[1][k] or 0) - (graphs[0][k] or 0)) for k in GRAPH_COUNTERS})
+    graphs = _deltas(scrapes, GRAPH_COUNTERS)
+    if graphs is not None:  # an engine with --cuda-graphs
+        out.update(graphs)
+    return out
+
+
+def _deltas(
+    scrapes: list[dict[tuple[str, frozenset[tuple[str, str]]], float]], counters: dict[str, str]
+) -> dict[str, int] | None:
+    """Each of ``counters`` (key: its unlabelled /metrics name) after minus before, over two parsed
+    scrapes; None when either scrape lacks one of them."""
+    out = {}
+    for key, name in counters.items():
+        before, after = (scrape.get((name, frozenset())) for scrape in scrapes)
+        if before is None or after is None:
+            return None
+        out[key] = int(after - before)
     return out
 
 
