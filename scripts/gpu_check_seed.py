@@ -92,6 +92,12 @@ def arm_summary(folder: str, arm: str, runs: list[dict[str, Any]], device: str, 
         out["cuda_graphs_captured"] = graphs.get("captured") or []
         if graphs.get("error"):
             out["cuda_graphs_error"] = graphs["error"]
+    elif isinstance(graphs, str) and graphs:  # a run file's: the label, e.g. "4 batch sizes captured, up to 8"
+        out["cuda_graphs"] = graphs
+        for key in ("cuda_graph_replays", "cuda_graph_eager_steps"):  # the run's counts, where scraped
+            counts = [float(e[key]) for e in engines if isinstance(e.get(key), (int, float))]
+            if counts:
+                out[key] = median(counts)
     if out.get("steps") and out.get("duration"):
         out["step_interval_ms"] = 1e3 * out["duration"] / out["steps"]  # the run's wall time a step
     if engines and engines[0].get("device_time") == "cuda-events" and out.get("steps"):
@@ -150,6 +156,14 @@ def main() -> int:
             shown = f"{len(sizes)} batch sizes, {sizes[0]} to {sizes[-1]} rows" if sizes else "no batch size"
             failed = f"; the capture failed: {s['cuda_graphs_error']}" if s.get("cuda_graphs_error") else ""
             print(f"    CUDA graphs (--cuda-graphs): decode steps captured for {shown}{failed}")
+        elif "cuda_graphs" in s:
+            counts = ""
+            if "cuda_graph_replays" in s or "cuda_graph_eager_steps" in s:
+                counts = (
+                    f"; {fmt(s.get('cuda_graph_replays'), '.0f')} decode steps replayed a graph, "
+                    f"{fmt(s.get('cuda_graph_eager_steps'), '.0f')} ran eagerly"
+                )
+            print(f"    CUDA graphs (--cuda-graphs): {s['cuda_graphs']}{counts}")
         if "targets" in s and args.device == "cuda":
             met = ", ".join(f"{k} ≤ {TARGETS[k]}: {'met' if ok else 'missed'}" for k, ok in s["targets"].items())
             print(f"    targets (the seed's): {met}")

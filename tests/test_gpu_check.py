@@ -217,3 +217,40 @@ def test_the_seed_summary_judges_the_gpu_idle_only_where_cuda_events_timed_it(tm
         if judged:
             assert out["gpu_idle_per_step_ms"] == pytest.approx(0.15) and out["targets"]["gpu_idle_per_step_ms"]
         assert out["targets"]["duration"] and out["targets"]["mean_tpot_ms"]
+
+
+def test_the_seed_summary_reads_a_run_files_cuda_graphs_label_and_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run file carries the engine's cuda_graphs as /metrics gave it (runs_on's label), with the
+    run's replayed and eager decode steps beside it: the summary keeps both and prints one line."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check_seed", REPO / "scripts" / "gpu_check_seed.py")
+    assert spec is not None and spec.loader is not None
+    seed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(seed)
+    label = "4 batch sizes captured, up to 8"
+    run = {"completed": 16, "failed": 0, "duration": 2.0}
+    runs = []
+    for n, (replays, eager) in enumerate(((100, 10), (300, 30), (200, 20)), start=1):
+        engine = {"device": "cuda:0", "cuda_graphs": label, "cuda_graph_replays": replays}
+        engine["cuda_graph_eager_steps"] = eager
+        (tmp_path / f"run{n}.json").write_text(json.dumps({**run, "metadata": {"engine": engine}}))
+        runs.append({"codec": "msgspec", "round": n, "status": "ok", "result_file": f"run{n}.json"})
+    bad: list[str] = []
+    out = seed.arm_summary(str(tmp_path), "msgspec", runs, "cuda", bad)
+    assert bad == [] and "cuda_graphs_captured" not in out
+    assert out["cuda_graphs"] == label
+    assert out["cuda_graph_replays"] == 200 and out["cuda_graph_eager_steps"] == 20
+    (tmp_path / "compare-1.json").write_text(json.dumps({"runs": runs}))
+    monkeypatch.setattr(sys, "argv", ["gpu_check_seed.py", str(tmp_path)])
+    assert seed.main() == 0
+    want = f"    CUDA graphs (--cuda-graphs): {label}; 200 decode steps replayed a graph, 20 ran eagerly"
+    assert want in capsys.readouterr().out.splitlines()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["arms"]["msgspec"]["cuda_graphs"] == label
+    failed = {"device": "cuda:0", "cuda_graphs": "capture failed: RuntimeError: out of memory"}
+    (tmp_path / "run1.json").write_text(json.dumps({**run, "metadata": {"engine": failed}}))
+    out = seed.arm_summary(str(tmp_path), "msgspec", runs[:1], "cuda", bad)
+    assert out["cuda_graphs"] == failed["cuda_graphs"] and "cuda_graph_replays" not in out
