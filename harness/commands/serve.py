@@ -199,7 +199,9 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
         print(f"bench serve: {exc}", file=sys.stderr)
         return 2
     link = link_settings(args)
-    error = check_transport_safety(link, addresses) or check_shm(link, addresses) or graphs_refusal(config)
+    # A frontend-only host runs no engine: the engine's host refuses --cuda-graphs where it cannot run.
+    refused = None if args.frontend_only else graphs_refusal(config)
+    error = check_transport_safety(link, addresses) or check_shm(link, addresses) or refused
     for warning in insecure_warnings(link, addresses):
         print(f"bench serve: WARNING: {warning}", file=sys.stderr)
     if error:
