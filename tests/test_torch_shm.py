@@ -57,7 +57,7 @@ def test_any_other_big_frame_is_copied_into_a_storage_of_its_own():
 
 def test_cuda_ipc_holds_each_tensor_by_serial_until_taken(monkeypatch: pytest.MonkeyPatch) -> None:
     """cuda-ipc's holding without a GPU: ``share_cuda`` stands in (a CPU tensor, made-up handle bytes);
-    its TAKEN entries carry fd 0, so a tensor is held by its serial alone."""
+    its TAKEN entries carry fd 0, so a tensor is held under (0, its serial)."""
     from harness.frontend.cuda_sender import CudaIpcSender
     from harness.wire import cuda_ipc
 
