@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ def send(sender: TorchShmSender, frame: object) -> list:
 
 def receive(message: list) -> tuple[memoryview, list]:
     taken: list = []
-    body = receivers.from_torch_shm(message[1:], lambda fd, serial: taken.append([TAKEN, fd, serial]))
+    body = receivers.from_torch_shm(message[1:], lambda fd, serial: taken.append([TAKEN, fd, serial]), os.getpid())
     return body[1], taken
 
 
@@ -61,15 +62,18 @@ def test_cuda_ipc_holds_each_tensor_by_serial_until_taken(monkeypatch: pytest.Mo
     from harness.frontend.cuda_sender import CudaIpcSender
     from harness.wire import cuda_ipc
 
-    def share_on_cpu(view: memoryview) -> tuple[torch.Tensor, bytes]:
-        return torch.frombuffer(bytearray(view), dtype=torch.uint8), b"h"
+    def share_on_cpu(view: memoryview) -> tuple[torch.Tensor, cuda_ipc.CudaHandle]:
+        handle = cuda_ipc.CudaHandle(0, b"h", view.nbytes, 0, b"c", 0, None, False, 0, view.nbytes)
+        return torch.frombuffer(bytearray(view), dtype=torch.uint8), handle
 
     monkeypatch.setattr(cuda_ipc, "share_cuda", share_on_cpu)
     sender = CudaIpcSender(threshold=1024)
     frames = [b"body", np.zeros(5000, np.uint8), b"small", np.ones(2000, np.uint8)]
     message, held = asyncio.run(sender.message("r", frames))
     assert message[0][0] == transport.ADD_CUDA
-    assert json.loads(message[1]) == [[1, 1, "68"], [3, 2, "68"]] and sender.held_count == 2
+    rows = json.loads(message[1])
+    assert [row[:3] for row in rows] == [[1, 1, 0], [3, 2, 0]] and sender.held_count == 2
+    assert [cuda_ipc.CudaHandle.from_row(row[2:]).length for row in rows] == [5000, 2000]
     sender.released([["arena", 0, 1], [TAKEN, 0, 1]])  # another segment's entry frees nothing
     assert sender.held_count == 1
     sender.unsent(held)

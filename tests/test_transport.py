@@ -129,24 +129,34 @@ def test_a_readable_secret_or_a_symlinked_folder_is_refused(tmp_path: Path) -> N
         curve.create_or_load(link)
 
 
-def test_shm_needs_an_out_of_band_codec_and_the_engine_on_this_host():
-    local, remote = EngineAddresses.tcp("127.0.0.1", 6000), EngineAddresses.tcp("10.1.2.3", 6000)
-    assert check_shm(LinkSettings("msgspec-oob", transport="shm"), local) is None
-    assert "out-of-band" in check_shm(LinkSettings("msgspec", transport="shm"), local)
-    assert "another host" in check_shm(LinkSettings("msgspec-oob", transport="shm"), remote)
-    assert "frontend's choice" in check_shm(LinkSettings("msgspec-oob", transport="shm", engine_only=True), local)
-    assert check_shm(LinkSettings("msgspec"), remote) is None
+def _links() -> tuple[EngineAddresses, EngineAddresses, EngineAddresses]:
+    """Authenticated loopback tcp, authenticated tcp to another host, and unauthenticated loopback tcp."""
+    keys = curve.ephemeral()
+    return (
+        EngineAddresses.tcp("127.0.0.1", 6000, keys),
+        EngineAddresses.tcp("10.1.2.3", 6000, keys),
+        EngineAddresses.tcp("127.0.0.1", 6000),
+    )
 
 
-@pytest.mark.parametrize("name", ["torch-shm", "shm-store"])
-def test_the_multimodal_transports_follow_shms_rules(name):
-    local, remote = EngineAddresses.tcp("127.0.0.1", 6000), EngineAddresses.tcp("10.1.2.3", 6000)
+@pytest.mark.parametrize("name", ["shm", "torch-shm", "shm-store"])
+def test_out_of_band_transports_need_a_spawned_engine_on_this_host_over_an_authenticated_link(name):
+    local, remote, open_tcp = _links()
     assert check_shm(LinkSettings("msgspec-oob", transport=name), local) is None
     assert f"--transport {name} needs a codec with out-of-band" in check_shm(
         LinkSettings("msgspec", transport=name), local
     )
     assert "another host" in check_shm(LinkSettings("msgspec-oob", transport=name), remote)
-    assert "frontend's choice" in check_shm(LinkSettings("msgspec-oob", transport=name, engine_only=True), local)
+    # The engine could not tell its frontend from another local process: refused, and no flag lifts it.
+    for allow in (False, True):
+        link = LinkSettings("msgspec-oob", transport=name, no_auth=True, allow_insecure_pickle=allow)
+        assert "unauthenticated tcp" in check_shm(link, open_tcp)
+    for split in (
+        LinkSettings("msgspec-oob", transport=name, engine_only=True),
+        LinkSettings("msgspec-oob", transport=name, frontend_only=True),
+    ):
+        assert "spawns" in (check_shm(split, local) or "")
+    assert check_shm(LinkSettings("msgspec"), remote) is None
 
 
 def test_cuda_ipc_is_refused_without_a_cuda_device(monkeypatch):
@@ -159,7 +169,7 @@ def test_cuda_ipc_is_refused_without_a_cuda_device(monkeypatch):
     assert arm.unsupported() is None
     open_tcp, ipc = EngineAddresses.tcp("127.0.0.1", 6000), EngineAddresses.private_ipc()
     try:
-        assert "unpickle" in (check_shm(LinkSettings("msgspec-oob", transport="cuda-ipc"), open_tcp) or "")
+        assert "unauthenticated tcp" in (check_shm(LinkSettings("msgspec-oob", transport="cuda-ipc"), open_tcp) or "")
         assert check_shm(LinkSettings("msgspec-oob", transport="cuda-ipc"), ipc) is None
     finally:
         ipc.cleanup()

@@ -178,7 +178,12 @@ def _key_dir(args: argparse.Namespace) -> Path:
 def link_settings(args: argparse.Namespace) -> LinkSettings:
     """The engine link's choices, as the rules of harness.wire.policy judge them."""
     return declare.from_args(
-        LinkSettings, args, codec=args.codec, output_codec=args.output_codec, engine_only=args.engine_only
+        LinkSettings,
+        args,
+        codec=args.codec,
+        output_codec=args.output_codec,
+        engine_only=args.engine_only,
+        frontend_only=args.frontend_only,
     )
 
 
@@ -226,7 +231,10 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
             engine_addresses = (
                 replace(addresses, curve=curve.for_engine(addresses.curve)) if addresses.curve else addresses
             )
-            engine_addresses = replace(engine_addresses, frontend_segment=segment)
+            # The engine maps memory only of this process, only in this segment, only by this transport.
+            engine_addresses = replace(
+                engine_addresses, frontend_segment=segment, transport=link.transport, frontend_pid=os.getpid()
+            )
             process = ctx.Process(
                 target=run_engine,
                 args=(config, engine_addresses, args.log_level, True),
@@ -324,7 +332,10 @@ def main(args: argparse.Namespace) -> int:
 
         addresses = _addresses(args)
         config = engine_config_from_args(args, load_tokenizer(args.tokenizer))
-        error = check_transport_safety(link_settings(args), addresses) or graphs_refusal(config)
+        link = link_settings(args)
+        error = check_transport_safety(link, addresses) or check_shm(link, addresses) or graphs_refusal(config)
+        for warning in insecure_warnings(link, addresses):
+            print(f"bench serve: WARNING: {warning}", file=sys.stderr)
         if error:
             print(f"bench serve: {error}", file=sys.stderr)
             return 2

@@ -129,6 +129,7 @@ class EngineProcess:
             return
         if kind in _ADDS and kind != transport.ADD:
             try:
+                receivers.check_sender(kind, frames[0], self.addresses)
                 body = self._out_of_band(kind, body)
             except (ShmError, TorchShmError, ValueError) as exc:
                 if request_id is None:
@@ -170,7 +171,8 @@ class EngineProcess:
         if kind == transport.ADD_SHM:
             return self._from_shm(frames)
         if kind == transport.ADD_TORCH:
-            return receivers.from_torch_shm(frames, self._taken)
+            assert self.addresses.frontend_pid is not None  # check_sender refused the message otherwise
+            return receivers.from_torch_shm(frames, self._taken, self.addresses.frontend_pid)
         return receivers.from_cuda_ipc(frames, self._taken)
 
     def _taken(self, fd: int, serial: int) -> None:
@@ -182,6 +184,8 @@ class EngineProcess:
         rows, body = receivers.table(frames, "shared-memory")
         for index, *raw in rows:
             handle = Handle.from_list(raw)
+            if handle.segment != self.addresses.frontend_segment:
+                raise ShmError(f"segment {handle.segment} is not the one this engine's frontend named at spawn")
             if self._fault_swap:  # a deliberately broken transport, for tests (WIREBENCH_FAULT)
                 handle, self._previous_handle = self._previous_handle or handle, handle
                 if handle.length != self._previous_handle.length:

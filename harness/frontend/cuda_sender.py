@@ -30,9 +30,9 @@ class CudaIpcSender(HeldUntilTaken):
                     out.append(frame)
                     continue
                 serial = self._next_serial()
-                tensor, raw = await asyncio.to_thread(cuda_ipc.share_cuda, view)
+                tensor, handle = await asyncio.to_thread(cuda_ipc.share_cuda, view)
                 self._hold((0, serial), tensor, held)  # a CUDA handle has no fd: its TAKEN entry carries 0
-                table.append([i, serial, raw.hex()])
+                table.append([i, serial, *handle.to_row()])
                 out.append(b"")
         except BaseException:
             self.unsent(held)

@@ -52,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import shutil
 import socket
 import struct
@@ -174,7 +175,8 @@ def _receiver(address: str, codec_name: str, msg_type_name: str, conn: Connectio
                 return
             body: list[Any] = list(frames[1:])
             if kind == transport.ADD_TORCH:
-                body = receivers.from_torch_shm(body, lambda fd, serial: released.append([TAKEN, fd, serial]))
+                take = lambda fd, serial: released.append([TAKEN, fd, serial])  # noqa: E731
+                body = receivers.from_torch_shm(body, take, os.getppid())  # the sender spawned this process
             elif kind == transport.ADD_SHM:
                 table = json.loads(transport.frame_bytes(body[0]))
                 body = body[1:]

@@ -56,6 +56,7 @@ class LinkSettings:
         "in flight points at, and sends a frame in the message when all are pinned (default %(default)s)",
     )
     engine_only: bool = False  # this process runs only the engine
+    frontend_only: bool = False  # this process runs only the frontend, joining an engine started apart
 
 
 def transport_refusal(codec: str, transport: str) -> str | None:
@@ -77,21 +78,27 @@ def _cuda_available() -> bool:
 
 
 def check_shm(link: LinkSettings, addresses: EngineAddresses) -> str | None:
-    """An error message when a transport other than zmq cannot serve this codec or address."""
+    """An error message when a transport other than zmq cannot serve this codec or link.
+
+    The engine maps the memory an out-of-band message names only when it can tell that its own
+    frontend sent it (harness.engine.receivers): so these transports need the engine the frontend
+    spawns, on this host, over ipc or authenticated tcp. No flag lifts that."""
     if link.transport == "zmq":
         return None
     refusal = transport_refusal(link.codec, link.transport)
     if refusal:
         return refusal
-    if link.engine_only:
-        return f"--transport {link.transport} is the frontend's choice: start the engine without it"
+    if link.engine_only or link.frontend_only:
+        return (
+            f"--transport {link.transport} needs the engine its frontend spawns (no --engine-only or "
+            "--frontend-only): an engine maps shared memory only of the process that started it"
+        )
     if not all(a.startswith("ipc://") or is_loopback(a) for a in (addresses.input, addresses.output)):
         return f"--transport {link.transport} needs the engine on this host: {addresses.input} is another host"
-    open_tcp = _tcp(addresses) and not addresses.authenticated
-    if link.transport == "cuda-ipc" and open_tcp and not link.allow_insecure_pickle:
+    if _tcp(addresses) and not addresses.authenticated:
         return (
-            "--transport cuda-ipc has the engine unpickle torch's CUDA IPC handles: over unauthenticated tcp any "
-            "local process could send one that runs its code. Drop --no-auth, use ipc, or pass --allow-insecure-pickle."
+            f"--transport {link.transport} over unauthenticated tcp: the engine could not tell its frontend's "
+            "handles from any local process's, so it would map none. Drop --no-auth, or use ipc (the default)."
         )
     return None
 
@@ -142,12 +149,19 @@ def insecure_warnings(link: LinkSettings, addresses: EngineAddresses) -> list[st
     """What an insecure mode allows, said out loud every time it is on."""
     tcp = _tcp(addresses)
     out = []
+    codec = unpickling_codec(link)
     if link.no_auth and tcp:
+        code = (
+            f"run code as this user (codec {codec!r} unpickles what arrives)"
+            if codec is not None
+            else "not run code (no codec here unpickles)"
+        )
         out.append(
             f"--no-auth: the engine's tcp sockets ({', '.join(tcp)}) are unauthenticated and unencrypted; "
-            "any process that reaches them can send requests, abort others' and read every output"
+            "any process that reaches them can send requests, abort anyone's, read every output and fill the "
+            f"engine's queue; it can {code}, and cannot make the engine map memory (out-of-band messages "
+            "are refused on such a link)"
         )
-    codec = unpickling_codec(link)
     if link.allow_insecure_pickle and tcp and codec is not None:
         out.append(
             f"--allow-insecure-pickle: codec {codec!r} unpickles what arrives on {', '.join(tcp)}; "

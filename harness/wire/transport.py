@@ -49,6 +49,8 @@ VERIFIED = 0x80
 
 # Which codec may use which: harness.wire.policy. vLLM's direct_rpc is zmq (docs/transports.md).
 TRANSPORTS = ("zmq", "shm", "torch-shm", "shm-store", "cuda-ipc")
+# The one ADD kind besides ADD that an engine serving each transport takes (shm-store's entries are arena blocks).
+OUT_OF_BAND_KIND = {"shm": ADD_SHM, "shm-store": ADD_SHM, "torch-shm": ADD_TORCH, "cuda-ipc": ADD_CUDA}
 
 
 # The engine's output thread sends a heartbeat when it has been quiet this
@@ -69,9 +71,14 @@ class EngineAddresses:
     ipc_dir: str | None = None
     # CURVE keys of an authenticated tcp link (harness.wire.curve); None: unauthenticated.
     curve: CurveKeys | None = None
-    # The spawning frontend's shared-memory segment (--transport shm, shm-store): a spawned engine whose
-    # frontend was killed removes it, with the ipc directory, since nobody else is left to.
+    # The spawning frontend's shared-memory segment (--transport shm, shm-store): the only one the engine
+    # maps, and one a spawned engine whose frontend was killed removes, with the ipc directory.
     frontend_segment: str | None = None
+    # The transport whose out-of-band ADDs the engine takes (any other kind is refused), and the pid of the
+    # frontend that spawned it: the one process whose memory it maps (None: an engine started on its own,
+    # which takes frames in the message only).
+    transport: str = "zmq"
+    frontend_pid: int | None = None
 
     @classmethod
     def private_ipc(cls) -> EngineAddresses:
@@ -136,6 +143,18 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def sender_pid(frame: zmq.Frame) -> int | None:
+    """The pid of the process that sent ``frame`` over an ipc link, as the kernel tells it, not as the
+    message says: ZeroMQ's Peer-Address of a unix socket is ``host:uid:gid:pid`` (SO_PEERCRED). Only for
+    ipc: over tcp the address is the peer's IP, which says nothing of its process."""
+    try:
+        address = frame.get("Peer-Address")
+    except (zmq.ZMQError, AttributeError):  # a frame without metadata (copied, or built here)
+        return None
+    parts = str(address).rsplit(":", 3)
+    return int(parts[3]) if len(parts) == 4 and parts[3].isdigit() else None
 
 
 def frames_nbytes(frames: Sequence[Frame]) -> int:

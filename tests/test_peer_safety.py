@@ -1,0 +1,235 @@
+"""No peer runs code in the engine or makes it map memory: an out-of-band ADD is opened only for the
+engine's own transport and only from the frontend that spawned it (the kernel names the sender over
+ipc); a cuda-ipc handle is plain data. Each refusal fails its request alone; the engine serves on."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import zmq
+
+from harness.engine import receivers
+from harness.engine.config import EngineConfig
+from harness.engine.process import EngineProcess
+from harness.wire import curve, shm, torch_shm, transport
+from harness.wire.cuda_ipc import CudaHandle, CudaIpcError
+from harness.wire.messages import EngineCoreOutputs, EngineCoreRequest, FinishReason, SamplingParams
+from harness.wire.transport import EngineAddresses
+from wirecodecs import get_codec
+
+from serve_process import free_port_pair
+
+
+class Exploit:
+    """Unpickled, it creates a marker file: proof that a peer ran code."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _request(rid: str, max_tokens: int = 3) -> EngineCoreRequest:
+    return EngineCoreRequest(
+        request_id=rid,
+        prompt=None,
+        prompt_token_ids=[5, 6, 7],
+        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        eos_token_id=1,
+        arrival_time=time.time(),
+    )
+
+
+def _rogue_adds(marker: Path, body: list) -> dict[str, list]:
+    """A keyless peer's out-of-band ADDs, each naming something the engine must not open."""
+    storage = torch.UntypedStorage._new_shared(4096)  # the rogue's own memory, a real fd
+    handle = torch_shm.handle_of(storage, 4096, 1)
+    segment = shm.Arena(1 << 16)  # a real segment, the rogue's
+    block, gen, _ = segment.alloc(4096)
+    shm_handle = shm.Handle(segment.name, block, 4096, gen)
+    pickled = pickle.dumps(Exploit(marker)).hex()
+    adds: dict[str, tuple[int, list]] = {
+        "rogue-cuda-pickle": (transport.ADD_CUDA, [[1, 1, pickled]]),
+        "rogue-cuda-row": (transport.ADD_CUDA, [[1, 2, 0, pickled, 1, 0, pickled, 0, None, False, 0, 1]]),
+        "rogue-torch": (transport.ADD_TORCH, [[1, *handle.to_list()]]),
+        "rogue-shm": (transport.ADD_SHM, [[1, *shm_handle.to_list()]]),
+    }
+    messages = {}
+    for rid, (kind, rows) in adds.items():
+        messages[rid] = [transport.envelope(kind, rid), json.dumps(rows).encode(), *body, b""]
+    messages["_keep"] = [storage, segment]  # alive until sent
+    return messages
+
+
+@pytest.mark.slow
+def test_a_keyless_peer_runs_nothing_maps_nothing_and_the_engine_serves_on(tmp_path):
+    """The case as reported: `--engine-only --socket tcp --no-auth --codec msgspec` on loopback, a plain
+    PUSH with no keys sends out-of-band ADDs (a cuda-ipc handle that is a pickle, a torch-shm and an shm
+    handle of its own); each fails alone, nothing runs, and a normal request after them completes."""
+    port = free_port_pair()
+    engine = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "serve", "--engine-only", "--no-auth", "--codec", "msgspec"]
+        + ["--executor", "sim", "--engine-port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    codec = get_codec("msgspec")
+    marker = tmp_path / "pwned"
+    ctx: zmq.Context = zmq.Context()
+    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    keep: list = []
+    try:
+        lines = [engine.stdout.readline()]
+        while "listening on" not in lines[-1] and lines[-1]:
+            lines.append(engine.stdout.readline())
+        assert any("--no-auth" in line and "cannot make the engine map memory" in line for line in lines), lines
+        push.connect(f"tcp://127.0.0.1:{port}")
+        pull.connect(f"tcp://127.0.0.1:{port + 1}")
+        pull.setsockopt(zmq.RCVTIMEO, 20_000)
+        body = codec.encode(_request("ignored"))
+        messages = _rogue_adds(marker, body)
+        keep = messages.pop("_keep")
+        for message in messages.values():
+            push.send_multipart(message)
+        push.send_multipart([transport.envelope(transport.ADD, "good"), *codec.encode(_request("good"))])
+        refused: dict[str, str] = {}
+        tokens: list[int] = []
+        finished = False
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (len(refused) == len(messages) and finished):
+            frames = pull.recv_multipart()
+            if transport.open_envelope(frames[0])[0] != transport.OUTPUTS:
+                continue
+            for out in codec.decode(frames[1:], EngineCoreOutputs).outputs:
+                if out.request_id == "good":
+                    tokens += out.new_token_ids
+                    finished = out.finished
+                else:
+                    assert out.finish_reason == FinishReason.REJECTED, out
+                    refused[out.request_id] = out.error or ""
+        assert set(refused) == set(messages), refused
+        assert all("this engine serves --transport zmq" in why for why in refused.values()), refused
+        assert len(tokens) == 3 and finished
+        assert engine.poll() is None
+        assert not marker.exists(), "a peer's pickle was unpickled"
+    finally:
+        if keep:
+            keep[1].close()  # the rogue's segment
+        push.close(linger=0)
+        pull.close(linger=0)
+        ctx.term()
+        engine.send_signal(signal.SIGINT)
+        engine.wait(timeout=20)
+
+
+def _send_from_child(address: str, kind: int) -> None:
+    ctx: zmq.Context = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.connect(address)
+    sock.send_multipart([transport.envelope(kind, "r"), b"[]"])
+    sock.close(linger=2000)
+    ctx.term()
+
+
+def test_over_ipc_the_kernel_names_the_sender_whatever_the_message_says(tmp_path):
+    """check_sender on a real unix-socket link: the sender's pid comes from the socket (SO_PEERCRED), so
+    a message from any process but the engine's frontend is refused."""
+    address = f"ipc://{tmp_path}/input"
+    ctx: zmq.Context = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.bind(address)
+    pull.setsockopt(zmq.RCVTIMEO, 20_000)
+    try:
+        child = multiprocessing.get_context("spawn").Process(
+            target=_send_from_child, args=(address, transport.ADD_TORCH)
+        )
+        child.start()
+        envelope = pull.recv_multipart(copy=False)[0]
+        child.join(timeout=20)
+        assert transport.sender_pid(envelope) == child.pid
+        link = EngineAddresses(address, address, transport="torch-shm", frontend_pid=child.pid)
+        receivers.check_sender(transport.ADD_TORCH, envelope, link)  # its frontend: taken
+        with pytest.raises(receivers.RefusedSender, match=f"sent by process {child.pid}"):
+            receivers.check_sender(transport.ADD_TORCH, envelope, replace(link, frontend_pid=os.getpid()))
+        with pytest.raises(receivers.RefusedSender, match="serves --transport shm"):
+            receivers.check_sender(transport.ADD_TORCH, envelope, replace(link, transport="shm"))
+        with pytest.raises(receivers.RefusedSender, match="spawned"):
+            receivers.check_sender(transport.ADD_TORCH, envelope, replace(link, frontend_pid=None))
+    finally:
+        pull.close(linger=0)
+        ctx.term()
+
+
+def test_over_tcp_only_an_authenticated_link_vouches_for_the_frontend():
+    keys = curve.ephemeral()
+    for authenticated, refused in ((keys, False), (None, True)):
+        link = EngineAddresses.tcp("127.0.0.1", 6000, authenticated)
+        link = replace(link, transport="cuda-ipc", frontend_pid=os.getpid())
+        if refused:
+            with pytest.raises(receivers.RefusedSender, match="unauthenticated tcp"):
+                receivers.check_sender(transport.ADD_CUDA, b"\x05r", link)
+        else:
+            receivers.check_sender(transport.ADD_CUDA, b"\x05r", link)
+
+
+def test_a_torch_shm_handle_into_another_process_is_refused_and_still_reported_taken():
+    storage = torch.UntypedStorage._new_shared(4096)
+    handle = torch_shm.handle_of(storage, 4096, 7)
+    frames = [json.dumps([[1, *handle.to_list()]]).encode(), b"body", b""]
+    taken: list = []
+    with pytest.raises(torch_shm.TorchShmError, match=f"names process {os.getpid()}"):
+        receivers.from_torch_shm(frames, lambda fd, serial: taken.append((fd, serial)), owner=os.getpid() + 1)
+    assert taken == [(handle.fd, 7)]  # its sender may drop it: nothing of it was mapped
+    body = receivers.from_torch_shm(frames, lambda fd, serial: None, owner=os.getpid())
+    assert len(body) == 2 and memoryview(body[1]).nbytes == 4096
+
+
+def test_an_shm_handle_into_a_segment_the_frontend_did_not_name_fails_its_request_alone():
+    """The engine maps only the segment its frontend named at spawn; another (a real segment of ours)
+    is refused before it is mapped, as an error output for that request."""
+    theirs = shm.Arena(1 << 16)
+    try:
+        block, gen, _ = theirs.alloc(1024)
+        link = EngineAddresses.tcp("127.0.0.1", 6000, curve.ephemeral())
+        link = replace(link, transport="shm", frontend_pid=os.getpid(), frontend_segment=shm.segment_name())
+        engine = EngineProcess(EngineConfig(codec="msgspec-oob", executor="sim"), link)
+        row = [1, *shm.Handle(theirs.name, block, 1024, gen).to_list()]
+        message: list[Any] = [transport.envelope(transport.ADD_SHM, "r1"), json.dumps([row]).encode(), b"body", b""]
+        engine._handle_input(message, time.monotonic_ns())
+        (batch,) = [engine.outputs.get_nowait()]
+        (out,) = batch.outputs
+        assert out.request_id == "r1" and out.finish_reason == FinishReason.REJECTED
+        assert "is not the one this engine's frontend named" in (out.error or "")
+        assert engine.mappings._maps == {}  # nothing was mapped
+        engine.ctx.term()
+    finally:
+        theirs.close()
+
+
+def test_a_cuda_ipc_row_is_plain_data_checked_field_by_field():
+    handle = CudaHandle(0, b"\x01\x02", 4096, 0, b"/torch_1_2", 8, None, False, 0, 4096)
+    assert CudaHandle.from_row(json.loads(json.dumps(handle.to_row()))) == handle
+    bad_rows = [
+        [1, 1, pickle.dumps(Exploit(Path("/nonexistent"))).hex()],  # the old pickled form
+        [*handle.to_row()[:-1], -1],  # a negative length
+        [*handle.to_row()[:7], "yes", *handle.to_row()[8:]],  # a string where a bool goes
+        [*handle.to_row()[:1], "zz", *handle.to_row()[2:]],  # not hex
+        [True, *handle.to_row()[1:]],  # a bool where an int goes
+    ]
+    for row in bad_rows:
+        with pytest.raises(CudaIpcError):
+            CudaHandle.from_row(row)
