@@ -49,6 +49,7 @@ class FakeEngine:
         self.closed_early: list[str] = []
         self.finished: list[str] = []
         self._dead_reason: str | None = None
+        self._unavailable_callbacks: list[Callable[[str], None]] = []
         self._outputs_sent = 0
         self._front = CodecStats()
         self._engine = CodecStats()
@@ -74,6 +75,11 @@ class FakeEngine:
 
     def die(self, reason: str = "the fake engine was killed") -> None:
         self._dead_reason = reason
+        for callback in self._unavailable_callbacks:
+            callback(reason)
+
+    def on_unavailable(self, callback: Callable[[str], None]) -> None:
+        self._unavailable_callbacks.append(callback)
 
     async def abort(self, request_ids: list[str]) -> None:
         self.aborted.extend(request_ids)

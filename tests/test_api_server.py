@@ -674,6 +674,44 @@ async def test_dead_engine_is_503_and_unhealthy():
 
 
 @arun
+async def test_requests_still_being_prepared_get_503_the_moment_the_engine_dies():
+    """Image requests queued for the decoded-pixel budget (wait up to 10 s) and one whose body is still
+    arriving are answered 503 as soon as the engine dies, not when their preparation would end."""
+    engine = FakeEngine(SCRIPT, delay_s=0.05)
+    side = 64
+    async with serve(engine, max_inflight_pixels=side * side, max_request_pixels=side * side) as client:
+        content = [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": png_url(0, side)}}]
+        body = {"model": MODEL, "max_tokens": 50, "messages": [{"role": "user", "content": content}]}
+
+        async def chat() -> int:
+            resp = await client.post("/v1/chat/completions", json=body)
+            return resp.status
+
+        async def trickle():  # a body that never finishes arriving
+            yield b'{"model": "'
+            await asyncio.sleep(60)
+
+        first = asyncio.ensure_future(chat())  # holds the whole budget until it is answered
+        await _wait_for(lambda: engine.requests)
+        queued = [asyncio.ensure_future(chat()) for _ in range(3)]
+        slow = asyncio.ensure_future(
+            client.post("/v1/completions", data=trickle(), headers={"Content-Type": "application/json"})
+        )
+        await asyncio.sleep(0.3)
+        assert not any(t.done() for t in [*queued, slow])
+        died = asyncio.get_running_loop().time()
+        engine.die("engine process exited")
+        statuses = await asyncio.gather(first, *queued)
+        slow_resp = await slow
+        took = asyncio.get_running_loop().time() - died
+        assert statuses == [503] * 4 and slow_resp.status == 503, (statuses, slow_resp.status)
+        assert took < 1.0, took
+        assert "engine process exited" in (await slow_resp.json())["error"]["message"]
+        text = await (await client.get("/metrics")).text()
+    assert prom.parse(text)[(prom.REQUESTS, frozenset({("outcome", "failed")}))] == 5
+
+
+@arun
 async def test_engine_dies_mid_stream_sends_error_event():
     engine = FakeEngine(SCRIPT, die_after=3)
     async with serve(engine) as client:

@@ -29,7 +29,7 @@ from harness.frontend.engine_client import REQUEST_TIMEOUT_S, ZmqEngineClient
 from harness.frontend.mm_senders import frame_sender
 from harness.frontend.served import ServedSettings
 from harness.frontend.settings import FrontendSettings
-from harness.wire import curve, declare, parent_watch, shm, transport
+from harness.wire import curve, declare, parent_watch, shm, torch_shm, transport
 from harness.wire.heap import freeze_heap
 from harness.wire.policy import LinkSettings, check_shm, check_transport_safety, insecure_warnings
 from harness.wire.spans import trace_events
@@ -196,8 +196,10 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
     served = declare.from_args(ServedSettings, args)
     tokenizer = load_tokenizer(served.tokenizer)
     config = engine_config_from_args(args, tokenizer)
-    for stale in transport.remove_stale_ipc_dirs():
+    for stale, pid in transport.remove_stale_ipc_dirs():
         log.warning("removed %s, left by a process that is gone", stale)
+        for name in torch_shm.remove_leftovers(pid):  # a frontend killed while torch created a storage
+            log.warning("removed shared memory %s, left by the same process", name)
     try:
         addresses = _addresses(args)
     except (FileNotFoundError, curve.KeyFolderError) as exc:
@@ -319,6 +321,8 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
             if process.is_alive():
                 process.kill()
                 process.join()
+            if process.pid is not None:  # an engine killed while torch created a storage
+                torch_shm.remove_leftovers(process.pid)
         addresses.cleanup()
 
 

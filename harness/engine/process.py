@@ -352,10 +352,13 @@ class EngineProcess:
 
     def _remove_frontend_leftovers(self) -> None:
         """What a killed frontend could not remove and nobody else will: its shared memory (segments
-        mapped here, and the one it named at spawn) and the sockets' private ipc directory."""
+        mapped here, the one it named at spawn, torch's files it was killed before unlinking) and the
+        sockets' private ipc directory."""
         self.mappings.unlink_all()
         if self.addresses.frontend_segment:
             shm.unlink_segment(self.addresses.frontend_segment)
+        if self.addresses.frontend_pid is not None:
+            torch_shm.remove_leftovers(self.addresses.frontend_pid)
         self.addresses.cleanup()
 
     def _busy_loop(self, core: EngineCore) -> None:

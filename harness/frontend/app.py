@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -90,6 +91,8 @@ METRICS = web.AppKey("metrics", FrontendMetrics)
 STARTED = web.AppKey("started", int)
 PIXELS = web.AppKey("pixels", PixelBudget)
 PARSER = web.AppKey("json_parser", ThreadPoolExecutor)
+# Handlers still preparing their request (body, tokens, images) → None, or why they were cancelled.
+PREPARING = web.AppKey("preparing", dict)
 
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 
@@ -294,19 +297,47 @@ def parse_json_body(raw: bytes | bytearray, max_elements: int) -> Any:
 Prepare = Callable[[Any, TextTokenizer, FrontendSettings, TensorAlloc | None, PixelBudget, bool], Awaitable[Prepared]]
 
 
+def _unavailable(app: web.Application, reason: str) -> web.Response:
+    """The 503 of a request the engine will not serve (it is dead or stalled), counted as failed."""
+    body, status, outcome = engine_error(EngineDeadError(reason)) or ({}, 503, "failed")
+    app[METRICS].requests[outcome] += 1
+    return json_response(body, status)
+
+
+def _fail_preparing(preparing: dict[asyncio.Task, str | None], reason: str) -> None:
+    """The engine left ok: the requests still being prepared would only wait for it (a backlog of large
+    images kept decoding for a dead engine for minutes). Each is cancelled now, answered 503 by its
+    handler; the image decodes it queued are dropped with it."""
+    for task, why in preparing.items():
+        if why is None:
+            preparing[task] = reason
+            task.cancel()
+
+
 def _generation_handler(prepare: Prepare) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handler(request: web.Request) -> web.StreamResponse:
         app = request.app
         points = FrontPoints(http_received=time.monotonic_ns())
+        engine = app[ENGINE]
+        if not engine.is_healthy:  # nothing to prepare for
+            return _unavailable(app, engine.dead_reason or "the engine is not available")
+        task = asyncio.current_task()
+        assert task is not None
+        preparing = app[PREPARING]
+        preparing[task] = None
         try:
-            alloc = getattr(app[ENGINE], "tensor_alloc", None)  # the shm transport builds tensors in place
-            packed = getattr(app[ENGINE], "packed_token_ids", False)  # its codec takes the tokenizer's int32 ids
+            alloc = getattr(engine, "tensor_alloc", None)  # the shm transport builds tensors in place
+            packed = getattr(engine, "packed_token_ids", False)  # its codec takes the tokenizer's int32 ids
             body = await _read_json(request)
             prep = await prepare(body, app[TOKENIZER], app[SETTINGS], alloc, app[PIXELS], packed)
         except ProtocolError as exc:
             app[METRICS].requests["rejected"] += 1
             return error_response(exc.message, exc.status, exc.param)
-        except asyncio.CancelledError:  # the client left while its request was prepared
+        except asyncio.CancelledError:  # the engine went (_fail_preparing), or the client left
+            reason = preparing.get(task)
+            if reason is not None:
+                task.uncancel()
+                return _unavailable(app, reason)
             app[METRICS].requests["aborted"] += 1
             raise
         except ConnectionResetError:  # ... or while its body was still arriving: ended as a cancelled
@@ -315,6 +346,8 @@ def _generation_handler(prepare: Prepare) -> Callable[[web.Request], Awaitable[w
         except Exception:  # a bug: the middleware answers 500, and the request still has an outcome
             app[METRICS].requests["failed"] += 1
             raise
+        finally:
+            preparing.pop(task, None)
         points.prepared = time.monotonic_ns()
         return await _run(request, prep, points)
 
@@ -435,6 +468,8 @@ def build_app(engine: EngineClient, tokenizer: TextTokenizer, settings: Frontend
     app[METRICS] = FrontendMetrics()
     app[STARTED] = int(time.time())
     app[PIXELS] = PixelBudget(settings.max_inflight_pixels)
+    app[PREPARING] = {}
+    engine.on_unavailable(functools.partial(_fail_preparing, app[PREPARING]))
     app.router.add_post("/v1/completions", _generation_handler(prepare_completion))
     app.router.add_post("/v1/chat/completions", _generation_handler(prepare_chat))
     app.router.add_get("/v1/models", models)

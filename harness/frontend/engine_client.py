@@ -83,6 +83,11 @@ class EngineClient(Protocol):
 
     async def abort(self, request_ids: list[str]) -> None: ...
 
+    def on_unavailable(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(reason)`` on the event loop each time the engine leaves ok (dead or stalled), after
+        the requests in flight were failed: the app fails the requests it is still preparing."""
+        ...
+
     @property
     def is_healthy(self) -> bool: ...
 
@@ -149,6 +154,7 @@ class ZmqEngineClient:
         self._dead_reason: str | None = None
         self._state = OK
         self._abandoned: set[str] = set()  # failed during a stall: aborted in the engine
+        self._unavailable_callbacks: list[Callable[[str], None]] = []
         self._tasks: list[asyncio.Task] = []
         self.engine_info: dict = {}
         # Requests the engine holds, from its latest heartbeat (sent when it is idle or between outputs).
@@ -243,6 +249,9 @@ class ZmqEngineClient:
             self._shm.close()
 
     # --- EngineClient -------------------------------------------------------
+    def on_unavailable(self, callback: Callable[[str], None]) -> None:
+        self._unavailable_callbacks.append(callback)
+
     @property
     def is_healthy(self) -> bool:
         return self._state == OK
@@ -296,6 +305,9 @@ class ZmqEngineClient:
                 message, held = await self._shm.message(rid, frames, request)
             except ShmError as exc:
                 raise OverloadedError(str(exc)) from exc
+            if self._state != OK:  # the engine went while the frames were copied out: send nothing
+                self._shm.unsent(held)
+                raise EngineDeadError(self._dead_reason or "the engine is not available")
         if self._verify:  # the digest travels outside the codec: flagged kind, one last frame
             message[0] = bytes((message[0][0] | transport.VERIFIED,)) + message[0][1:]
             big = bool(request.mm_inputs)  # hashing megabytes of pixels leaves the event loop
@@ -465,6 +477,7 @@ class ZmqEngineClient:
         self._state, self._dead_reason = DEAD, reason
         for q in self._queues.values():
             q.put_nowait(EngineDeadError(reason))
+        self._tell_unavailable(reason)
 
     def _declare_stalled(self, reason: str) -> None:
         """The engine went quiet (paused, swapping, a remote one restarting): fail what is in flight
@@ -475,6 +488,14 @@ class ZmqEngineClient:
         for q in self._queues.values():
             q.put_nowait(EngineDeadError(reason))
         self._abort_abandoned()
+        self._tell_unavailable(reason)
+
+    def _tell_unavailable(self, reason: str) -> None:
+        for callback in self._unavailable_callbacks:
+            try:
+                callback(reason)
+            except Exception:  # one listener's bug must not keep the others from hearing it
+                log.exception("an engine-unavailable listener failed")
 
     def _recover(self) -> None:
         """A message arrived from a stalled engine: it is back; take it back."""

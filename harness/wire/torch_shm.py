@@ -19,12 +19,18 @@ Lifetime (who frees, and when):
 - The receiver's mapping keeps the memory alive for as long as the decoded tensors view it; the
   object disappears with the last mapping or fd, so a killed process leaves nothing behind.
 - A receiver that cannot open the handle still reports it taken: the sender frees it either way.
+- One window leaves a name behind: torch creates ``/dev/shm/torch_<pid>_<n>_<m>``, fallocates it (about
+  2 ms for 12.6 MB here) and only then unlinks it, so a process SIGKILLed in between leaves the file.
+  The survivor removes a dead peer's (``remove_leftovers``: the engine its frontend's, the frontend its
+  engine's), and the next start those of any wirebench process that left an ipc directory behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -93,3 +99,15 @@ def open_handle(handle: TorchHandle) -> memoryview:
         os.close(fd)  # the storage holds its own duplicate
     array = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()  # keeps the storage alive
     return memoryview(array)  # type: ignore[arg-type]  # an ndarray is a buffer
+
+
+def remove_leftovers(pid: int, shm_dir: Path = Path("/dev/shm")) -> list[str]:
+    """Remove torch's shared-memory files named for ``pid``, a process known to be gone, that are this
+    user's: what it left when killed between creating a storage and unlinking its name."""
+    removed = []
+    for path in shm_dir.glob(f"torch_{pid}_*"):
+        with contextlib.suppress(FileNotFoundError):
+            if path.stat().st_uid == os.getuid():
+                path.unlink()
+                removed.append(path.name)
+    return removed

@@ -108,8 +108,9 @@ def prepare_socket(sock: zmq.Socket, address: str) -> None:
         sock.setsockopt(zmq.IPV6, 1)
 
 
-def remove_stale_ipc_dirs() -> list[str]:
-    """Remove this user's ipc socket directories whose creating process is gone (killed: it could not clean up)."""
+def remove_stale_ipc_dirs() -> list[tuple[str, int]]:
+    """Remove this user's ipc socket directories whose creating process is gone (killed: it could not clean
+    up); (the directory, the dead process's pid) of each."""
     removed = []
     for path in Path(tempfile.gettempdir()).glob(f"{IPC_PREFIX}*"):
         pid_text = path.name[len(IPC_PREFIX) :].split("-", 1)[0]
@@ -117,7 +118,7 @@ def remove_stale_ipc_dirs() -> list[str]:
             continue
         if not _pid_alive(int(pid_text)):
             shutil.rmtree(path, ignore_errors=True)
-            removed.append(str(path))
+            removed.append((str(path), int(pid_text)))
     return removed
 
 
