@@ -79,7 +79,12 @@ def test_the_shipped_sample_and_the_flags(tok: TextTokenizer) -> None:
         (['{"prompt": "a"}', '{"text": "b"}'], "line 2: needs a 'prompt' or a 'messages' field"),
         (['{"prompt": "a", "messages": []}'], "line 1: needs a 'prompt' or a 'messages'"),
         (['{"prompt": 3}'], "line 1: field 'prompt' must be str"),
-        (['{"prompt": "a", "output_tokens": 0}'], "line 1: field 'output_tokens' must be >= 1"),
+        (['{"prompt": "a", "output_tokens": 0}'], "line 1: field 'output_tokens' must be from 1 to 1048576 tokens"),
+        (
+            ['{"prompt": "ok"}', '{"prompt": "\\ud800x"}'],
+            "line 2: invalid Unicode: a \\\\u escape makes a lone surrogate",
+        ),
+        (['{"prompt": "ok"}', '{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}"], "line 2: JSON nested too deeply"),
         (['{"prompt": "a", "images": ["missing.png"]}'], r"line 1, images\[0\]: image 'missing.png' cannot be read"),
         (['{"messages": [{"role": "robot", "content": "x"}]}'], r"line 1: messages\[0\].role"),
         (["[1, 2]"], "line 1: expected a JSON object"),

@@ -89,6 +89,11 @@ def test_flags_reach_the_dataset_and_are_recorded(tmp_path: Path) -> None:
         ('[\n {"conversations": []},\n {"turns": []}\n]', "sg.json, line 3: missing field 'conversations'"),
         ('[\n\n {"conversations": [{"from": "human"}, {"from": "gpt", "value": "x"}]}]', "line 3, conversations"),
         ('{"conversations": []}', "sg.json, line 1: expected a JSON array"),
+        ('[\n {"conversations": []},\n {"conversations": "\\udc00"}\n]', "sg.json, line 3: invalid Unicode"),
+        (
+            '[\n {"conversations": []},\n' + "[" * 100_000 + "]" * 100_000 + "]",
+            "sg.json, line 3: JSON nested too deeply",
+        ),
     ],
 )
 def test_a_bad_file_is_named_with_its_line(tok: TextTokenizer, tmp_path: Path, text: str, message: str) -> None:

@@ -296,3 +296,76 @@ def test_a_body_gets_the_same_answer_on_either_side_of_the_off_loop_threshold(ca
     assert len(parsed_on) == 1 and parsed_on[0].startswith("json-parse") == (size == "large"), parsed_on
     if status != 200:
         assert message in body["error"]["message"], body
+
+
+# --- dataset files: each bad line is one error naming the file and line, with bounded memory ---------------
+
+HOSTILE_LINES = {
+    "trace-input-1e8": ("trace", '{"timestamp": 0, "input_length": 100000000, "output_length": 5, "hash_ids": [1]}'),
+    "trace-input-1e12": ("trace", '{"timestamp": 0, "input_length": 1000000000000, "output_length": 5}'),
+    "trace-timestamp-1e300": (
+        "trace",
+        '{"timestamp": 0, "input_length": 5, "output_length": 5}\n'
+        '{"timestamp": 1e300, "input_length": 5, "output_length": 5}',
+    ),
+    "trace-timestamp-nan": ("trace", '{"timestamp": NaN, "input_length": 5, "output_length": 5}'),
+    "custom-surrogate": ("custom", '{"prompt": "\\ud800x"}'),
+    "custom-deep": ("custom", '{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+}
+
+
+def _under_4_gib() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(HOSTILE_LINES))
+def test_a_hostile_dataset_line_is_one_error_in_bounded_memory(tmp_path, case):
+    """`bench load` under a 4 GiB address-space cap: exit 2 within 20 s with one line naming the file and
+    line (a trace line of 10^8 tokens once grew it to 22 GB; a lone surrogate or 100,000-deep nesting
+    ended in a traceback)."""
+    import subprocess
+    import sys
+
+    from fake_openai_server import FakeConfig, FakeOpenAIServer
+
+    dataset, text = HOSTILE_LINES[case]
+    path = tmp_path / "lines.jsonl"
+    path.write_text(text + "\n")
+    with FakeOpenAIServer(FakeConfig()) as srv:
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "harness.cli", "load", "--base-url", srv.base_url, "--num-prompts", "4"]
+            + ["--dataset-name", dataset, "--dataset-path", str(path), "--no-save-result"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            preexec_fn=_under_4_gib,
+        )
+        took = time.monotonic() - started
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
+    assert lines[0].startswith(f"bench load: error: {path}, line ") and "Traceback" not in done.stderr, lines
+    assert took < 20, took
+
+
+@pytest.mark.slow
+def test_a_block_size_past_the_bound_is_refused_at_the_flag():
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "load", "--dataset-name", "trace", "--trace-block-size", "1000000000"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_under_4_gib,
+    )
+    assert done.returncode == 2
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith("--trace-block-size: must be at most 1048576 tokens, got 1000000000")
+    )

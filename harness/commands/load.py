@@ -19,7 +19,7 @@ import sys
 import aiohttp
 
 from harness.analysis.documents import DEFAULT_RESULT_DIR, save_run
-from harness.loadgen.arrivals import describe_arrivals, own_times
+from harness.loadgen.arrivals import describe_arrivals, describe_own_times, own_times
 from harness.loadgen.flags import add_load_arguments, add_server_arguments, flags_dict
 from harness.loadgen.report import print_report
 from harness.loadgen.runner import (
@@ -126,7 +126,7 @@ def main(args: argparse.Namespace) -> int:
     conc = f", max concurrency {settings.max_concurrency}" if settings.max_concurrency else ""
     arrivals = describe_arrivals(settings.request_rate, settings.burstiness)
     if own_times(workload):
-        arrivals = "at the dataset's timestamps (--request-rate and --burstiness ignored)"
+        arrivals = describe_own_times(workload)
     print(
         f"Sending {len(workload)} requests to {base_url}{settings.endpoint}: {arrivals}{conc}",
         flush=True,

@@ -61,6 +61,14 @@ def own_times(workload: Sequence[Timed]) -> bool:
     return bool(workload) and all(request.arrival_s is not None for request in workload)
 
 
+def describe_own_times(workload: Sequence[Timed]) -> str:
+    """The console's line for a workload that carries its send times: how long the replay will take."""
+    times = [float(r.arrival_s) for r in workload if r.arrival_s is not None]
+    span = max(times) - min(times)
+    took = f"{span / 3600:.1f} h" if span >= 3600 else f"{span / 60:.1f} min" if span >= 60 else f"{span:.1f} s"
+    return f"at the dataset's timestamps, the last {took} after the first (--request-rate and --burstiness ignored)"
+
+
 def planned_offsets(
     workload: Sequence[Timed],
     request_rate: float = math.inf,

@@ -55,6 +55,19 @@ def check_counts(num_requests: int, output_len: int, output_flag: str) -> None:
         raise ValueError(f"{output_flag} must be >= 1, got {output_len}")
 
 
+# The most tokens one prompt or one output may have, from a file or a flag: past any context window served
+# today, and what keeps a bad line (input_length 10^8) from growing the client by gigabytes.
+MAX_TOKENS = 1 << 20
+
+
+def token_count(text: str) -> int:
+    """argparse type of a length in tokens: 1 to MAX_TOKENS."""
+    value = positive_int(text)
+    if value > MAX_TOKENS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_TOKENS} tokens, got {text}")
+    return value
+
+
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:

@@ -24,7 +24,7 @@ from typing import Any
 
 from harness.wire.declare import setting
 from harness.wire.tokenizer import TextTokenizer
-from harness.workloads.base import Sampling, positive_int
+from harness.workloads.base import Sampling, token_count
 from harness.workloads.chat import user_message
 from harness.workloads.files import DatasetFileError, count_field, dataset_file, field, read_jsonl
 from harness.workloads.sample import SampleRequest
@@ -40,7 +40,7 @@ class CustomOptions:
     custom_output_len: int | None = setting(
         None,
         flag="--custom-output-len",
-        type=positive_int,
+        type=token_count,
         help=f"max_tokens of every request (default: a line's output_tokens, else {DEFAULT_OUTPUT_LEN})",
         comparable=True,
     )

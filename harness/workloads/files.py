@@ -8,6 +8,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from harness.workloads.base import MAX_TOKENS
+
 # Small generated samples (scripts/make_dataset_samples.py), the default of --dataset-path.
 SAMPLES_DIR = Path(__file__).resolve().parents[2] / "datasets" / "samples"
 
@@ -31,15 +33,33 @@ def _read_text(file: Path) -> str:
         raise DatasetFileError(f"{file}: not UTF-8 text: {exc}") from exc
 
 
+def _checked(value: Any, text: str, where: str) -> Any:
+    """``value`` decoded from ``text``, refused if a ``\\u`` escape in it made a lone surrogate: a string
+    that is no Unicode text, which no tokenizer can encode."""
+    if "\\u" in text:
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise DatasetFileError(f"{where}: invalid Unicode: a \\u escape makes a lone surrogate") from None
+    return value
+
+
+def _too_deep(where: str) -> DatasetFileError:
+    return DatasetFileError(f"{where}: JSON nested too deeply")
+
+
 def read_jsonl(file: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line of a JSON Lines file."""
     for lineno, line in enumerate(_read_text(file).splitlines(), start=1):
         if not line.strip():
             continue
+        where = f"{file}, line {lineno}"
         try:
-            value = json.loads(line)
+            value = _checked(json.loads(line), line, where)
         except json.JSONDecodeError as exc:
-            raise DatasetFileError(f"{file}, line {lineno}: bad JSON: {exc.msg} (column {exc.colno})") from None
+            raise DatasetFileError(f"{where}: bad JSON: {exc.msg} (column {exc.colno})") from None
+        except RecursionError:
+            raise _too_deep(where) from None
         if not isinstance(value, dict):
             raise DatasetFileError(f"{file}, line {lineno}: expected a JSON object, got {type(value).__name__}")
         yield lineno, value
@@ -57,10 +77,10 @@ def field(record: Mapping[str, Any], name: str, kind: type | tuple[type, ...], w
 
 
 def count_field(record: Mapping[str, Any], name: str, where: str, minimum: int = 1) -> int:
-    """An integer field that must be at least ``minimum``."""
+    """A length in tokens: an integer from ``minimum`` to MAX_TOKENS."""
     value = field(record, name, int, where)
-    if value < minimum:
-        raise DatasetFileError(f"{where}: field {name!r} must be >= {minimum}, got {value}")
+    if not minimum <= value <= MAX_TOKENS:
+        raise DatasetFileError(f"{where}: field {name!r} must be from {minimum} to {MAX_TOKENS} tokens, got {value}")
     return int(value)
 
 
@@ -82,6 +102,7 @@ def read_json_array(file: Path) -> Iterator[tuple[int, Any]]:
         counted[0] = pos
         return counted[1]
 
+    escapes = "\\u" in text  # only then can an entry hold a lone surrogate
     pos = skip(0)
     if not text.startswith("[", pos):
         raise DatasetFileError(f"{file}, line {line_of(pos)}: expected a JSON array of entries")
@@ -93,7 +114,10 @@ def read_json_array(file: Path) -> Iterator[tuple[int, Any]]:
             value, end = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as exc:
             raise DatasetFileError(f"{file}, line {exc.lineno}: bad JSON: {exc.msg} (column {exc.colno})") from None
-        yield line_of(pos), value
+        except RecursionError:
+            raise _too_deep(f"{file}, line {line_of(pos)}") from None
+        line = line_of(pos)
+        yield line, _checked(value, text[pos:end] if escapes else "", f"{file}, line {line}")
         pos = skip(end)
         if text.startswith("]", pos):
             if skip(pos + 1) != len(text):

@@ -16,7 +16,7 @@ import numpy as np
 
 from harness.wire.declare import setting
 from harness.wire.tokenizer import TextTokenizer
-from harness.workloads.base import Sampling, check_counts, positive_int
+from harness.workloads.base import Sampling, check_counts, token_count
 from harness.workloads.sample import SampleRequest
 
 
@@ -33,14 +33,14 @@ class RandomOptions:
     random_input_len: int = setting(
         1024,
         flag="--random-input-len",
-        type=positive_int,
+        type=token_count,
         help="mean prompt tokens (default: %(default)s)",
         comparable=True,
     )
     random_output_len: int = setting(
         128,
         flag="--random-output-len",
-        type=positive_int,
+        type=token_count,
         help="mean max_tokens (default: %(default)s)",
         comparable=True,
     )

@@ -24,7 +24,7 @@ from typing import Any
 
 from harness.wire.declare import setting
 from harness.wire.tokenizer import TextTokenizer
-from harness.workloads.base import Sampling, positive_int
+from harness.workloads.base import Sampling, token_count
 from harness.workloads.files import DatasetFileError, dataset_file, field, read_json_array
 from harness.workloads.sample import SampleRequest
 
@@ -41,7 +41,7 @@ class ShareGPTOptions:
     sharegpt_output_len: int | None = setting(
         None,
         flag="--sharegpt-output-len",
-        type=positive_int,
+        type=token_count,
         help="max_tokens of every request instead of the reply's length (default: the reply's length)",
         comparable=True,
     )

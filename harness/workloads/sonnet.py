@@ -24,7 +24,7 @@ from pathlib import Path
 
 from harness.wire.declare import setting
 from harness.wire.tokenizer import TextTokenizer
-from harness.workloads.base import Sampling, check_counts, non_negative_int, positive_int
+from harness.workloads.base import Sampling, check_counts, non_negative_int, token_count
 from harness.workloads.chat import chat_prompt_len, chat_requests
 from harness.workloads.images import ImageSpec, make_image_urls
 from harness.workloads.sample import SampleRequest
@@ -38,14 +38,14 @@ class SonnetOptions:
     sonnet_input_len: int = setting(
         550,
         flag="--sonnet-input-len",
-        type=positive_int,
+        type=token_count,
         help="target prompt tokens, chat template included (default: %(default)s)",
         comparable=True,
     )
     sonnet_output_len: int = setting(
         150,
         flag="--sonnet-output-len",
-        type=positive_int,
+        type=token_count,
         help="max_tokens per request (default: %(default)s)",
         comparable=True,
     )

@@ -21,6 +21,7 @@ trace is replayed again from its start, after its last request plus one mean int
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import re
 from dataclasses import dataclass
@@ -29,12 +30,13 @@ from pathlib import Path
 from harness.engine.step_plan import blocks_for
 from harness.wire.declare import setting
 from harness.wire.tokenizer import TextTokenizer
-from harness.workloads.base import Sampling, positive_int
+from harness.workloads.base import Sampling, token_count
 from harness.workloads.files import DatasetFileError, count_field, dataset_file, field, read_jsonl
 from harness.workloads.sample import SampleRequest
 
 SAMPLE = "trace-sample.jsonl"
 MOONCAKE_BLOCK_SIZE = 512
+MAX_SPAN_MS = 24 * 3.6e6  # a trace longer than a day is a unit mistake (timestamps are ms), or wants --trace-speedup
 POOL_CANDIDATES = 4000  # token ids tried for the word pool; a few hundred pass
 WORD = re.compile(r" [a-z]{3,}")
 
@@ -58,7 +60,7 @@ class TraceOptions:
     trace_block_size: int = setting(
         MOONCAKE_BLOCK_SIZE,
         flag="--trace-block-size",
-        type=positive_int,
+        type=token_count,
         help="prompt tokens per hash_ids entry (default: %(default)s, Mooncake's)",
         comparable=True,
     )
@@ -81,20 +83,30 @@ class TraceLine:
 
 
 def read_trace(file: Path) -> list[TraceLine]:
-    """Every line of a Mooncake trace, in timestamp order (ties keep the file's order)."""
-    lines = []
+    """Every line of a Mooncake trace, in timestamp order (ties keep the file's order). Timestamps are
+    finite, >= 0 and within MAX_SPAN_MS of the earliest; lengths within MAX_TOKENS."""
+    lines, where_of = [], []
     for n, record in read_jsonl(file):
         where = f"{file}, line {n}"
         timestamp = field(record, "timestamp", (int, float), where)
-        if timestamp < 0:
-            raise DatasetFileError(f"{where}: field 'timestamp' must be >= 0, got {timestamp}")
+        if not (math.isfinite(timestamp) and timestamp >= 0):
+            raise DatasetFileError(f"{where}: field 'timestamp' must be a finite number >= 0 (ms), got {timestamp}")
         ids = field(record, "hash_ids", list, where) if "hash_ids" in record else []
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             raise DatasetFileError(f"{where}: field 'hash_ids' must be a list of integers")
         inputs, outputs = count_field(record, "input_length", where), count_field(record, "output_length", where)
         lines.append(TraceLine(float(timestamp), inputs, outputs, tuple(ids)))
+        where_of.append(where)
     if not lines:
         raise DatasetFileError(f"{file}: no requests (one JSON object a line)")
+    first = min(line.timestamp_ms for line in lines)
+    late = next((i for i, line in enumerate(lines) if line.timestamp_ms - first > MAX_SPAN_MS), None)
+    if late is not None:
+        hours = (lines[late].timestamp_ms - first) / 3.6e6
+        raise DatasetFileError(
+            f"{where_of[late]}: timestamp {lines[late].timestamp_ms:g} ms is {hours:,.1f} h after the trace's first; "
+            f"a trace may span at most {MAX_SPAN_MS / 3.6e6:g} h (timestamps are in ms)"
+        )
     return sorted(lines, key=lambda line: line.timestamp_ms)
 
 
@@ -110,25 +122,32 @@ def word_pool(tokenizer: TextTokenizer) -> list[str]:
 
 
 class PromptBuilder:
-    """Prompt text from hash ids: one fixed block of words per id, built once."""
+    """Prompt text from hash ids: one fixed block of words per id, the same wherever the id appears.
+
+    A block's words are drawn from a generator seeded with the id, only as far as some prompt has read
+    into it (a prompt may stop inside its last block, and a block may be large): the words held are
+    never more than the prompts use. A request's own blocks (past its ids) are drawn and not kept."""
 
     def __init__(self, pool: list[str], block_size: int, seed: int) -> None:
         self.pool, self.block_size, self.seed = pool, block_size, seed
-        self.blocks: dict[str, list[str]] = {}
+        self.blocks: dict[str, tuple[random.Random, list[str]]] = {}
 
-    def block(self, key: str) -> list[str]:
-        if key not in self.blocks:
-            rng = random.Random(f"{self.seed}:{key}")
-            self.blocks[key] = rng.choices(self.pool, k=self.block_size)
-        return self.blocks[key]
+    def words(self, key: str, count: int, keep: bool = True) -> list[str]:
+        """The first ``count`` words of block ``key``; the same words for the same key, however many are
+        asked for (``choices`` draws one number a word, so a longer draw extends a shorter one)."""
+        rng, drawn = self.blocks.get(key) or (random.Random(f"{self.seed}:{key}"), [])
+        if len(drawn) < count:
+            drawn += rng.choices(self.pool, k=count - len(drawn))
+        if keep:
+            self.blocks[key] = (rng, drawn)
+        return drawn[:count]
 
     def prompt(self, line: TraceLine, index: int) -> str:
-        keys = [str(i) for i in line.hash_ids]
-        own = blocks_for(line.input_length, self.block_size) - len(keys)
-        keys += [f"request {index} block {k}" for k in range(own)]
+        shared = [str(i) for i in line.hash_ids]
+        own = range(blocks_for(line.input_length, self.block_size) - len(shared))
         words: list[str] = []
-        for key in keys:
-            words += self.block(key)[: line.input_length - len(words)]
+        for k, key in enumerate(shared + [f"request {index} block {b}" for b in own]):
+            words += self.words(key, min(self.block_size, line.input_length - len(words)), keep=k < len(shared))
             if len(words) == line.input_length:
                 break
         return "".join(words)
