@@ -262,7 +262,7 @@ def test_report_and_json_follow_benchmark_serving(server: FakeOpenAIServer, tmp_
 def test_failures_are_counted_and_saved_and_exit_1(
     server: FakeOpenAIServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    workload = _workload(5, tokens=4, bad={1: "FAIL500", 3: "CUTSTREAM"})
+    workload = _workload(6, tokens=4, bad={1: "FAIL500", 3: "CUTSTREAM", 4: "FAIL500", 5: "ERROREVENT"})
     monkeypatch.setattr(cli, "load_workload", lambda args: (workload, "test-tokenizer"))
     args = _parser().parse_args(
         [
@@ -280,9 +280,14 @@ def test_failures_are_counted_and_saved_and_exit_1(
     assert cli.main(args) == 1
     out, err = capsys.readouterr()
     assert "Serving Benchmark Result" in out  # the report was printed; its figures are checked in the file
-    assert "2 of 5 requests failed" in err
+    # Counted by status and the server's message, the commonest first.
+    assert "4 of 6 requests failed: 2 x HTTP 500: injected failure; 1 x " in err, err
+    assert "1 x in stream: engine died" in err and "Errors, by status and the server's message" in out
     doc = json.loads((tmp_path / "out.json").read_text())
-    assert doc["completed"] == 3 and doc["failed"] == 2
+    assert doc["completed"] == 2 and doc["failed"] == 4
+    assert doc["failures"][0] == {"status": 500, "message": "injected failure", "count": 2}
+    assert {"status": 200, "message": "engine died", "count": 1} in doc["failures"]
+    assert doc["records"][1]["status"] == 500 and doc["records"][1]["error_message"] == "injected failure"
     assert doc["model_id"] == "fake-model"  # asked from /v1/models
     assert doc["tokenizer_id"] == "test-tokenizer"
     assert doc["errors"][1].startswith("HTTP 500") and doc["errors"][3]

@@ -16,6 +16,7 @@ from harness.loadgen.client import (
     RequestRecord,
     SSEDecoder,
     build_payload,
+    failure_key,
     encode_payload,
     send_request,
 )
@@ -143,6 +144,8 @@ def test_http_error_keeps_status_and_body(server: FakeOpenAIServer) -> None:
     assert not rec.success
     assert rec.error.startswith("HTTP 500")
     assert "injected failure" in rec.error
+    assert (rec.status, rec.error_message) == (500, "injected failure")
+    assert failure_key(rec) == (500, "injected failure")
 
 
 @pytest.mark.parametrize(
@@ -167,6 +170,7 @@ def test_connection_refused_is_an_error_not_an_exception() -> None:
     rec = _send(f"http://127.0.0.1:{port}", "hi")
     assert not rec.success
     assert rec.error.startswith("connection failed")
+    assert failure_key(rec) == (0, rec.error)  # no response: counted under what went wrong
 
 
 def test_timeout_is_an_error(server: FakeOpenAIServer) -> None:

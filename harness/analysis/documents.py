@@ -11,7 +11,9 @@ Schema history (``schema_version`` in every document):
   ``codec``, ``payload_kind``, ``failed``, per-request ``records``,
   ``codec_figures`` (from the server's /metrics), ``schedule_lag``,
   ``metadata`` (versions, machine, flags). Also read: benchmark_serving's own
-  files (no ``records``). Later gained ``metadata.own_send_times`` (read by ``own_send_times``).
+  files (no ``records``). Later gained ``metadata.own_send_times`` (read by ``own_send_times``),
+  ``failures`` (the failed requests counted by status and the server's message) and each record's
+  ``status`` and ``error_message``.
 - compare 1: ``codecs``, ``repeat``, ``runs`` (codec, round, status, message,
   ``result_file`` relative to the compare file), ``table`` (median and spread
   per figure), ``changes_vs_first``.
@@ -55,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 from harness.loadgen.guard import health_dict
 from harness.loadgen.ipc import budget_figures
 from harness.loadgen.metrics import METRICS, MetricStats, chunk_itls, percentile_key
+from harness.loadgen.report import failure_counts
 from harness.loadgen.runner import DEFAULT_RESULT_DIR, BenchmarkResult
 from harness.loadgen.serverstats import CodecFigures
 from harness.loadgen.sysinfo import collect_sysinfo
@@ -200,6 +203,11 @@ def run_document(result: BenchmarkResult, sysinfo: dict[str, Any] | None = None)
         "itls": [chunk_itls(r.chunk_times) if r.success else [] for r in records],
         "generated_texts": [r.generated_text for r in records],
         "errors": [r.error for r in records],
+        # The failed requests counted by status (0: no response) and the server's message.
+        "failures": [
+            {"status": status, "message": message, "count": count}
+            for (status, message), count in failure_counts(records)
+        ],
     }
     for name in m.selected_metrics:
         for key, value in _stats_dict(m.stats(name)).items():

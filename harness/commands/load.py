@@ -21,7 +21,7 @@ import aiohttp
 from harness.analysis.documents import DEFAULT_RESULT_DIR, save_run
 from harness.loadgen.arrivals import describe_arrivals, describe_own_times, own_times
 from harness.loadgen.flags import add_load_arguments, add_server_arguments, flags_dict
-from harness.loadgen.report import print_report
+from harness.loadgen.report import failures_line, print_report
 from harness.loadgen.runner import (
     BenchmarkError,
     BenchmarkResult,
@@ -153,7 +153,7 @@ def main(args: argparse.Namespace) -> int:
     if result.interrupted:
         return EXIT_INTERRUPTED
     if result.failed:
-        _error(f"{result.failed} of {result.num_prompts} requests failed")
+        _error(failures_line(result))
         return EXIT_FAILED_REQUESTS
     if getattr(args, "strict_client", False) and result.client_health is not None and result.client_health.limited:
         _error("the client, not the server, limited this run (--strict-client): see 'Client health' above")

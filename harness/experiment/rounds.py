@@ -205,7 +205,7 @@ def refused(outcome: RunOutcome, exc: BenchmarkError) -> None:
 
 def take_result(exp: Experiment, outcome: RunOutcome, result: BenchmarkResult, tokenizer_id: str) -> None:
     """Report one run's result, set the outcome's status from it, save it."""
-    from harness.loadgen.report import print_report
+    from harness.loadgen.report import failures_line, print_report
 
     arm, rnd = outcome.arm, outcome.round
     result.tokenizer_id = tokenizer_id
@@ -222,7 +222,7 @@ def take_result(exp: Experiment, outcome: RunOutcome, result: BenchmarkResult, t
         outcome.status = "interrupted"
     elif result.failed:
         outcome.status = "failures"
-        outcome.message = f"{result.failed} of {result.num_prompts} requests failed"
+        outcome.message = failures_line(result)
     if exp.plan.save_result:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         name = f"{arm.label}-r{rnd}-{stamp}.json"

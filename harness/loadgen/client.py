@@ -75,6 +75,10 @@ class RequestRecord:
     # The server's machine-readable kind of the error (an OpenAI-style body's
     # error.type, e.g. "unsupported_payload"), "" when it sent none.
     error_type: str = ""
+    # The HTTP status of the response (200 for an error inside a stream), 0 when none came (connection
+    # refused, timeout), and the server's own message (an OpenAI-style body's error.message), "" without one.
+    status: int = 0
+    error_message: str = ""
     # The response id the server gave (every chunk's "id"): joins the server's timelines.
     server_id: str = ""
 
@@ -254,7 +258,7 @@ class _StreamState:
         if not isinstance(msg, dict):
             raise StreamError(f"malformed SSE data (not an object): {data[:200]!r}")
         if "error" in msg:
-            self.record.error_type = _error_type(msg)
+            self.record.error_type, self.record.error_message = _error_type(msg), _error_message(msg)
             raise StreamError(f"server error in stream: {json.dumps(msg['error'])[:_ERROR_BODY_LIMIT]}")
         choices = msg.get("choices") or []
         usage = msg.get("usage")
@@ -310,6 +314,27 @@ def _error_type(body: Any) -> str:
     return kind if isinstance(kind, str) else ""
 
 
+def _error_message(body: Any) -> str:
+    """error.message of an OpenAI-style error body (an error event's ``error`` may be the message itself)."""
+    error = body.get("error") if isinstance(body, dict) else None
+    message = error.get("message") if isinstance(error, dict) else error
+    return message[:_ERROR_BODY_LIMIT] if isinstance(message, str) else ""
+
+
+def failure_key(record: RequestRecord) -> tuple[int, str]:
+    """What a failed request is counted under: (HTTP status, 0 when no response came; the server's own
+    message, else what went wrong: "timeout after 5 s", the body's text)."""
+    if record.error_message:
+        return record.status, record.error_message
+    text = record.error or "unknown error"
+    return record.status, text.split(": ", 1)[-1] if text.startswith("HTTP ") else text
+
+
+def describe_failure(status: int, message: str) -> str:
+    """One failure reason as the console shows it."""
+    return f"in stream: {message}" if status == 200 else f"HTTP {status}: {message}" if status else message
+
+
 def _int_or_none(value: Any) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -348,10 +373,12 @@ async def send_request(
     record.actual_send = start - origin
     try:
         async with session.post(url, data=body, headers=headers, timeout=timeout) as resp:
+            record.status = resp.status
             if resp.status != 200:
                 text = await resp.text(errors="replace")
                 with contextlib.suppress(ValueError):
-                    record.error_type = _error_type(json.loads(text))
+                    parsed = json.loads(text)
+                    record.error_type, record.error_message = _error_type(parsed), _error_message(parsed)
                 text = text[:_ERROR_BODY_LIMIT]
                 record.error = f"HTTP {resp.status} {resp.reason or ''}".rstrip() + (f": {text}" if text else "")
                 return record

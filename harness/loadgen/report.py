@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 from harness.loadgen import process_cpu
+from harness.loadgen.client import RequestRecord, describe_failure, failure_key
 from harness.loadgen.guard import format_lines as client_health_lines
 from harness.loadgen.ipc import report_lines as ipc_report_lines
 from harness.loadgen.metrics import METRICS, MetricStats, percentile_key
@@ -119,10 +121,9 @@ def format_report(result: BenchmarkResult) -> str:
     if result.warmup_failed:
         lines.append(_row("Failed warmup requests:", result.warmup_failed))
     if m.failed:
-        lines.append(_title("Errors", "-"))
-        errors = Counter(r.error or "unknown error" for r in result.records if not r.success)
-        for error, count in errors.most_common(5):
-            lines.append(f"{count:>6} x {_one_line(error)[:100]}")
+        lines.append(_title("Errors, by status and the server's message", "-"))
+        for (status, message), count in failure_counts(result.records)[:5]:
+            lines.append(f"{count:>6} x {_one_line(describe_failure(status, message))[:100]}")
     if result.interrupted:
         lines.append("Interrupted: unfinished requests were counted as failed (cancelled).")
     lines.append("=" * WIDTH)
@@ -142,6 +143,20 @@ def _codec_rows(figures: CodecFigures | None, mean_ttft_ms: float) -> list[str]:
         # --transport shm-store: the share of frames the store already held, measured over the run.
         *([_row("Store hit rate (%):", figures.mm_store_hit_pct, ".2f")] if figures.mm_store else []),
     ]
+
+
+def failure_counts(records: Sequence[RequestRecord]) -> list[tuple[tuple[int, str], int]]:
+    """The failed requests counted by (status, the server's message), most frequent first."""
+    return Counter(failure_key(r) for r in records if not r.success).most_common()
+
+
+def failures_line(result: BenchmarkResult, top: int = 3) -> str:
+    """The last line a run with failures prints, and its outcome's message: how many failed, then the
+    commonest reasons with their counts ("40 of 40 requests failed: 40 x HTTP 503: ...")."""
+    counts = failure_counts(result.records)
+    shown = "; ".join(f"{n} x {_one_line(describe_failure(*key))[:160]}" for key, n in counts[:top])
+    more = f" (and {len(counts) - top} more reasons)" if len(counts) > top else ""
+    return f"{result.failed} of {result.num_prompts} requests failed: {shown}{more}"
 
 
 def _one_line(text: str) -> str:
