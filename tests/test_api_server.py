@@ -873,6 +873,38 @@ async def test_each_bound_is_a_400_naming_its_flag(path: str, body: dict, flag: 
 
 
 @arun
+async def test_expect_100_continue_is_refused_before_an_oversized_body_is_invited() -> None:
+    """A declared 1 GiB body with ``Expect: 100-continue`` gets its 413 at once, never ``100 Continue``;
+    a body within the limit is invited and served."""
+    engine = FakeEngine(SCRIPT)
+    async with serve(engine) as client:
+        host, port = client.host, client.port
+
+        async def exchange(length: int, body: bytes = b"") -> bytes:
+            reader, writer = await asyncio.open_connection(host, port)
+            head = (
+                f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {length}\r\nExpect: 100-continue\r\n\r\n"
+            )
+            writer.write(head.encode())
+            await writer.drain()
+            first = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            if body and first.startswith(b"HTTP/1.1 100"):
+                writer.write(body)
+                await writer.drain()
+                first += await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            writer.close()
+            return first
+
+        refused = await exchange(1 << 30)
+        assert refused.startswith(b"HTTP/1.1 413"), refused
+        body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 2}).encode()
+        served = await exchange(len(body), body)
+        assert served.startswith(b"HTTP/1.1 100 Continue") and b"HTTP/1.1 200" in served, served
+    assert len(engine.requests) == 1
+
+
+@arun
 async def test_a_body_over_the_byte_limit_is_a_413_naming_its_flag() -> None:
     engine = FakeEngine(SCRIPT)
     async with serve(engine, max_request_bytes=1_000) as client:

@@ -16,8 +16,8 @@ from harness.loadgen.client import (
     RequestRecord,
     SSEDecoder,
     build_payload,
-    failure_key,
     encode_payload,
+    failure_key,
     send_request,
 )
 from harness.workloads.datasets import user_message

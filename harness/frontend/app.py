@@ -43,6 +43,7 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
+from aiohttp.web_urldispatcher import _default_expect_handler
 
 from harness.frontend import outputs
 from harness.frontend.engine_client import EngineClient
@@ -354,6 +355,21 @@ def _generation_handler(prepare: Prepare) -> Callable[[web.Request], Awaitable[w
     return handler
 
 
+async def _expect_continue(request: web.Request) -> web.StreamResponse | None:
+    """``Expect: 100-continue``: a body declared over the size limit is refused (413) before the client
+    is told to send it; otherwise aiohttp's own answer."""
+    limit = request.app[SETTINGS].max_request_bytes
+    if (request.content_length or 0) > limit:
+        request.app[METRICS].requests["rejected"] += 1
+        response = error_response(
+            f"the request body is larger than the limit of {limit} bytes (bench serve --max-request-bytes)", 413
+        )
+        response.force_close()  # the body is never read
+        return response
+    await _default_expect_handler(request)
+    return None
+
+
 async def models(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     return json_response(
@@ -470,8 +486,8 @@ def build_app(engine: EngineClient, tokenizer: TextTokenizer, settings: Frontend
     app[PIXELS] = PixelBudget(settings.max_inflight_pixels)
     app[PREPARING] = {}
     engine.on_unavailable(functools.partial(_fail_preparing, app[PREPARING]))
-    app.router.add_post("/v1/completions", _generation_handler(prepare_completion))
-    app.router.add_post("/v1/chat/completions", _generation_handler(prepare_chat))
+    app.router.add_post("/v1/completions", _generation_handler(prepare_completion), expect_handler=_expect_continue)
+    app.router.add_post("/v1/chat/completions", _generation_handler(prepare_chat), expect_handler=_expect_continue)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics_handler)
