@@ -233,3 +233,20 @@ def test_a_cuda_ipc_row_is_plain_data_checked_field_by_field():
     for row in bad_rows:
         with pytest.raises(CudaIpcError):
             CudaHandle.from_row(row)
+
+
+@pytest.mark.parametrize("transport_name", ["torch-shm", "shm-store", "cuda-ipc"])
+def test_an_engine_started_on_its_own_refuses_out_of_band_transports(transport_name):
+    """`--engine-only --transport cuda-ipc --no-auth` once started; now every out-of-band transport is
+    refused in one line (cuda-ipc first for want of a GPU where there is none)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "serve", "--engine-only", "--no-auth", "--codec", "msgspec-oob"]
+        + ["--transport", transport_name, "--executor", "sim", "--engine-port", str(free_port_pair())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "needs the engine its frontend spawns" in last or "needs a CUDA device" in last, last
+    assert "Traceback" not in done.stderr
