@@ -41,6 +41,7 @@ from harness.loadgen.serverstats import (
     scrape_metrics,
 )
 from harness.loadgen.settings import BenchmarkError, LoadSettings
+from harness.loadgen.vllm_spans import PluginSpans
 from harness.loadgen.workers import (
     LoadWorkerError,
     send_on_schedule,
@@ -184,6 +185,9 @@ class ServerLoad:
         self.before: str | None = None
         self.wirebench = False
         self.cursor: Any = None
+        # A real vLLM's timings, written by wirebench's plugin (harness.loadgen.vllm_spans); None otherwise.
+        self.plugin = PluginSpans(settings.vllm_spans) if settings.vllm_spans else None
+        self.plugin_cursor: dict[str, int] = {}
         self.origin: float | None = None  # perf_counter at the first block's start: the records' zero
         self.loop_lag_s: list[float] = []  # the guard's event-loop lag, sampled while blocks run
         self.outcome: fanout.LoadOutcome | None = None
@@ -199,6 +203,9 @@ class ServerLoad:
             await _settle()
             self.before = await scrape_metrics(self.session, self.base_url)
         self.cursor = await ipc.spans_cursor(self.session, self.base_url) if self.wirebench else None
+        if self.plugin is not None:  # a real vLLM with wirebench's plugin: its warmup's timings are not the run's
+            await _settle()
+            self.plugin_cursor = self.plugin.cursor()
 
     async def send_block(self, start: int, stop: int) -> bool:
         """Requests start..stop-1 on their schedule, the block's first sent now; waits for all of
@@ -241,7 +248,7 @@ class ServerLoad:
 
     async def finish(self) -> BenchmarkResult:
         """Count after (once the engine's counters arrived), then compute the result."""
-        if self.wirebench and not self.interrupted:
+        if (self.wirebench or self.plugin is not None) and not self.interrupted:
             try:
                 await _settle()
             except asyncio.CancelledError:  # Ctrl-C now: keep the finished run
@@ -253,9 +260,13 @@ class ServerLoad:
             self.unsent = range(0)
         records = self.records
         load = self.outcome or fanout.single(records, self.duration, self.interrupted, self.loop_lag_s)
-        budget = await ipc.fetch_budget(
-            self.session, self.base_url, self.cursor, [r.server_id for r in records if r.success]
-        )
+        served = [r.server_id for r in records if r.success]
+        figures = codec_figures(self.before, after)
+        budget: IpcBudget | None
+        if self.plugin is not None:
+            figures, budget = self.plugin.figures(self.plugin_cursor, served)
+        else:
+            budget = await ipc.fetch_budget(self.session, self.base_url, self.cursor, served)
         settings = self.settings
         result_metrics = M.compute_metrics(
             records,
@@ -270,14 +281,14 @@ class ServerLoad:
             settings=settings,
             base_url=self.base_url,
             model=self.model,
-            codec=codec_name(after) or codec_name(self.before),
+            codec=codec_name(after) or codec_name(self.before) or (figures.codec if figures else None),
             payload_kind=payload_kind(self.workload),
             num_prompts=len(self.workload),
             started_at=self.started_at,
             interrupted=self.interrupted,
             warmup_failed=self.warmup_failed,
             own_send_times=self.own_send_times,
-            codec_figures=codec_figures(self.before, after),
+            codec_figures=figures,
             client_health=fanout.health(
                 load, settings.request_rate, settings.max_concurrency, outputs_behind_share(self.before, after)
             ),

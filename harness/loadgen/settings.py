@@ -107,6 +107,13 @@ class LoadSettings:
         "(default 1: this process)",
     )
     ray: str | None = None
+    vllm_spans: str | None = setting(
+        None,
+        flag="--vllm-spans",
+        metavar="DIR",
+        help="the folder a real vLLM writes its timings to, with wirebench's plugin on (WIREBENCH_VLLM_SPANS): "
+        "the run's codec figures and IPC budget are read from it",
+    )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LoadSettings:

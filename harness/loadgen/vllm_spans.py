@@ -1,0 +1,166 @@
+"""A run's codec figures and IPC budget measured inside a real vLLM, from the wirebench plugin's files.
+
+The plugin (``harness.vllm_plugin``) writes one JSON Lines file per vLLM process into a folder
+(``harness.vllm_plugin.records`` has the format). Before the load, ``PluginSpans.cursor`` notes where
+each file ends; after it, ``figures`` reads what came since and gives what wirebench's own server
+gives through ``/metrics`` and ``/v1/wirebench/spans``:
+
+- ``CodecFigures``: per direction, messages, µs (wall and thread CPU), bytes and frames per message;
+- ``IpcBudget``: per request of the run, its first-token path through vLLM's engine link: request
+  encode, wire (encode end → the engine's decode start), decode; the output batch that carried its
+  first token: encode, wire, decode. Inside vLLM the input queue and the output queue before encode
+  are not seen, so they are absent (NaN) and ``ipc`` sums the six spans measured.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.loadgen.serverstats import CodecFigures, DirectionFigures
+from harness.vllm_plugin.records import OUTPUT_DECODE, OUTPUT_ENCODE, REQUEST_DECODE, REQUEST_ENCODE, read_rows
+from harness.wire.prom import CodecCell
+from harness.wire.spans import IpcBudget, budget, span_stats
+
+KINDS = (REQUEST_ENCODE, REQUEST_DECODE, OUTPUT_ENCODE, OUTPUT_DECODE)
+# The spans a timeline measured inside vLLM has, in path order; ipc is their sum.
+MEASURED = ("request.encode", "request.wire", "request.decode", "output.encode", "output.wire", "output.decode")
+
+
+class PluginSpans:
+    """The plugin's folder of one server."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+
+    def files(self) -> list[Path]:
+        return sorted(self.folder.glob("*.jsonl")) if self.folder.is_dir() else []
+
+    def cursor(self) -> dict[str, int]:
+        """Where each file ends now: the run's rows are the ones after."""
+        return {str(p): p.stat().st_size for p in self.files()}
+
+    def roles(self) -> dict[str, dict[str, Any]]:
+        """The processes that wrote here: role → its meta line (pid, codec, clock)."""
+        out = {}
+        for path in self.files():
+            rows, _ = read_rows(path)
+            if rows and rows[0][0] == "meta":
+                out[rows[0][1]["role"]] = rows[0][1]
+        return out
+
+    def rows_since(self, cursor: dict[str, int]) -> dict[str, list[list[Any]]]:
+        """Every record written after ``cursor``, by kind."""
+        kinds: dict[str, list[list[Any]]] = {
+            k: [] for k in (REQUEST_ENCODE, REQUEST_DECODE, OUTPUT_ENCODE, OUTPUT_DECODE)
+        }
+        for path in self.files():
+            rows, _ = read_rows(path, cursor.get(str(path), 0))
+            for row in rows:
+                if row[0] in kinds:
+                    kinds[row[0]].append(row)
+        return kinds
+
+    def figures(self, cursor: dict[str, int], server_ids: Sequence[str]) -> tuple[CodecFigures | None, IpcBudget]:
+        """The run's codec figures (None when nothing was recorded) and its requests' IPC budget."""
+        rows = self.rows_since(cursor)
+        roles = self.roles()
+        missing = {"api", "engine"} - set(roles)
+        if missing:
+            why = f"no timings from vLLM's {' and '.join(sorted(missing))} process (is the plugin installed there?)"
+            return None, IpcBudget(unavailable=why)
+        codec = roles["api"].get("codec")
+        if roles["api"].get("clock") != roles["engine"].get("clock"):
+            return codec_figures(codec, rows), IpcBudget(unavailable="vLLM's processes run on different hosts")
+        return codec_figures(codec, rows), ipc_budget(rows, server_ids)
+
+
+def _cell(rows: list[list[Any]], start: int) -> CodecCell:
+    """Counters of one direction × operation from its rows ([.., start, end, cpu, bytes, frames, ..] at ``start``)."""
+    return CodecCell(
+        messages=float(len(rows)),
+        seconds=sum(r[start + 1] - r[start] for r in rows) / 1e9,
+        bytes=float(sum(r[start + 3] for r in rows)),
+        frames=float(sum(r[start + 4] for r in rows)),
+        cpu_seconds=sum(r[start + 2] for r in rows) / 1e9,
+    )
+
+
+def codec_figures(codec: str | None, rows: dict[str, list[list[Any]]]) -> CodecFigures | None:
+    if not rows[REQUEST_ENCODE] and not rows[OUTPUT_ENCODE]:
+        return None
+    cells = {
+        ("request", "encode"): _cell(rows[REQUEST_ENCODE], 3),
+        ("request", "decode"): _cell(rows[REQUEST_DECODE], 3),
+        ("output", "encode"): _cell(rows[OUTPUT_ENCODE], 2),
+        ("output", "decode"): _cell(rows[OUTPUT_DECODE], 2),
+    }
+
+    def direction(name: str) -> DirectionFigures:
+        enc, dec = cells[(name, "encode")], cells[(name, "decode")]
+        return DirectionFigures(
+            messages=enc.messages,
+            encode_us=enc.us_per_message,
+            decode_us=dec.us_per_message,
+            bytes_per_message=enc.bytes_per_message,
+            frames_per_message=enc.frames_per_message,
+            encode_cpu_us=enc.cpu_us_per_message,
+            decode_cpu_us=dec.cpu_us_per_message,
+        )
+
+    return CodecFigures(codec=codec, request=direction("request"), output=direction("output"), cells=cells)
+
+
+def _us(start: float, end: float) -> float:
+    return (end - start) / 1000.0 if start > 0 and end > 0 else math.nan
+
+
+def _of_run(external_id: str, server_ids: set[str]) -> bool:
+    """Whether a request is one the run sent: vLLM's external id is the response id the client saw,
+    or that id with the prompt's index (``cmpl-<id>-0``)."""
+    return external_id in server_ids or external_id.rsplit("-", 1)[0] in server_ids
+
+
+def ipc_budget(rows: dict[str, list[list[Any]]], server_ids: Sequence[str]) -> IpcBudget:
+    """Each of the run's requests' spans (µs) through vLLM's engine link, summarised."""
+    wanted = set(server_ids)
+    decoded = {r[2]: r for r in rows[REQUEST_DECODE]}
+    received = {r[1]: r for r in rows[OUTPUT_DECODE]}  # by batch stamp
+    first_batch: dict[str, list[Any]] = {}
+    for batch in sorted(rows[OUTPUT_ENCODE], key=lambda r: r[2]):
+        for rid in batch[7]:
+            first_batch.setdefault(rid, batch)
+    timelines = []
+    for enc in rows[REQUEST_ENCODE]:
+        ext, rid = enc[1], enc[2]
+        if not _of_run(ext, wanted):
+            continue
+        dec, out = decoded.get(rid), first_batch.get(rid)
+        back = received.get(out[1]) if out else None
+        spans = {
+            "request.encode": _us(enc[3], enc[4]),
+            "request.encode_cpu": enc[5] / 1000.0,
+            "request.wire": _us(enc[4], dec[3]) if dec else math.nan,
+            "request.decode": _us(dec[3], dec[4]) if dec else math.nan,
+            "request.decode_cpu": dec[5] / 1000.0 if dec else math.nan,
+            "output.encode": _us(out[2], out[3]) if out else math.nan,
+            "output.encode_cpu": out[4] / 1000.0 if out else math.nan,
+            "output.wire": _us(out[3], back[2]) if out and back else math.nan,
+            "output.decode": _us(back[2], back[3]) if back else math.nan,
+            "output.decode_cpu": back[4] / 1000.0 if back else math.nan,
+            "request.queue": math.nan,  # not seen inside vLLM
+            "output.queue": math.nan,
+        }
+        spans["ipc"] = sum(spans[name] for name in MEASURED)
+        timelines.append({"request_id": rid, "spans_us": spans})
+    result = budget(timelines)
+    for what, at in (("encode", 2), ("decode", 2)):
+        kind = OUTPUT_ENCODE if what == "encode" else OUTPUT_DECODE
+        result.spans[f"step.{what}"] = span_stats(_us(r[at], r[at + 1]) for r in rows[kind])
+        result.spans[f"step.{what}_cpu"] = span_stats(r[at + 2] / 1000.0 for r in rows[kind])
+    result.spans["step.wire"] = span_stats(
+        _us(r[3], received[r[1]][2]) for r in rows[OUTPUT_ENCODE] if r[1] in received
+    )
+    return result

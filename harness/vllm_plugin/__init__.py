@@ -1,0 +1,36 @@
+"""wirebench inside the real vLLM: a ``vllm.general_plugins`` entry point that swaps the serializer of
+vLLM's engine link for a wirebench codec and times it in both processes.
+
+vLLM loads its general plugins in the API-server process and in the EngineCore process before either
+builds its serializers, and both build them by module-level name: ``vllm.v1.engine.core_client`` (the
+request encoder, the outputs decoder) and ``vllm.v1.engine.core`` (the input thread's decoders, the
+output thread's encoder). ``register`` rebinds those names to timed wrappers (``harness.vllm_plugin.coders``).
+
+Off unless ``WIREBENCH_VLLM_CODEC`` names a codec, so a server without it is plain vLLM:
+
+- ``WIREBENCH_VLLM_CODEC``: the codec of ``EngineCoreRequest`` and ``EngineCoreOutputs`` (``pickle``,
+  ``pickle-oob``, ``msgspec``, ...); ``vllm`` keeps vLLM's own msgpack serializer and only times it.
+  Every other message (aborts, utility calls) stays vLLM's.
+- ``WIREBENCH_VLLM_SPANS``: the folder each process writes its timings to, one JSON Lines file a
+  process (``harness.vllm_plugin.records`` says what is in it); unset: the codec is swapped, nothing is
+  timed.
+
+Nothing here imports vLLM until ``register`` runs inside vLLM.
+"""
+
+from __future__ import annotations
+
+import os
+
+ENV_CODEC = "WIREBENCH_VLLM_CODEC"
+ENV_SPANS = "WIREBENCH_VLLM_SPANS"
+
+
+def register() -> None:
+    """The entry point vLLM calls in each of its processes (more than once: idempotent)."""
+    codec = os.environ.get(ENV_CODEC, "").strip()
+    if not codec:
+        return
+    from harness.vllm_plugin.coders import install
+
+    install(codec, os.environ.get(ENV_SPANS) or None)

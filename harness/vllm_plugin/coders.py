@@ -1,0 +1,142 @@
+"""The timed serializers the plugin puts in place of vLLM's ``MsgpackEncoder`` and ``MsgpackDecoder``.
+
+Each wraps vLLM's own coder (built with the same arguments, tensor IPC included) and handles the two
+messages under test, ``EngineCoreRequest`` and ``EngineCoreOutputs``, with the chosen wirebench codec,
+or with vLLM's coder when the codec is ``vllm``; anything else (aborts, utility calls, the
+coordinator's messages) goes to vLLM's coder untouched and untimed. A handled message costs the
+codec call plus two clock reads each side and a deque append (``records.Recorder``); what to write
+is built later, on the recorder's thread.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from harness.vllm_plugin.records import OUTPUT_DECODE, OUTPUT_ENCODE, REQUEST_DECODE, REQUEST_ENCODE, Recorder
+
+_installed: str | None = None
+
+
+def _nbytes(frames: Sequence[Any]) -> int:
+    total = 0
+    for frame in frames:
+        buffer = getattr(frame, "buffer", None)  # a received zmq.Frame
+        total += (buffer if buffer is not None else memoryview(frame)).nbytes
+    return total
+
+
+def install(codec_name: str, folder: str | None) -> None:
+    """Rebind vLLM's serializer names in the modules that build them (once a process)."""
+    global _installed
+    if _installed is not None:
+        if _installed != codec_name:
+            raise RuntimeError(f"wirebench plugin: codec {_installed!r} already in place, asked for {codec_name!r}")
+        return
+    import vllm.v1.engine.core as core
+    import vllm.v1.engine.core_client as core_client
+    from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    from harness.wire.spans import host_clock_id
+    from wirecodecs import CodecError, get_codec
+
+    swap = codec_name != "vllm"
+    if swap:
+        get_codec(codec_name)  # an unknown name fails here, in the log, before any request
+    meta = {"codec": codec_name, "clock": host_clock_id()}
+    recorders: dict[str, Recorder] = {}
+
+    def recorder(role: str) -> Recorder | None:
+        """This process's recorder, made when it first handles a message (its role known by then)."""
+        if folder is None:
+            return None
+        if role not in recorders:
+            recorders[role] = Recorder(folder, role, meta)
+        return recorders[role]
+
+    class TimedEncoder:
+        """vLLM's encoder; EngineCoreRequest (API side) and EngineCoreOutputs (engine side) through the codec."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self._vllm = MsgpackEncoder(*args, **kwargs)
+            self._codec = get_codec(codec_name) if swap else None
+            # The recorder of this side's messages, looked up at the first one: an encoder of requests is
+            # the API server's, one of outputs the engine's.
+            self._rec: Recorder | None = None
+
+        def encode(self, obj: Any) -> Sequence[Any]:
+            return self._timed(obj, None)
+
+        def encode_into(self, obj: Any, buf: bytearray) -> Sequence[Any]:
+            return self._timed(obj, buf)
+
+        def _timed(self, obj: Any, buf: bytearray | None) -> Sequence[Any]:
+            kind = type(obj)
+            # A utility call's result rides in EngineCoreOutputs with no outputs: vLLM's own traffic
+            # (any Python value, which only vLLM's coder carries), not the path under test.
+            if kind is not EngineCoreRequest and (kind is not EngineCoreOutputs or obj.utility_output is not None):
+                return self._vllm.encode(obj) if buf is None else self._vllm.encode_into(obj, buf)
+            cpu, start = time.thread_time_ns(), time.monotonic_ns()
+            frames: Sequence[Any]
+            if self._codec is not None:
+                frames = self._codec.encode(obj)
+            else:
+                frames = self._vllm.encode(obj) if buf is None else self._vllm.encode_into(obj, buf)
+            end, cpu = time.monotonic_ns(), time.thread_time_ns() - cpu
+            if self._rec is None:
+                self._rec = recorder("api" if kind is EngineCoreRequest else "engine")
+            rec = self._rec
+            if rec is not None:
+                size, count = _nbytes(frames), len(frames)
+                if kind is EngineCoreRequest:
+                    ext = obj.external_req_id or obj.request_id
+                    rec.add((REQUEST_ENCODE, ext, obj.request_id, start, end, cpu, size, count))
+                else:
+                    rec.add((OUTPUT_ENCODE, obj.timestamp, start, end, cpu, size, count, obj.outputs))
+            return frames
+
+    class TimedDecoder:
+        """vLLM's decoder; a decoder of EngineCoreRequest (engine) or EngineCoreOutputs (API) through the codec."""
+
+        def __init__(self, t: Any = None, *args: Any, **kwargs: Any) -> None:
+            self._vllm = MsgpackDecoder(t, *args, **kwargs)
+            self._type = t
+            handled = t is EngineCoreRequest or t is EngineCoreOutputs
+            self._codec = get_codec(codec_name) if swap and handled else None
+            self._role = ("engine" if t is EngineCoreRequest else "api") if handled else None
+            self._rec: Recorder | None = None
+
+        def decode(self, bufs: Any) -> Any:
+            if self._role is None:
+                return self._vllm.decode(bufs)
+            frames = [bufs] if isinstance(bufs, (bytes, bytearray, memoryview)) else list(bufs)
+            cpu, start = time.thread_time_ns(), time.monotonic_ns()
+            if self._codec is None:
+                obj = self._vllm.decode(bufs)
+            else:
+                try:
+                    obj = self._codec.decode(frames, self._type)
+                except CodecError:  # a utility result, which the other side sent with vLLM's coder
+                    return self._vllm.decode(bufs)
+            end, cpu = time.monotonic_ns(), time.thread_time_ns() - cpu
+            if self._rec is None:
+                self._rec = recorder(self._role)
+            rec = self._rec
+            if rec is not None:
+                size, count = _nbytes(frames), len(frames)
+                if self._type is EngineCoreRequest:
+                    ext = obj.external_req_id or obj.request_id
+                    rec.add((REQUEST_DECODE, ext, obj.request_id, start, end, cpu, size, count))
+                else:
+                    rec.add((OUTPUT_DECODE, obj.timestamp, start, end, cpu, size, count))
+            return obj
+
+    for module in (core, core_client):
+        setattr(module, "MsgpackEncoder", TimedEncoder)  # noqa: B010  # the name vLLM builds its coders by
+        setattr(module, "MsgpackDecoder", TimedDecoder)  # noqa: B010
+    _installed = codec_name
+    if folder is not None:
+        os.makedirs(folder, exist_ok=True)

@@ -1,0 +1,83 @@
+"""The plugin's timing records: written by each vLLM process, read back by ``bench run``.
+
+One JSON Lines file a process, ``<folder>/<role>-<pid>.jsonl``, role ``api`` (vLLM's API server: it
+encodes requests and decodes outputs) or ``engine`` (its EngineCore: decodes requests, encodes outputs).
+The first line is ``["meta", {...}]`` (pid, role, codec, the host's clock id); then one array a message,
+times in ns of CLOCK_MONOTONIC (one clock for both processes of a host):
+
+  ["rq", external id, request id, start, end, cpu ns, bytes, frames]   API: a request encoded
+  ["rd", external id, request id, start, end, cpu ns, bytes, frames]   engine: a request decoded
+  ["oe", batch stamp, start, end, cpu ns, bytes, frames, [request ids]]  engine: an output batch encoded
+  ["od", batch stamp, start, end, cpu ns, bytes, frames]               API: an output batch decoded
+
+The send follows the encode at once on the same thread, and the decode follows the receive, so
+"sent" is the encode's end and "received" the decode's start. A batch is joined across the processes
+by its stamp: the ``timestamp`` vLLM gives each ``EngineCoreOutputs`` (``time.monotonic()`` as a float),
+which travels inside the message whatever the codec.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+REQUEST_ENCODE, REQUEST_DECODE, OUTPUT_ENCODE, OUTPUT_DECODE = "rq", "rd", "oe", "od"
+FLUSH_S = 0.2
+
+
+class Recorder:
+    """Appends from the serializer's threads (a deque append: no lock, no I/O on the message path);
+    a daemon thread writes them out every FLUSH_S, and once more at exit."""
+
+    def __init__(self, folder: str, role: str, meta: dict[str, Any]) -> None:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        self.path = Path(folder) / f"{role}-{os.getpid()}.jsonl"
+        self.pending: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115  # open for the process's life
+        self._lock = threading.Lock()  # the flusher thread and the exit hook
+        self._write([["meta", {"pid": os.getpid(), "role": role, **meta}]])
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, name="wirebench-records", daemon=True).start()
+        atexit.register(self.flush)
+
+    def add(self, record: tuple[Any, ...]) -> None:
+        self.pending.append(record)
+
+    def flush(self) -> None:
+        rows = []
+        while self.pending:
+            rows.append(_row(self.pending.popleft()))
+        if rows:
+            self._write(rows)
+
+    def _write(self, rows: list[Any]) -> None:
+        with self._lock:
+            self._file.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
+            self._file.flush()
+
+    def _run(self) -> None:
+        while not self._stop.wait(FLUSH_S):
+            self.flush()
+
+
+def _row(record: tuple[Any, ...]) -> list[Any]:
+    """A record as written: an output batch's requests are listed here, off the message path."""
+    if record[0] == OUTPUT_ENCODE:
+        *head, outputs = record
+        return [*head, [o.request_id for o in outputs]]
+    return list(record)
+
+
+def read_rows(path: Path, offset: int = 0) -> tuple[list[list[Any]], int]:
+    """The complete lines of ``path`` from byte ``offset``, and the offset after the last of them."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    end = data.rfind(b"\n") + 1
+    rows = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+    return rows, offset + end
