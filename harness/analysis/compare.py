@@ -144,6 +144,8 @@ def compare(
         raise ValueError("a comparison needs at least two arms")
     figures = list(figures or judged_figures([r for arm in arms for r in arm.measured]))
     first = primary_figure(figures, primary)
+    # A figure no run measured (a server without the counters) is left out of the tables too.
+    figures = [f for f in figures if f is first or _measured(arms, f.key)]
     clean = [arm.judged() for arm in arms]
     excluded = {a.label: len(a.measured) - len(c.runs) for a, c in zip(arms, clean) if len(a.measured) > len(c.runs)}
     ref = clean[0]
@@ -157,7 +159,8 @@ def compare(
             return None
         return stats.compare_arms(a, b, paired=rounds is not None, confidence=1 - alpha)
 
-    others = [f for f in figures if f is not first]
+    # Judged on log ratios: a secondary figure with a missing or zero value in a judged run is shown, not judged.
+    others = [f for f in figures if f is not first and _judgeable(clean, f.key)]
     first_pairs = [pair(arm, first) for arm in clean[1:]]
     other_pairs = [[pair(arm, fig) for fig in others] for arm in clean[1:]]
     firsts, seconds = stats.judge_gatekept(
@@ -174,6 +177,15 @@ def compare(
         ordered.append(VerdictCell(arm.label, first, p, v, "primary"))
         ordered += [VerdictCell(arm.label, fig, q, w) for fig, q, w in zip(others, ps, vs, strict=True)]
     return Comparison(list(arms), figures, ordered, margin_pct, alpha, first, excluded)
+
+
+def _measured(arms: Sequence[Arm], key: str) -> bool:
+    return any(math.isfinite(v) for arm in arms for v in arm.values(key))
+
+
+def _judgeable(arms: Sequence[Arm], key: str) -> bool:
+    values = [v for arm in arms for v in arm.values(key)]
+    return bool(values) and all(math.isfinite(v) and v > 0 for v in values)
 
 
 # --- text, Markdown, JSON -----------------------------------------------------------

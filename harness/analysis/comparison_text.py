@@ -57,7 +57,7 @@ def format_comparison(arm_list: list[Arm], comparison: Comparison | None) -> str
         if failed and not arm.measured:
             lines.append(f"{arm.label}: {failed[0].status}: {failed[0].message}")
     lines.append(
-        "times in ms unless marked µs; µs columns are codec time per message from the server's /metrics; "
+        "times in ms unless marked µs; µs columns are codec time per message measured in the server's processes; "
         "median over rounds ± half the range"
     )
     lines += ipc_lines(arm_list)

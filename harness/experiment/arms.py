@@ -32,9 +32,12 @@ class ArmSpec:
     transport: str = "zmq"
     python: str | None = None  # the interpreter that runs `-m harness.cli serve` (default: this one)
     command: str | None = None  # any server command instead, {port} replaced; ready when /health answers
+    server: str = "wirebench"  # or "vllm": a real vLLM with wirebench's plugin (harness.experiment.vllm_server)
 
     def unsupported(self) -> str | None:
         """Why this arm cannot run at all (said in the table instead of starting a server), or None."""
+        if self.server == "vllm":
+            return None if self.transport == "zmq" else "a real vLLM moves its messages its own way: --transport zmq"
         return transport_refusal(self.codec, self.transport)
 
 

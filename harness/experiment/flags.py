@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import replace
 
 from harness.analysis import stats
 from harness.experiment.arms import ARM_HELP, ArmSpec, parse_arm_flags, parse_arms, parse_build_arms
 from harness.experiment.server_flags import add_model_arguments, server_flags
 from harness.experiment.settings import AUTO, AUTO_LOAD, Experiment, RunPlan, ServerSettings
+from harness.experiment.vllm_server import SERVERS, VllmServer
 from harness.frontend.settings import default_model_name
 from harness.loadgen.arrivals import positive_rate
 from harness.loadgen.flags import add_load_arguments, flags_dict
@@ -63,6 +65,15 @@ def add_experiment_arguments(
         help=f"equivalence margin of the verdicts in percent (default {stats.DEFAULT_MARGIN_PCT:g})",
     )
     p.add_argument("--arm", action="append", default=[], metavar="NAME=SPEC", help=ARM_HELP)
+    p.add_argument(
+        "--server",
+        choices=SERVERS,
+        default="wirebench",
+        help="whose server each arm runs: wirebench's own (bench serve), or a real vLLM whose engine link the "
+        "arm's codec replaces (vllm: vLLM's own msgpack), timed inside it by wirebench's plugin; its servers stay "
+        "up across rounds (default %(default)s)",
+    )
+    add_arguments(p.add_argument_group("a real vLLM (--server vllm)"), VllmServer)
     p.add_argument("--server-log", default=None, help="append each server's output to this file")
     p.add_argument(
         "--arm-flags",
@@ -94,6 +105,9 @@ def experiment_from_args(args: argparse.Namespace, arms: list[ArmSpec] | None = 
     if arms is None and getattr(args, "arm", None):
         arms, build_flags = parse_build_arms(args.arm, args.codec, args.transport)
     arms = arms if arms is not None else parse_arms(args.codec, args.transport)
+    vllm = from_args(VllmServer, args) if getattr(args, "server", "wirebench") == "vllm" else None
+    if vllm is not None:
+        arms = [a if a.command else replace(a, server="vllm") for a in arms]
     arm_flags = parse_arm_flags(args.arm_flags, arms)
     values = vars(args)
     rate = args.request_rate
@@ -102,9 +116,11 @@ def experiment_from_args(args: argparse.Namespace, arms: list[ArmSpec] | None = 
     server = ServerSettings(
         flags=tuple(server_flags(values, args.seed)),
         served_model=args.served_model_name or default_model_name(args.model_preset),
+        model_named=bool(args.served_model_name),
         arm_flags={k: (*build_flags.get(k, ()), *arm_flags.get(k, ())) for k in {*build_flags, *arm_flags}},
         log_path=args.server_log,
         trace_file=args.trace_file,
+        vllm=vllm,
     )
     plan = from_args(
         RunPlan,

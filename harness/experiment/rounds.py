@@ -12,6 +12,7 @@ is still the unit of the statistics.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -24,8 +25,10 @@ from harness.analysis.documents import save_run
 from harness.experiment.arms import ArmSpec, round_order
 from harness.experiment.server import ServerProcess
 from harness.experiment.settings import Experiment
+from harness.experiment.vllm_server import VllmServer, spans_folder
 from harness.loadgen import process_cpu
 from harness.loadgen.runner import BenchmarkError, BenchmarkResult, ServerLoad, run_benchmark
+from harness.loadgen.settings import LoadSettings
 from harness.workloads.sample import SampleRequest
 from wirecodecs import UNSUPPORTED_PAYLOAD
 
@@ -44,15 +47,39 @@ class RunOutcome:
     path: Path | None = None
 
 
-def start_server(exp: Experiment, arm: ArmSpec, rnd: int) -> ServerProcess:
-    """A fresh `bench serve` for ``arm`` with the experiment's model and engine settings."""
+@dataclass
+class Served:
+    """One arm's server and the load settings that go with it (a real vLLM's timings folder)."""
+
+    process: ServerProcess
+    load: LoadSettings
+
+
+def start_server(exp: Experiment, arm: ArmSpec, rnd: int) -> Served:
+    """A fresh server for ``arm``: `bench serve` with the experiment's model and engine settings, the
+    arm's own command, or a real vLLM with wirebench's plugin (--server vllm)."""
     server = exp.server
-    flags = [*server.flags, *server.arm_flags.get(arm.label, ())]
+    own = server.arm_flags.get(arm.label, ())
+    if arm.server == "vllm":
+        assert server.vllm is not None
+        vllm = server.vllm
+        spans = spans_folder(exp.plan.result_dir, arm.label)
+        model = _vllm_model(vllm, exp.workload.tokenizer)
+        command = vllm.command(model, server.served_model, server.engine.max_model_len, own)
+        process = ServerProcess(arm.codec, [], server.log_path, command=command, env=vllm.environment(arm.codec, spans))
+        return Served(process, replace(exp.load, vllm_spans=spans))
+    flags = [*server.flags, *own]
     if arm.transport != "zmq":
         flags += ["--transport", arm.transport]
     if server.trace_file:
         flags += ["--trace-file", trace_path(server.trace_file, arm, rnd)]
-    return ServerProcess(arm.codec, flags, server.log_path, python=arm.python, command=arm.command)
+    return Served(ServerProcess(arm.codec, flags, server.log_path, python=arm.python, command=arm.command), exp.load)
+
+
+@functools.cache
+def _vllm_model(vllm: VllmServer, tokenizer: str | None) -> str:
+    """The model every vLLM arm serves, made (or found made) once a process."""
+    return vllm.model_path(tokenizer)
 
 
 def trace_path(template: str, arm: ArmSpec, rnd: int) -> str:
@@ -68,13 +95,15 @@ def run_one(exp: Experiment, arm: ArmSpec, rnd: int, workload: Workload, tokeniz
     if why is not None:
         outcome.status, outcome.message = "unsupported", why
         return outcome
-    server = start_server(exp, arm, rnd)
+    served = start_server(exp, arm, rnd)
+    server = served.process
     try:
         base_url = server.wait_ready(exp.server.ready_timeout_s)
         roles = process_cpu.server_roles(server.proc.pid)
         before = process_cpu.snapshot(roles)
         try:
-            result = asyncio.run(run_benchmark(base_url, exp.server.served_model, workload, exp.load))
+            model = asyncio.run(served_model(exp, arm, base_url))
+            result = asyncio.run(run_benchmark(base_url, model, workload, served.load))
         except BenchmarkError as exc:
             refused(outcome, exc)
             return outcome
@@ -87,42 +116,102 @@ def run_one(exp: Experiment, arm: ArmSpec, rnd: int, workload: Workload, tokeniz
     return outcome
 
 
+async def served_model(exp: Experiment, arm: ArmSpec, base_url: str) -> str:
+    """The model name to send: the experiment's, except that an arm running a server command of its own is
+    sent the first model its server lists at /v1/models (a real vLLM refuses any other name with a 404)."""
+    if not arm.command or exp.server.model_named:
+        return exp.server.served_model
+    import aiohttp
+
+    from harness.loadgen.serverstats import ServerUnreachable, fetch_model_ids
+
+    try:
+        async with aiohttp.ClientSession() as session:
+            ids = await fetch_model_ids(session, base_url)
+    except ServerUnreachable as exc:
+        raise BenchmarkError(str(exc)) from None
+    return ids[0] if ids else exp.server.served_model
+
+
 def run_round_in_blocks(
     exp: Experiment, arms: list[ArmSpec], rnd: int, workload: Workload, tokenizer_id: str
 ) -> list[RunOutcome]:
     """One round of every arm in blocks of ``exp.plan.block_size``, each arm on its own fresh server,
     all up for the round."""
-    outcomes = [RunOutcome(arm, rnd) for arm in arms]
-    servers: dict[int, ServerProcess] = {}
-    try:
-        for i, outcome in enumerate(outcomes):
-            why = outcome.arm.unsupported()
-            if why is not None:
-                outcome.status, outcome.message = "unsupported", why
-            else:
-                servers[i] = start_server(exp, outcome.arm, rnd)  # all start before any is waited for
-        urls: dict[int, str] = {}
-        for i, server in servers.items():
-            try:
-                urls[i] = server.wait_ready(exp.server.ready_timeout_s)
-            except RuntimeError as exc:
-                outcomes[i].status, outcomes[i].message = "error", str(exc)
-        if urls:
-            roles = {i: process_cpu.server_roles(servers[i].proc.pid) for i in urls}
-            before = {i: process_cpu.snapshot(r) for i, r in roles.items()}
-            results = asyncio.run(_load_in_blocks(exp, urls, workload, rnd))
-            after = {i: process_cpu.snapshot(r) for i, r in roles.items()}
-            served = [r for r in results.values() if isinstance(r, BenchmarkResult)]
-            share = (sum(len(r.records) for r in served), sum(r.metrics.total_output for r in served))
-            for i, result in results.items():
-                if isinstance(result, BenchmarkError):
-                    refused(outcomes[i], result)
-                else:
-                    result.process_cpu = _cpu(before[i], after[i], result, share)
-                    take_result(exp, outcomes[i], result, tokenizer_id)
-    finally:
-        stop_all(list(servers.values()))
+    with BlockServers(exp, arms, rnd) as servers:
+        return servers.round(rnd, workload, tokenizer_id)
+
+
+def run_rounds_on_kept_servers(
+    exp: Experiment, arms: list[ArmSpec], workload: Workload, tokenizer_id: str
+) -> list[RunOutcome]:
+    """Every round in blocks on servers started once (a real vLLM takes a minute to start); each round is
+    still its own result per arm, the unit of the statistics. Stops at the first interrupted round."""
+    outcomes: list[RunOutcome] = []
+    plan = exp.plan
+    with BlockServers(exp, arms, 0) as servers:
+        for rnd in range(plan.repeat):
+            if rnd:
+                print(f"\n[round {rnd + 1}/{plan.repeat}] the same servers, blocks of {plan.block_size}", flush=True)
+            done = servers.round(rnd, workload, tokenizer_id)
+            outcomes += done
+            if any(o.status == "interrupted" for o in done):
+                break
     return outcomes
+
+
+class BlockServers:
+    """Every arm's server of a run in blocks, started at once and stopped together."""
+
+    def __init__(self, exp: Experiment, arms: list[ArmSpec], rnd: int) -> None:
+        self.exp, self.arms = exp, arms
+        self.failed: dict[int, tuple[str, str]] = {}  # arm index → (status, message): no server to load
+        self.served: dict[int, Served] = {}
+        for i, arm in enumerate(arms):
+            why = arm.unsupported()
+            if why is not None:
+                self.failed[i] = ("unsupported", why)
+            else:
+                self.served[i] = start_server(exp, arm, rnd)  # all start before any is waited for
+        self.urls: dict[int, str] = {}
+
+    def __enter__(self) -> BlockServers:
+        try:
+            for i, served in self.served.items():
+                try:
+                    self.urls[i] = served.process.wait_ready(self.exp.server.ready_timeout_s)
+                except RuntimeError as exc:
+                    self.failed[i] = ("error", str(exc))
+            self.roles = {i: process_cpu.server_roles(self.served[i].process.proc.pid) for i in self.urls}
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        stop_all([s.process for s in self.served.values()])
+
+    def round(self, rnd: int, workload: Workload, tokenizer_id: str) -> list[RunOutcome]:
+        """One round of every arm in blocks; an arm without a server has its reason as its outcome."""
+        exp = self.exp
+        outcomes = [RunOutcome(arm, rnd) for arm in self.arms]
+        for i, (status, message) in self.failed.items():
+            outcomes[i].status, outcomes[i].message = status, message
+        if not self.urls:
+            return outcomes
+        before = {i: process_cpu.snapshot(r) for i, r in self.roles.items()}
+        loads = {i: (url, self.served[i].load, self.arms[i]) for i, url in self.urls.items()}
+        results = asyncio.run(_load_in_blocks(exp, loads, workload, rnd))
+        after = {i: process_cpu.snapshot(r) for i, r in self.roles.items()}
+        served = [r for r in results.values() if isinstance(r, BenchmarkResult)]
+        share = (sum(len(r.records) for r in served), sum(r.metrics.total_output for r in served))
+        for i, result in results.items():
+            if isinstance(result, BenchmarkError):
+                refused(outcomes[i], result)
+            else:
+                result.process_cpu = _cpu(before[i], after[i], result, share)
+                take_result(exp, outcomes[i], result, tokenizer_id)
+        return outcomes
 
 
 def _cpu(
@@ -145,7 +234,7 @@ def stop_all(servers: list[ServerProcess]) -> None:
 
 
 async def _load_in_blocks(
-    exp: Experiment, urls: dict[int, str], workload: Workload, rnd: int
+    exp: Experiment, servers: dict[int, tuple[str, LoadSettings, ArmSpec]], workload: Workload, rnd: int
 ) -> dict[int, BenchmarkResult | BenchmarkError]:
     """Each server warmed up, then block after block of the workload to each in turn; per server its
     result, or the BenchmarkError of a warmup that failed. Ctrl-C ends the round; what ran is kept."""
@@ -153,15 +242,15 @@ async def _load_in_blocks(
 
     from harness.loadgen.workers import uncancel_current_task
 
-    settings = replace(exp.load, progress=False)  # blocks are too short for a bar
     results: dict[int, BenchmarkResult | BenchmarkError] = {}
     stopped = False
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         loads: dict[int, ServerLoad] = {}
         # Warmups in the round's order too: the arm warmed last is not always the same one.
-        for i, url in round_order(list(urls.items()), rnd):
-            load = ServerLoad(session, url, exp.server.served_model, workload, settings)
+        for i, (url, settings, arm) in round_order(list(servers.items()), rnd):
             try:
+                model = await served_model(exp, arm, url)
+                load = ServerLoad(session, url, model, workload, replace(settings, progress=False))  # blocks: no bar
                 await load.begin()
             except BenchmarkError as exc:  # e.g. the codec cannot carry this payload
                 results[i] = exc
@@ -268,6 +357,13 @@ def _steps(
 ) -> Iterator[tuple[str, str, Callable[[], list[RunOutcome]]]]:
     """What run_rounds runs, in order: (tag for its messages, the line announcing it, the step)."""
     arms, plan = list(exp.arms), exp.plan
+    if plan.block_size and any(a.server == "vllm" for a in arms):
+        announce = (
+            f"\n[round 1/{plan.repeat}] {len(arms)} arms taking turns in blocks of {plan.block_size} requests: "
+            "starting their servers, kept for every round"
+        )
+        yield "[rounds]", announce, partial(run_rounds_on_kept_servers, exp, arms, workload, tokenizer_id)
+        return
     if plan.block_size:
         for rnd in range(plan.repeat):
             announce = (

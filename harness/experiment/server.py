@@ -46,6 +46,7 @@ class ServerProcess:
         *,
         python: str | None = None,
         command: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self._port_url: str | None = None
         if command is not None:
@@ -55,9 +56,9 @@ class ServerProcess:
         else:
             cmd = [python or sys.executable, "-m", "harness.cli", "serve", "--codec", codec, "--port", "0", *flags]
         # The server ends itself if this process dies without stopping it (SIGKILL): see parent_watch.
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **{parent_watch.ENV: str(os.getpid())})
+        environment = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", parent_watch.ENV: str(os.getpid())}
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment, start_new_session=True
         )
         self.lines: list[str] = []
         self.base_url: str | None = None

