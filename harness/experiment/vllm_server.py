@@ -104,6 +104,8 @@ class VllmServer:
         words = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
         words += ["--served-model-name", served_model, "--port", "{port}", "--host", "127.0.0.1"]
         words += ["--max-model-len", str(max_model_len), *shlex.split(self.args), *arm_flags]
+        if (Path(model) / "tekken.json").is_file() and "--tokenizer-mode" not in words:
+            words += ["--tokenizer-mode", "mistral"]  # Mistral's tekken file: vLLM reads it in its mistral mode
         return shlex.join(words)
 
     def environment(self, codec: str, spans: str) -> dict[str, str]:
