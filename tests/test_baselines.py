@@ -47,6 +47,8 @@ SCRIPT_OUTPUTS = {
     "transport-client.json",
     "vllm-parts.json",
     "vllm-timing-check.json",
+    "vllm-plugin-overhead.json",
+    "vllm-inside-micro.json",
 }
 
 

@@ -25,6 +25,8 @@ _installed: str | None = None
 def _nbytes(frames: Sequence[Any]) -> int:
     """The frames' bytes: ``len`` of bytes, bytearrays and received zmq.Frames; a memoryview (vLLM's
     out-of-band buffers) may hold wider items."""
+    if len(frames) == 1 and type(frames[0]) is not memoryview:
+        return len(frames[0])  # a message with no out-of-band buffers: the common case, kept short
     total = 0
     for frame in frames:
         total += frame.nbytes if type(frame) is memoryview else len(frame)
@@ -70,13 +72,7 @@ def install(codec_name: str, folder: str | None) -> None:
             # the API server's, one of outputs the engine's.
             self._rec: Recorder | None = None
 
-        def encode(self, obj: Any) -> Sequence[Any]:
-            return self._timed(obj, None)
-
-        def encode_into(self, obj: Any, buf: bytearray) -> Sequence[Any]:
-            return self._timed(obj, buf)
-
-        def _timed(self, obj: Any, buf: bytearray | None) -> Sequence[Any]:
+        def encode(self, obj: Any, buf: bytearray | None = None) -> Sequence[Any]:
             kind = type(obj)
             # A utility call's result rides in EngineCoreOutputs with no outputs: vLLM's own traffic
             # (any Python value, which only vLLM's coder carries), not the path under test.
@@ -89,17 +85,17 @@ def install(codec_name: str, folder: str | None) -> None:
             else:
                 frames = self._vllm.encode(obj) if buf is None else self._vllm.encode_into(obj, buf)
             end, cpu = _wall(), _cpu() - cpu
-            if self._rec is None:
-                self._rec = recorder("api" if kind is EngineCoreRequest else "engine")
             rec = self._rec
-            if rec is not None:
-                size, count = _nbytes(frames), len(frames)
-                if kind is EngineCoreRequest:
-                    ext = obj.external_req_id or obj.request_id
-                    rec.add((REQUEST_ENCODE, ext, obj.request_id, start, end, cpu, size, count))
-                else:
-                    rec.add((OUTPUT_ENCODE, obj.timestamp, start, end, cpu, size, count, obj.outputs))
+            if rec is None:
+                rec = self._rec = recorder("api" if kind is EngineCoreRequest else "engine")
+                if rec is None:
+                    return frames
+            # The message itself rides along: what to write of it is read on the recorder's thread.
+            code = REQUEST_ENCODE if kind is EngineCoreRequest else OUTPUT_ENCODE
+            rec.add((code, obj, start, end, cpu, _nbytes(frames), len(frames)))
             return frames
+
+        encode_into = encode  # vLLM's output thread reuses a buffer: the codec under test writes its own
 
     class TimedDecoder:
         """vLLM's decoder; a decoder of EngineCoreRequest (engine) or EngineCoreOutputs (API) through the codec."""
@@ -110,12 +106,15 @@ def install(codec_name: str, folder: str | None) -> None:
             handled = t is EngineCoreRequest or t is EngineCoreOutputs
             self._codec = get_codec(codec_name) if swap and handled else None
             self._role = ("engine" if t is EngineCoreRequest else "api") if handled else None
+            self._code = REQUEST_DECODE if t is EngineCoreRequest else OUTPUT_DECODE
             self._rec: Recorder | None = None
 
         def decode(self, bufs: Any) -> Any:
             if self._role is None:
                 return self._vllm.decode(bufs)
-            frames = (bufs,) if isinstance(bufs, (bytes, bytearray, memoryview)) else bufs
+            frames = (
+                bufs if type(bufs) is list else [bufs] if isinstance(bufs, (bytes, bytearray, memoryview)) else bufs
+            )
             cpu, start = _cpu(), _wall()
             if self._codec is None:
                 obj = self._vllm.decode(bufs)
@@ -125,18 +124,16 @@ def install(codec_name: str, folder: str | None) -> None:
                 except CodecError:  # a utility result, which the other side sent with vLLM's coder
                     return self._vllm.decode(bufs)
             end, cpu = _wall(), _cpu() - cpu
-            if self._type is EngineCoreOutputs and obj.utility_output is not None:
+            if self._code is OUTPUT_DECODE and obj.utility_output is not None:
                 return obj  # vLLM's own traffic (the encoder's note), untimed
-            if self._rec is None:
-                self._rec = recorder(self._role)
             rec = self._rec
-            if rec is not None:
-                size, count = _nbytes(frames), len(frames)
-                if self._type is EngineCoreRequest:
-                    ext = obj.external_req_id or obj.request_id
-                    rec.add((REQUEST_DECODE, ext, obj.request_id, start, end, cpu, size, count))
-                else:
-                    rec.add((OUTPUT_DECODE, obj.timestamp, start, end, cpu, size, count))
+            if rec is None:
+                rec = self._rec = recorder(self._role)
+                if rec is None:
+                    return obj
+            # An output batch is named by its stamp alone: the API server's output handling goes on with it.
+            ref = obj if self._code is REQUEST_DECODE else obj.timestamp
+            rec.add((self._code, ref, start, end, cpu, _nbytes(frames), len(frames)))
             return obj
 
     for module in (core, core_client):

@@ -66,11 +66,14 @@ class Recorder:
 
 
 def _row(record: tuple[Any, ...]) -> list[Any]:
-    """A record as written: an output batch's requests are listed here, off the message path."""
-    if record[0] == OUTPUT_ENCODE:
-        *head, outputs = record
-        return [*head, [o.request_id for o in outputs]]
-    return list(record)
+    """A record as written (the module's docstring), its message's names read here, off the message path:
+    the message path stores (kind, the message or a batch's stamp, start, end, cpu, bytes, frames)."""
+    kind, ref, *times = record
+    if kind in (REQUEST_ENCODE, REQUEST_DECODE):
+        return [kind, ref.external_req_id or ref.request_id, ref.request_id, *times]
+    if kind == OUTPUT_ENCODE:
+        return [kind, ref.timestamp, *times, [o.request_id for o in ref.outputs]]
+    return [kind, ref, *times]
 
 
 def read_rows(path: Path, offset: int = 0) -> tuple[list[list[Any]], int]:
