@@ -19,13 +19,14 @@ from typing import Any
 import pytest
 import torch
 import zmq
+from test_e2e_engine import request as engine_request
 
 from harness.engine import receivers
 from harness.engine.config import EngineConfig
 from harness.engine.process import EngineProcess
 from harness.wire import curve, shm, torch_shm, transport
 from harness.wire.cuda_ipc import CudaHandle, CudaIpcError
-from harness.wire.messages import EngineCoreOutputs, EngineCoreRequest, FinishReason, SamplingParams
+from harness.wire.messages import EngineCoreOutputs, FinishReason
 from harness.wire.transport import EngineAddresses
 from wirecodecs import get_codec
 
@@ -40,17 +41,6 @@ class Exploit:
 
     def __reduce__(self):
         return (os.system, (f"touch {self.marker}",))
-
-
-def _request(rid: str, max_tokens: int = 3) -> EngineCoreRequest:
-    return EngineCoreRequest(
-        request_id=rid,
-        prompt=None,
-        prompt_token_ids=[5, 6, 7],
-        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-        eos_token_id=1,
-        arrival_time=time.time(),
-    )
 
 
 def _rogue_adds(marker: Path, body: list) -> dict[str, list]:
@@ -100,12 +90,12 @@ def test_a_keyless_peer_runs_nothing_maps_nothing_and_the_engine_serves_on(tmp_p
         push.connect(f"tcp://127.0.0.1:{port}")
         pull.connect(f"tcp://127.0.0.1:{port + 1}")
         pull.setsockopt(zmq.RCVTIMEO, 20_000)
-        body = codec.encode(_request("ignored"))
+        body = codec.encode(engine_request("ignored"))
         messages = _rogue_adds(marker, body)
         keep = messages.pop("_keep")
         for message in messages.values():
             push.send_multipart(message)
-        push.send_multipart([transport.envelope(transport.ADD, "good"), *codec.encode(_request("good"))])
+        push.send_multipart([transport.envelope(transport.ADD, "good"), *codec.encode(engine_request("good"))])
         refused: dict[str, str] = {}
         tokens: list[int] = []
         finished = False

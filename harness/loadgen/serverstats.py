@@ -163,6 +163,14 @@ def codec_figures(before: str | None, after: str | None) -> CodecFigures | None:
         return None
     c_before, c_after = prom.codec_cells(v_before), prom.codec_cells(v_after)
     cells = {key: c_after[key].minus(c_before[key]) for key in c_after}
+    return figures_of(codec_name(after), cells, mm_store_counts(v_before, v_after))
+
+
+def figures_of(
+    codec: str | None, cells: dict[tuple[str, str], prom.CodecCell], mm_store: dict[str, float] | None = None
+) -> CodecFigures:
+    """The figures of a run's counters, one cell per direction × operation (from /metrics, or from the
+    timings a real vLLM's plugin wrote)."""
 
     def direction(name: str) -> DirectionFigures:
         enc, dec = cells[(name, "encode")], cells[(name, "decode")]
@@ -176,13 +184,7 @@ def codec_figures(before: str | None, after: str | None) -> CodecFigures | None:
             decode_cpu_us=dec.cpu_us_per_message,
         )
 
-    return CodecFigures(
-        codec=codec_name(after),
-        request=direction("request"),
-        output=direction("output"),
-        cells=cells,
-        mm_store=mm_store_counts(v_before, v_after),
-    )
+    return CodecFigures(codec, direction("request"), direction("output"), cells, mm_store)
 
 
 def mm_store_counts(before: dict, after: dict) -> dict[str, float] | None:

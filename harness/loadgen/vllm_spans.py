@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.loadgen.serverstats import CodecFigures, DirectionFigures
+from harness.loadgen.serverstats import CodecFigures, figures_of
 from harness.vllm_plugin.records import OUTPUT_DECODE, OUTPUT_ENCODE, REQUEST_DECODE, REQUEST_ENCODE, read_rows
 from harness.wire.prom import CodecCell
 from harness.wire.spans import IpcBudget, budget, span_stats
@@ -98,19 +98,7 @@ def codec_figures(codec: str | None, rows: dict[str, list[list[Any]]]) -> CodecF
         ("output", "decode"): _cell(rows[OUTPUT_DECODE], 2),
     }
 
-    def direction(name: str) -> DirectionFigures:
-        enc, dec = cells[(name, "encode")], cells[(name, "decode")]
-        return DirectionFigures(
-            messages=enc.messages,
-            encode_us=enc.us_per_message,
-            decode_us=dec.us_per_message,
-            bytes_per_message=enc.bytes_per_message,
-            frames_per_message=enc.frames_per_message,
-            encode_cpu_us=enc.cpu_us_per_message,
-            decode_cpu_us=dec.cpu_us_per_message,
-        )
-
-    return CodecFigures(codec=codec, request=direction("request"), output=direction("output"), cells=cells)
+    return figures_of(codec, cells)
 
 
 def _us(start: float, end: float) -> float:
