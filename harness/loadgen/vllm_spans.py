@@ -14,6 +14,7 @@ gives through ``/metrics`` and ``/v1/wirebench/spans``:
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,9 +47,10 @@ class PluginSpans:
         """The processes that wrote here: role → its meta line (pid, codec, clock)."""
         out = {}
         for path in self.files():
-            rows, _ = read_rows(path)
-            if rows and rows[0][0] == "meta":
-                out[rows[0][1]["role"]] = rows[0][1]
+            with open(path, "rb") as f:
+                first = json.loads(f.readline() or b"null")
+            if isinstance(first, list) and first and first[0] == "meta":
+                out[first[1]["role"]] = first[1]
         return out
 
     def rows_since(self, cursor: dict[str, int]) -> dict[str, list[list[Any]]]:
