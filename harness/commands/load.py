@@ -20,7 +20,7 @@ import aiohttp
 
 from harness.analysis.documents import DEFAULT_RESULT_DIR, save_run
 from harness.loadgen.arrivals import describe_arrivals, describe_own_times, own_times
-from harness.loadgen.flags import add_load_arguments, add_server_arguments, add_settings, flags_dict
+from harness.loadgen.flags import add_load_arguments, add_server_arguments, flags_dict
 from harness.loadgen.report import failures_line, print_report
 from harness.loadgen.runner import (
     BenchmarkError,
@@ -71,7 +71,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataset_arguments(parser)
     add_server_arguments(parser)
     scale = add_load_arguments(parser)
-    add_settings(parser.add_argument_group("a real vLLM"), "vllm_spans")
+    parser.add_argument_group("a real vLLM").add_argument(
+        "--vllm-spans",
+        metavar="DIR",
+        help="the folder a real vLLM writes its timings to with wirebench's plugin on (WIREBENCH_VLLM_SPANS): the "
+        "run's codec figures and IPC budget are read from it",
+    )
     scale.add_argument(
         "--strict-client",
         action="store_true",

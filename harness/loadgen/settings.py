@@ -107,13 +107,9 @@ class LoadSettings:
         "(default 1: this process)",
     )
     ray: str | None = None
-    vllm_spans: str | None = setting(
-        None,
-        flag="--vllm-spans",
-        metavar="DIR",
-        help="the folder a real vLLM writes its timings to, with wirebench's plugin on (WIREBENCH_VLLM_SPANS): "
-        "the run's codec figures and IPC budget are read from it",
-    )
+    # A real vLLM's timings folder (its plugin's WIREBENCH_VLLM_SPANS): bench load's --vllm-spans, or each
+    # vLLM arm's own in bench run. The run's codec figures and IPC budget are read from it.
+    vllm_spans: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LoadSettings:
@@ -158,6 +154,7 @@ class LoadSettings:
                 progress=progress,
                 progress_label=str(get("progress_label", d.progress_label)),
                 ray=get("ray", None),
+                vllm_spans=get("vllm_spans", None),
             )
         except ValueError as exc:
             raise BenchmarkError(str(exc)) from None
