@@ -74,6 +74,20 @@ def test_records_become_codec_figures_per_message_and_direction() -> None:
     assert figures.output.encode_cpu_us == pytest.approx(1.5) and figures.output.decode_cpu_us == pytest.approx(1.35)
 
 
+def test_records_without_cpu_time_give_wall_figures_and_no_cpu_figure() -> None:
+    """The plugin reads the thread CPU clock only with WIREBENCH_VLLM_CPU_TIME=1; otherwise that field is null."""
+    rows = _rows()
+    for kind, at in (("rq", 5), ("rd", 5), ("oe", 4), ("od", 4)):
+        for row in rows[kind]:
+            row[at] = None
+    figures = codec_figures("pickle", rows)
+    assert figures is not None and figures.request.encode_us == pytest.approx(7 / 3)
+    assert math.isnan(figures.request.encode_cpu_us) and math.isnan(figures.output.decode_cpu_us)
+    spans = ipc_budget(rows, ["cmpl-a", "cmpl-b"]).spans
+    assert spans["request.encode"].p50_us == pytest.approx(3.0) and spans["request.encode_cpu"].count == 0
+    assert spans["step.encode_cpu"].count == 0
+
+
 def test_records_become_each_run_requests_first_token_path() -> None:
     result = ipc_budget(_rows(), ["cmpl-a", "cmpl-b"])  # the response ids the client saw
     assert result.requests == 2

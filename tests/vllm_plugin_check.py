@@ -59,6 +59,7 @@ def main(codec: str, folder: str) -> int:
     assert rows["rq"][0][1:3] == ["cmpl-abc-0", "cmpl-abc-0-1a2b3c4d"]
     assert rows["oe"][0][1] == rows["od"][0][1] == outputs.timestamp  # the batch's join key
     assert rows["oe"][0][7] == [request.request_id]
+    assert rows["rq"][0][5] is None and rows["od"][0][4] is None  # thread CPU time only when asked for
     print("checked")
     return 0
 

@@ -86,8 +86,13 @@ def _cell(rows: list[list[Any]], start: int) -> CodecCell:
         seconds=sum(r[start + 1] - r[start] for r in rows) / 1e9,
         bytes=float(sum(r[start + 3] for r in rows)),
         frames=float(sum(r[start + 4] for r in rows)),
-        cpu_seconds=sum(r[start + 2] for r in rows) / 1e9,
+        cpu_seconds=sum(_cpu_us(r[start + 2]) for r in rows) / 1e6,
     )
+
+
+def _cpu_us(ns: float | None) -> float:
+    """A call's thread CPU time in µs; NaN where the process did not read it (the plugin's default)."""
+    return ns / 1000.0 if ns is not None else math.nan
 
 
 def codec_figures(codec: str | None, rows: dict[str, list[list[Any]]]) -> CodecFigures | None:
@@ -131,15 +136,15 @@ def ipc_budget(rows: dict[str, list[list[Any]]], server_ids: Sequence[str]) -> I
         back = received.get(out[1]) if out else None
         spans = {
             "request.encode": _us(enc[3], enc[4]),
-            "request.encode_cpu": enc[5] / 1000.0,
+            "request.encode_cpu": _cpu_us(enc[5]),
             "request.wire": _us(enc[4], dec[3]) if dec else math.nan,
             "request.decode": _us(dec[3], dec[4]) if dec else math.nan,
-            "request.decode_cpu": dec[5] / 1000.0 if dec else math.nan,
+            "request.decode_cpu": _cpu_us(dec[5]) if dec else math.nan,
             "output.encode": _us(out[2], out[3]) if out else math.nan,
-            "output.encode_cpu": out[4] / 1000.0 if out else math.nan,
+            "output.encode_cpu": _cpu_us(out[4]) if out else math.nan,
             "output.wire": _us(out[3], back[2]) if out and back else math.nan,
             "output.decode": _us(back[2], back[3]) if back else math.nan,
-            "output.decode_cpu": back[4] / 1000.0 if back else math.nan,
+            "output.decode_cpu": _cpu_us(back[4]) if back else math.nan,
             "request.queue": math.nan,  # not seen inside vLLM
             "output.queue": math.nan,
         }
@@ -149,7 +154,7 @@ def ipc_budget(rows: dict[str, list[list[Any]]], server_ids: Sequence[str]) -> I
     for what, at in (("encode", 2), ("decode", 2)):
         kind = OUTPUT_ENCODE if what == "encode" else OUTPUT_DECODE
         result.spans[f"step.{what}"] = span_stats(_us(r[at], r[at + 1]) for r in rows[kind])
-        result.spans[f"step.{what}_cpu"] = span_stats(r[at + 2] / 1000.0 for r in rows[kind])
+        result.spans[f"step.{what}_cpu"] = span_stats(_cpu_us(r[at + 2]) for r in rows[kind])
     result.spans["step.wire"] = span_stats(
         _us(r[3], received[r[1]][2]) for r in rows[OUTPUT_ENCODE] if r[1] in received
     )

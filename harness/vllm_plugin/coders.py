@@ -4,8 +4,9 @@ Each wraps vLLM's own coder (built with the same arguments, tensor IPC included)
 messages under test, ``EngineCoreRequest`` and ``EngineCoreOutputs``, with the chosen wirebench codec,
 or with vLLM's coder when the codec is ``vllm``; anything else (aborts, utility calls, the
 coordinator's messages) goes to vLLM's coder untouched and untimed. A handled message costs the
-codec call plus two clock reads each side and a deque append (``records.Recorder``); what to write
-is built later, on the recorder's thread.
+codec call plus two wall-clock reads and a deque append (``records.Recorder``); what to write is
+built later, on the recorder's thread. The thread's CPU time is read too only when asked
+(``cpu_time``): that clock is a system call (~0.4 µs a read here, two a message), the wall clock is not.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from harness.vllm_plugin.records import OUTPUT_DECODE, OUTPUT_ENCODE, REQUEST_DECODE, REQUEST_ENCODE, Recorder
 
-_wall, _cpu = time.monotonic_ns, time.thread_time_ns  # module globals: one lookup less a call on the message path
+_wall = time.monotonic_ns  # a module global: one lookup less a call on the message path
 
 _installed: str | None = None
 
@@ -33,7 +34,7 @@ def _nbytes(frames: Sequence[Any]) -> int:
     return total
 
 
-def install(codec_name: str, folder: str | None) -> None:
+def install(codec_name: str, folder: str | None, cpu_time: bool = False) -> None:
     """Rebind vLLM's serializer names in the modules that build them (once a process)."""
     global _installed
     if _installed is not None:
@@ -42,6 +43,19 @@ def install(codec_name: str, folder: str | None) -> None:
         return
     import vllm.v1.engine.core as core
     import vllm.v1.engine.core_client as core_client
+
+    encoder, decoder = timed_coders(codec_name, folder, cpu_time)
+    for module in (core, core_client):
+        setattr(module, "MsgpackEncoder", encoder)  # noqa: B010  # the name vLLM builds its coders by
+        setattr(module, "MsgpackDecoder", decoder)  # noqa: B010
+    _installed = codec_name
+    if folder is not None:
+        os.makedirs(folder, exist_ok=True)
+
+
+def timed_coders(codec_name: str, folder: str | None, cpu_time: bool = False) -> tuple[type, type]:
+    """The encoder and decoder classes to put in place of vLLM's. With ``cpu_time`` each timed call's
+    thread CPU time is recorded too; without, its CPU field is null."""
     from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest
     from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
@@ -51,7 +65,8 @@ def install(codec_name: str, folder: str | None) -> None:
     swap = codec_name != "vllm"
     if swap:
         get_codec(codec_name)  # an unknown name fails here, in the log, before any request
-    meta = {"codec": codec_name, "clock": host_clock_id()}
+    meta = {"codec": codec_name, "clock": host_clock_id(), "cpu_time": cpu_time}
+    cpu_clock = time.thread_time_ns if cpu_time else None
     recorders: dict[str, Recorder] = {}
 
     def recorder(role: str) -> Recorder | None:
@@ -78,13 +93,15 @@ def install(codec_name: str, folder: str | None) -> None:
             # (any Python value, which only vLLM's coder carries), not the path under test.
             if kind is not EngineCoreRequest and (kind is not EngineCoreOutputs or obj.utility_output is not None):
                 return self._vllm.encode(obj) if buf is None else self._vllm.encode_into(obj, buf)
-            cpu, start = _cpu(), _wall()
+            cpu0 = cpu_clock() if cpu_clock else 0
+            start = _wall()
             frames: Sequence[Any]
             if self._codec is not None:
                 frames = self._codec.encode(obj)
             else:
                 frames = self._vllm.encode(obj) if buf is None else self._vllm.encode_into(obj, buf)
-            end, cpu = _wall(), _cpu() - cpu
+            end = _wall()
+            cpu = cpu_clock() - cpu0 if cpu_clock else None
             rec = self._rec
             if rec is None:
                 rec = self._rec = recorder("api" if kind is EngineCoreRequest else "engine")
@@ -115,7 +132,8 @@ def install(codec_name: str, folder: str | None) -> None:
             frames = (
                 bufs if type(bufs) is list else [bufs] if isinstance(bufs, (bytes, bytearray, memoryview)) else bufs
             )
-            cpu, start = _cpu(), _wall()
+            cpu0 = cpu_clock() if cpu_clock else 0
+            start = _wall()
             if self._codec is None:
                 obj = self._vllm.decode(bufs)
             else:
@@ -123,7 +141,8 @@ def install(codec_name: str, folder: str | None) -> None:
                     obj = self._codec.decode(frames, self._type)
                 except CodecError:  # a utility result, which the other side sent with vLLM's coder
                     return self._vllm.decode(bufs)
-            end, cpu = _wall(), _cpu() - cpu
+            end = _wall()
+            cpu = cpu_clock() - cpu0 if cpu_clock else None
             if self._code is OUTPUT_DECODE and obj.utility_output is not None:
                 return obj  # vLLM's own traffic (the encoder's note), untimed
             rec = self._rec
@@ -136,9 +155,4 @@ def install(codec_name: str, folder: str | None) -> None:
             rec.add((self._code, ref, start, end, cpu, _nbytes(frames), len(frames)))
             return obj
 
-    for module in (core, core_client):
-        setattr(module, "MsgpackEncoder", TimedEncoder)  # noqa: B010  # the name vLLM builds its coders by
-        setattr(module, "MsgpackDecoder", TimedDecoder)  # noqa: B010
-    _installed = codec_name
-    if folder is not None:
-        os.makedirs(folder, exist_ok=True)
+    return TimedEncoder, TimedDecoder

@@ -3,7 +3,8 @@
 One JSON Lines file a process, ``<folder>/<role>-<pid>.jsonl``, role ``api`` (vLLM's API server: it
 encodes requests and decodes outputs) or ``engine`` (its EngineCore: decodes requests, encodes outputs).
 The first line is ``["meta", {...}]`` (pid, role, codec, the host's clock id); then one array a message,
-times in ns of CLOCK_MONOTONIC (one clock for both processes of a host):
+times in ns of CLOCK_MONOTONIC (one clock for both processes of a host); "cpu ns" is the thread's CPU
+time over the call, null unless the process was asked to read it (``WIREBENCH_VLLM_CPU_TIME``):
 
   ["rq", external id, request id, start, end, cpu ns, bytes, frames]   API: a request encoded
   ["rd", external id, request id, start, end, cpu ns, bytes, frames]   engine: a request decoded
