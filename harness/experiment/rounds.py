@@ -25,7 +25,7 @@ from harness.analysis.documents import save_run
 from harness.experiment.arms import ArmSpec, round_order
 from harness.experiment.server import ServerProcess
 from harness.experiment.settings import Experiment
-from harness.experiment.vllm_server import VllmServer, spans_folder
+from harness.experiment.vllm_server import VllmServer, reset_caches, spans_folder
 from harness.loadgen import process_cpu
 from harness.loadgen.runner import BenchmarkError, BenchmarkResult, ServerLoad, run_benchmark
 from harness.loadgen.settings import LoadSettings
@@ -153,6 +153,7 @@ def run_rounds_on_kept_servers(
         for rnd in range(plan.repeat):
             if rnd:
                 print(f"\n[round {rnd + 1}/{plan.repeat}] the same servers, blocks of {plan.block_size}", flush=True)
+                servers.reset_caches()
             done = servers.round(rnd, workload, tokenizer_id)
             outcomes += done
             if any(o.status == "interrupted" for o in done):
@@ -190,6 +191,15 @@ class BlockServers:
 
     def __exit__(self, *_: Any) -> None:
         stop_all([s.process for s in self.served.values()])
+
+    def reset_caches(self) -> None:
+        """Each real vLLM's caches emptied, so a round replaying the last one's prompts and images is not
+        served from them; a server that refuses says so (its round then ran on warm caches)."""
+        for i, url in self.urls.items():
+            if self.arms[i].server == "vllm":
+                failed = reset_caches(url)
+                if failed:
+                    print(f"{self.arms[i].label}: its caches were not emptied for this round: {failed}", flush=True)
 
     def round(self, rnd: int, workload: Workload, tokenizer_id: str) -> list[RunOutcome]:
         """One round of every arm in blocks; an arm without a server has its reason as its outcome."""
@@ -287,7 +297,7 @@ async def take_turns(loads: list[Any], n: int, block: int, rnd: int) -> bool:
 def refused(outcome: RunOutcome, exc: BenchmarkError) -> None:
     """Every warmup request failed: for a codec that cannot carry the payload
     this is the server's clear 400, which the table shows."""
-    refusal = _codec_refusal(exc.records)
+    refusal = exc.refusal or _codec_refusal(exc.records)
     outcome.status = "error" if refusal is None else "unsupported"
     outcome.message = refusal or _error_message(str(exc))
 
@@ -330,7 +340,7 @@ def _codec_refusal(records: list[Any]) -> str | None:
 def _error_message(text: str) -> str:
     """The OpenAI error body's message inside an HTTP error text, else the text."""
     match = re.search(r'"message"\s*:\s*"((?:[^"\\]|\\.)*)"', text)
-    return match.group(1) if match else text
+    return match.group(1) if match and match.group(1) else text  # an empty message says less than the text
 
 
 def run_rounds(exp: Experiment, workload: Workload, tokenizer_id: str) -> tuple[list[RunOutcome], bool]:
@@ -376,7 +386,7 @@ def _steps(
     for i, (rnd, arm) in enumerate(steps, 1):
         # The progress bar says where we are.
         labelled = replace(exp, load=replace(exp.load, progress_label=f"[{i}/{len(steps)}] {arm.label} r{rnd + 1}"))
-        announce = f"\n[{i}/{len(steps)}] {arm.label} round {rnd + 1}/{plan.repeat}: starting bench serve"
+        announce = f"\n[{i}/{len(steps)}] {arm.label} round {rnd + 1}/{plan.repeat}: starting its server"
         yield f"[{i}/{len(steps)}]", announce, partial(_one_step, labelled, arm, rnd, workload, tokenizer_id)
 
 

@@ -101,7 +101,7 @@ class ServerProcess:
         if not self._ready.wait(timeout) or self.base_url is None:
             self.stop()
             tail = "".join(self.lines[-5:]).strip() or f"exit code {self.proc.poll()}"
-            raise RuntimeError(f"bench serve did not become ready: {tail}")
+            raise RuntimeError(f"the server did not become ready: {tail}")
         return self.base_url
 
     def request_stop(self, sig: int = signal.SIGTERM) -> None:

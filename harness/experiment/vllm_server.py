@@ -16,6 +16,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 import tempfile
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,18 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 MODELS = ROOT / ".venv-vllm" / "wirebench-models"  # made models live beside the venv that serves them
 # vLLM's CPU build sizes its KV cache from this (GiB); its own default takes a large share of the host.
-DEFAULT_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_LOGGING_LEVEL": "WARNING"}
+# Dev mode: the cache-reset endpoints, so a kept server starts each round as it started the first.
+# Keep-alive: in blocks an arm's connections idle while the others run; vLLM's 5 s default closed one as
+# the client reused it ("Can not write request body"), so the server now outwaits the client's 15 s.
+DEFAULT_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "2",
+    "VLLM_LOGGING_LEVEL": "WARNING",
+    "VLLM_SERVER_DEV_MODE": "1",
+    "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "120",
+}
+# What a round leaves behind that would make the next one's identical requests cheaper: the prefix cache
+# (on by default), the processor cache of images both processes mirror, the engine's encoder outputs.
+RESET_CACHES = ("/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache")
 SERVERS = ("wirebench", "vllm")
 
 
@@ -52,8 +64,9 @@ class VllmServer:
     preset: str = setting(
         "tiny",
         flag="--vllm-preset",
-        choices=("tiny", "small"),
-        help="the shape of the model made offline when no --vllm-model is given (default %(default)s)",
+        choices=("tiny", "small", "tiny-vision"),
+        help="the model made offline when no --vllm-model is given: tiny or small Llama shapes, or tiny-vision, "
+        "a BLIP-2 whose images go through vLLM's own processor (default %(default)s)",
         comparable=True,
     )
     args: str = setting(
@@ -94,7 +107,9 @@ class VllmServer:
             )
         folder = MODELS / f"{self.preset}-{name}"
         make = [self.python, "-m", "harness.vllm_plugin.model", str(folder), "--tokenizer", name]
-        done = subprocess.run([*make, "--preset", self.preset], capture_output=True, text=True, cwd=ROOT)
+        shape, vision = (self.preset.removesuffix("-vision"), self.preset.endswith("-vision"))
+        make += ["--preset", shape, *(["--vision", "blip2"] if vision else [])]
+        done = subprocess.run(make, capture_output=True, text=True, cwd=ROOT)
         if done.returncode != 0:
             raise ValueError(f"--server vllm: could not make the model: {done.stderr.strip()[-500:]}")
         return str(folder)
@@ -119,3 +134,17 @@ def spans_folder(result_dir: str, label: str) -> str:
     base = Path(result_dir) / "vllm-spans"
     base.mkdir(parents=True, exist_ok=True)
     return tempfile.mkdtemp(prefix=f"{label.replace('/', '_')}-", dir=base)
+
+
+def reset_caches(base_url: str) -> str | None:
+    """Empty a kept vLLM's caches between rounds; None, or what failed (the round then runs on warm caches)."""
+    for path in RESET_CACHES:
+        request = urllib.request.Request(base_url + path, data=b"", method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                body = reply.read()
+        except OSError as exc:
+            return f"POST {path}: {exc}"
+        if path == "/reset_prefix_cache" and b"false" in body:
+            return f"POST {path}: {body.decode(errors='replace')}"
+    return None

@@ -48,6 +48,7 @@ from harness.loadgen.workers import (
     send_within,
     uncancel_current_task,
 )
+from harness.vllm_plugin.records import FLUSH_S
 from harness.wire import prom, runs_on
 from harness.wire.heap import freeze_heap
 from harness.wire.spans import IpcBudget
@@ -195,7 +196,17 @@ class ServerLoad:
     async def begin(self) -> None:
         """Warm up (raises BenchmarkError when every warmup request failed), then count before."""
         s = self.settings
-        self.warmup_failed = await _warmup(self.session, self.url, self.bodies, self.workload, s, self.chat)
+        try:
+            self.warmup_failed = await _warmup(self.session, self.url, self.bodies, self.workload, s, self.chat)
+        except BenchmarkError as exc:
+            # A real vLLM answers a request its codec cannot carry 500 with no message; the plugin says why.
+            if self.plugin is None:
+                raise
+            await asyncio.sleep(2 * FLUSH_S)  # the plugin writes its records every FLUSH_S
+            refusals = self.plugin.refusals()
+            if not refusals:
+                raise
+            raise BenchmarkError(f"{exc}; the codec: {refusals[0]}", exc.records, refusals[0]) from None
         self.before = await scrape_metrics(self.session, self.base_url)
         # Only wirebench's server needs the settle wait; others (vLLM) are not slowed.
         self.wirebench = exposes_codec_counters(self.before)

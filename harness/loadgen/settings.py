@@ -26,12 +26,14 @@ DEFAULT_REQUEST_TIMEOUT_S = 600.0
 class BenchmarkError(Exception):
     """The benchmark cannot run as asked (bad settings, warmup failed).
 
-    ``records`` holds the failed warmup requests when that is the reason.
+    ``records`` holds the failed warmup requests when that is the reason; ``refusal`` says why the
+    server's codec could not carry them, when the server told (a real vLLM's plugin records it).
     """
 
-    def __init__(self, message: str, records: list[RequestRecord] | None = None) -> None:
+    def __init__(self, message: str, records: list[RequestRecord] | None = None, refusal: str | None = None) -> None:
         super().__init__(message)
         self.records = records or []
+        self.refusal = refusal
 
 
 @dataclass(frozen=True)

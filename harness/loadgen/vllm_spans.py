@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from harness.loadgen.serverstats import CodecFigures, figures_of
-from harness.vllm_plugin.records import OUTPUT_DECODE, OUTPUT_ENCODE, REQUEST_DECODE, REQUEST_ENCODE, read_rows
+from harness.vllm_plugin.records import (
+    OUTPUT_DECODE,
+    OUTPUT_ENCODE,
+    REFUSED,
+    REQUEST_DECODE,
+    REQUEST_ENCODE,
+    read_rows,
+)
 from harness.wire.prom import CodecCell
 from harness.wire.spans import IpcBudget, budget, span_stats
 
@@ -52,6 +59,14 @@ class PluginSpans:
             if isinstance(first, list) and first and first[0] == "meta":
                 out[first[1]["role"]] = first[1]
         return out
+
+    def refusals(self) -> list[str]:
+        """Why the codec could not carry some request, as the API server's plugin recorded it (once a reason)."""
+        found = []
+        for path in self.files():
+            rows, _ = read_rows(path)
+            found += [str(row[1]) for row in rows if row and row[0] == REFUSED]
+        return found
 
     def rows_since(self, cursor: dict[str, int]) -> dict[str, list[list[Any]]]:
         """Every record written after ``cursor``, by kind."""

@@ -12,11 +12,19 @@ built later, on the recorder's thread. The thread's CPU time is read too only wh
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from harness.vllm_plugin.records import OUTPUT_DECODE, OUTPUT_ENCODE, REQUEST_DECODE, REQUEST_ENCODE, Recorder
+from harness.vllm_plugin.records import (
+    OUTPUT_DECODE,
+    OUTPUT_ENCODE,
+    REFUSED,
+    REQUEST_DECODE,
+    REQUEST_ENCODE,
+    Recorder,
+)
 
 _wall = time.monotonic_ns  # a module global: one lookup less a call on the message path
 
@@ -60,7 +68,7 @@ def timed_coders(codec_name: str, folder: str | None, cpu_time: bool = False) ->
     from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
     from harness.wire.spans import host_clock_id
-    from wirecodecs import CodecError, get_codec
+    from wirecodecs import CodecError, UnsupportedPayloadError, get_codec
 
     swap = codec_name != "vllm"
     if swap:
@@ -76,6 +84,18 @@ def timed_coders(codec_name: str, folder: str | None, cpu_time: bool = False) ->
         if role not in recorders:
             recorders[role] = Recorder(folder, role, meta)
         return recorders[role]
+
+    refused: set[str] = set()
+
+    def refuse(why: str) -> None:
+        """A message the codec cannot carry: on stderr (vLLM's log) and in the records, once a reason."""
+        if why in refused:
+            return
+        refused.add(why)
+        print(f"wirebench plugin: {why}", file=sys.stderr, flush=True)
+        rec = recorder("api")
+        if rec is not None:
+            rec.add((REFUSED, why))
 
     class TimedEncoder:
         """vLLM's encoder; EngineCoreRequest (API side) and EngineCoreOutputs (engine side) through the codec."""
@@ -97,7 +117,12 @@ def timed_coders(codec_name: str, folder: str | None, cpu_time: bool = False) ->
             start = _wall()
             frames: Sequence[Any]
             if self._codec is not None:
-                frames = self._codec.encode(obj)
+                try:
+                    frames = self._codec.encode(obj)
+                except Exception as exc:
+                    # vLLM answers the request 500 with an empty message: say why where bench run reads it.
+                    refuse(str(exc) if isinstance(exc, UnsupportedPayloadError) else f"{type(exc).__name__}: {exc}")
+                    raise
             else:
                 frames = self._vllm.encode(obj) if buf is None else self._vllm.encode_into(obj, buf)
             end = _wall()

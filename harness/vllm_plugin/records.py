@@ -10,6 +10,7 @@ time over the call, null unless the process was asked to read it (``WIREBENCH_VL
   ["rd", external id, request id, start, end, cpu ns, bytes, frames]   engine: a request decoded
   ["oe", batch stamp, start, end, cpu ns, bytes, frames, [request ids]]  engine: an output batch encoded
   ["od", batch stamp, start, end, cpu ns, bytes, frames]               API: an output batch decoded
+  ["refused", why]          API: the codec could not carry a request (vLLM answered it 500), once a reason
 
 The send follows the encode at once on the same thread, and the decode follows the receive, so
 "sent" is the encode's end and "received" the decode's start. A batch is joined across the processes
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 REQUEST_ENCODE, REQUEST_DECODE, OUTPUT_ENCODE, OUTPUT_DECODE = "rq", "rd", "oe", "od"
+REFUSED = "refused"
 FLUSH_S = 0.2
 
 
@@ -70,6 +72,8 @@ def _row(record: tuple[Any, ...]) -> list[Any]:
     """A record as written (the module's docstring), its message's names read here, off the message path:
     the message path stores (kind, the message or a batch's stamp, start, end, cpu, bytes, frames)."""
     kind, ref, *times = record
+    if kind == REFUSED:
+        return [kind, ref]
     if kind in (REQUEST_ENCODE, REQUEST_DECODE):
         return [kind, ref.external_req_id or ref.request_id, ref.request_id, *times]
     if kind == OUTPUT_ENCODE:
