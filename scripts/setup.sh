@@ -44,7 +44,14 @@ if [ -n "${TORCH_SPEC:-}" ]; then
 elif ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
   # The CPU build by name: PyTorch's CPU index serves it anywhere (this workplace keeps the wheel on disk);
   # a plain torch==2.13.0 from the public index is the CUDA build with its libraries, several GB.
-  run "${pip[@]}" install "torch==2.13.0+cpu" --retries 1 --extra-index-url https://download.pytorch.org/whl/cpu
+  if ! run "${pip[@]}" install "torch==2.13.0+cpu" --retries 1 --extra-index-url https://download.pytorch.org/whl/cpu; then
+    # No silent fallback to the public index's torch: that is the CUDA build, several GB.
+    echo "setup: could not install torch's CPU build (torch==2.13.0+cpu from https://download.pytorch.org/whl/cpu," >&2
+    echo "  unreachable from here?). Name the torch to install instead and run setup again, e.g." >&2
+    echo "    TORCH_SPEC='/path/to/torch-2.13.0+cpu-....whl' scripts/setup.sh   (a wheel you have)" >&2
+    echo "    TORCH_SPEC='torch==2.13.0' scripts/setup.sh                        (the public index: CUDA, several GB)" >&2
+    exit 1
+  fi
 fi
 run "${pip[@]}" install -e ".${extra}"
 # The version the vllm codec was written against (wirecodecs/vllm_messages.py VLLM_VERSION).

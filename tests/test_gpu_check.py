@@ -198,6 +198,22 @@ def test_setup_installs_the_cpu_torch_by_name_when_none_imports(tmp_path: Path) 
     assert setup_installs(tmp_path, torch_imports=False) == [CPU_TORCH, "-e ."]
 
 
+def test_setup_says_what_to_do_when_the_cpu_torch_cannot_be_installed(tmp_path: Path) -> None:
+    """PyTorch's CPU index unreachable and no local wheel: setup stops with the choices, installing
+    nothing else (never the public index's CUDA torch behind the user's back)."""
+    venv = tmp_path / "venv"
+    calls = tmp_path / "calls"
+    # A venv whose torch does not import and whose pip fails for the CPU torch (as with no index to reach).
+    script = f'#!/bin/sh\necho "$*" >> {calls}\ncase "$*" in *torch==2.13.0+cpu*|*\'import torch\'*) exit 1;; esac\n'
+    _executable(venv / "bin" / "python", script)
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_SPEC", "WIREBENCH_SETUP_DRY_RUN")}
+    env.update(WIREBENCH_VENV=str(venv))
+    proc = subprocess.run(["bash", str(SETUP)], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "could not install torch's CPU build" in proc.stderr and "TORCH_SPEC=" in proc.stderr
+    assert not [c for c in calls.read_text().splitlines() if "install -e" in c]  # stopped before wirebench
+
+
 def test_setup_always_installs_torch_spec_with_its_pip_options(tmp_path: Path) -> None:
     spec = "torch==2.6.0 --index-url https://download.pytorch.org/whl/cu124"
     assert setup_installs(tmp_path, torch_imports=True, torch_spec=spec) == [spec, "-e ."]
