@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
+import tempfile
+from datetime import datetime
+from types import SimpleNamespace
 
 import pytest
 
@@ -106,6 +110,27 @@ def test_declared_load_settings_are_flags_read_back_once() -> None:
         with pytest.raises(BenchmarkError) as err:
             LoadSettings.from_args(parser.parse_args(bad))
         assert str(err.value) == message
+
+
+def test_vllm_bench_serve_names_work_and_notes_are_kept() -> None:
+    """--num-warmups and --disable-tqdm are vLLM's names of ours; --metadata lands in the run file's
+    metadata.user and --label names the result file."""
+    from harness.analysis.documents import default_result_path, user_metadata
+
+    parser = argparse.ArgumentParser()
+    cli.add_load_arguments(parser)
+    args = parser.parse_args(["--num-warmups", "3", "--disable-tqdm", "--metadata", "commit=abc", "host=ci=7"])
+    assert LoadSettings.from_args(args).warmup_requests == 3 and args.no_progress
+    flags = cli.flags_dict(args)
+    assert user_metadata(flags) == {"user": {"commit": "abc", "host": "ci=7"}}
+    assert user_metadata(json.loads(json.dumps(flags))) == user_metadata(flags)  # as a saved file holds it
+    assert user_metadata(cli.flags_dict(parser.parse_args([]))) == {}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--metadata", "no-equals-sign"])
+    run = SimpleNamespace(flags={}, codec="pickle", backend="openai", started_at=datetime(2026, 1, 2, 3, 4, 5))
+    assert default_result_path(run, tempfile.gettempdir()).name == "pickle-20260102-030405.json"  # type: ignore[arg-type]
+    run.flags = cli.flags_dict(parser.parse_args(["--label", "base"]))
+    assert default_result_path(run, tempfile.gettempdir()).name == "base-20260102-030405.json"  # type: ignore[arg-type]
 
 
 def test_bench_load_parser_with_dataset_flags() -> None:

@@ -50,7 +50,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -242,6 +242,7 @@ def run_document(result: BenchmarkResult, sysinfo: dict[str, Any] | None = None)
                 "engine": result.engine,
                 "own_send_times": result.own_send_times,
                 **result.extra,
+                **user_metadata(result.flags),
             },
         }
     )
@@ -294,13 +295,20 @@ def default_result_path(
     directory = Path(result_dir)
     if filename:
         return directory / filename
-    stem = f"{result.codec or result.backend}-{result.started_at.strftime('%Y%m%d-%H%M%S')}"
+    label = (result.flags or {}).get("label") or result.codec or result.backend
+    stem = f"{label}-{result.started_at.strftime('%Y%m%d-%H%M%S')}"
     path = directory / f"{stem}.json"
     n = 1
     while path.exists():
         path = directory / f"{stem}-{n}.json"
         n += 1
     return path
+
+
+def user_metadata(flags: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``{"user": {KEY: VALUE}}`` from the run's --metadata words (for a document's metadata); else empty."""
+    pairs = (flags or {}).get("metadata")
+    return {"user": {str(k): str(v) for k, v in pairs}} if pairs else {}
 
 
 def save_run(

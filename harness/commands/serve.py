@@ -125,7 +125,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="at stop, write the request timelines as Chrome trace-event JSON (open in ui.perfetto.dev)",
     )
-    p.add_argument("--log-level", default="WARNING")
+    p.add_argument(
+        "--log-level",
+        default="WARNING",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="the server's logging threshold (default %(default)s)",
+    )
 
 
 def write_trace(path: str, client: ZmqEngineClient, engine_pid: int | None) -> None:

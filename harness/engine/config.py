@@ -18,6 +18,10 @@ from wirecodecs import UnknownCodecError, check_codec_spec
 codec_spec = flag_type(check_codec_spec, UnknownCodecError)
 
 
+# The names of harness.engine.model.PRESETS (a test keeps them equal): here, so --help needs no torch.
+MODEL_PRESETS = ("tiny", "small", "medium", "llama-1b", "llama-8b")
+
+
 @dataclass
 class EngineConfig:
     """Every field with a ``setting`` is a ``bench serve`` flag (harness.wire.declare): its flag,
@@ -34,9 +38,20 @@ class EngineConfig:
         comparable=True,
     )
     # Model
-    model_preset: str = setting("tiny", flag="--model-preset", comparable=True)
+    model_preset: str = setting(
+        "tiny",
+        flag="--model-preset",
+        choices=MODEL_PRESETS,
+        help="the engine's model shape (harness/engine/model.py): tiny keeps one CPU thread ahead of a real "
+        "load; the llama ones are those models' shapes with random weights, for a GPU (default %(default)s)",
+        comparable=True,
+    )
     device: Literal["auto", "cpu", "cuda"] = setting(
-        "auto", flag="--device", choices=("auto", "cpu", "cuda"), comparable=True
+        "auto",
+        flag="--device",
+        choices=("auto", "cpu", "cuda"),
+        help="where the model runs: auto takes CUDA when torch sees a GPU, else the CPU (default %(default)s)",
+        comparable=True,
     )
     dtype: str = setting("auto", flag="--dtype", help="auto: float32 on CPU, bfloat16 on CUDA", comparable=True)
     seed: int = 0  # bench serve --seed; bench run's is the workload's, which the servers get
@@ -92,9 +107,21 @@ class EngineConfig:
         comparable=True,
     )
     # Scheduler limits
-    max_num_seqs: int = setting(64, flag="--max-num-seqs", comparable=True)
-    max_num_batched_tokens: int = setting(2048, flag="--max-num-batched-tokens", comparable=True)
-    max_model_len: int = setting(2048, flag="--max-model-len", comparable=True)
+    max_num_seqs: int = setting(
+        64, flag="--max-num-seqs", help="most requests in one step's batch (default %(default)s)", comparable=True
+    )
+    max_num_batched_tokens: int = setting(
+        2048,
+        flag="--max-num-batched-tokens",
+        help="most tokens one step computes, prefill chunks and decodes together (default %(default)s)",
+        comparable=True,
+    )
+    max_model_len: int = setting(
+        2048,
+        flag="--max-model-len",
+        help="longest prompt plus output a request may have, in tokens (default %(default)s)",
+        comparable=True,
+    )
     # The paged KV cache (harness.engine.kv_blocks): blocks of kv_block_size tokens, as many as
     # kv_cache_tokens holds. None: max_num_seqs x max_model_len tokens, the memory the cache took when
     # each sequence pinned a whole max_model_len; paged, the same memory holds many more short sequences.

@@ -16,7 +16,7 @@ from typing import Any
 
 from harness.analysis.compare import Arm, Comparison, compare_document
 from harness.analysis.comparison_text import judge_arms
-from harness.analysis.documents import run_document, run_figures, write_json
+from harness.analysis.documents import run_document, run_figures, user_metadata, write_json
 from harness.analysis.runs import RunEntry
 from harness.experiment.arms import ArmSpec
 from harness.experiment.probe import resolve_rate
@@ -68,6 +68,7 @@ class ExperimentResult:
         """The compare document of this experiment (paths relative to ``folder``)."""
         assert self.table is not None
         meta = {"flags": self.experiment.record(), "request_rate": self.rate_note, "machine": machine(), **metadata}
+        meta.update(user_metadata(self.experiment.flags))
         return compare_document(
             self.table, folder=folder, metadata=meta, repeat=self.experiment.plan.repeat, order=self.order
         )
@@ -82,7 +83,8 @@ class ExperimentResult:
         """Write the compare document (plus ``extra`` top-level fields, e.g. calibrate's summary) as
         ``<folder>/<prefix>-<stamp>.json``; (its path, the document)."""
         folder = folder or Path(self.experiment.plan.result_dir)
-        path = folder / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        label = self.experiment.flags.get("label")
+        path = folder / f"{prefix}-{label + '-' if label else ''}{time.strftime('%Y%m%d-%H%M%S')}.json"
         doc = {**self.document(path.parent, **metadata), **(extra or {})}
         write_json(path, doc, indent=2)
         return path, doc

@@ -326,7 +326,8 @@ def take_result(exp: Experiment, outcome: RunOutcome, result: BenchmarkResult, t
         outcome.message = failures_line(result)
     if exp.plan.save_result:
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        name = f"{arm.label}-r{rnd}-{stamp}.json"
+        label = exp.flags.get("label")
+        name = f"{label + '-' if label else ''}{arm.label}-r{rnd}-{stamp}.json"
         outcome.path = save_run(result, result_dir=exp.plan.result_dir, filename=name)
         print(f"Result saved to {outcome.path}")
 

@@ -90,7 +90,27 @@ def add_load_arguments(
         default=None,
         help="file name of the result (default <codec-or-backend>-<timestamp>.json)",
     )
-    out.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    out.add_argument(
+        "--label",
+        default=None,
+        help="names the result files in place of the codec or backend (<label>-<timestamp>.json), as vLLM bench "
+        "serve's --label does; bench run's comparison becomes compare-<label>-<timestamp>.json",
+    )
+    out.add_argument(
+        "--metadata",
+        nargs="+",
+        default=None,
+        type=key_value,
+        metavar="KEY=VALUE",
+        help="notes to keep with the results (the run file's metadata.user; each of bench run's files), e.g. "
+        "--metadata commit=abc123 host=ci-7, as vLLM bench serve's --metadata",
+    )
+    out.add_argument(
+        "--no-progress",
+        "--disable-tqdm",
+        action="store_true",
+        help="no progress line on stderr (--disable-tqdm: vLLM's name)",
+    )
     out.add_argument("--progress", action="store_true", help="show the progress line even when stderr is not a TTY")
     return scale
 
@@ -117,6 +137,14 @@ def add_scale_arguments(parser: argparse.ArgumentParser) -> Any:
         "pip install 'wirebench[distributed]'",
     )
     return group
+
+
+def key_value(text: str) -> tuple[str, str]:
+    """A ``KEY=VALUE`` word of --metadata."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
 
 
 def flags_dict(args: argparse.Namespace) -> dict[str, Any]:

@@ -71,7 +71,10 @@ class LoadSettings:
     percentiles: tuple[float, ...] = M.DEFAULT_PERCENTILES
     goodput_slos_ms: dict[str, float] = field(default_factory=dict)
     warmup_requests: int = setting(
-        0, flag="--warmup-requests", help="requests sent before the clock starts and not counted (default 0)"
+        0,
+        flag="--warmup-requests",
+        aliases=("--num-warmups",),  # vLLM bench serve's name
+        help="requests sent before the clock starts and not counted (default 0)",
     )
     # In seconds; the flag's 0 (no limit) reads back as None.
     request_timeout_s: float | None = setting(

@@ -35,6 +35,7 @@ class Flag:
     choices: Sequence[Any] | Callable[[], Sequence[Any]] | None = None
     metavar: str | None = None
     comparable: bool = False
+    aliases: tuple[str, ...] = ()  # other names of the same flag, e.g. another tool's
 
     @property
     def dest(self) -> str:
@@ -50,12 +51,13 @@ def setting(
     choices: Sequence[Any] | Callable[[], Sequence[Any]] | None = None,
     metavar: str | None = None,
     comparable: bool = False,
+    aliases: tuple[str, ...] = (),
 ) -> Any:
     """A dataclass field with a flag. ``type`` defaults to ``int``/``float`` for such defaults, else str;
     ``comparable``: two runs that differ in it measured different things (harness.analysis.comparable)."""
     if type is None and isinstance(default, int | float) and not isinstance(default, bool):
         type = int if isinstance(default, int) else float
-    spec = Flag(flag, help, type, choices, metavar, comparable)
+    spec = Flag(flag, help, type, choices, metavar, comparable, aliases)
     return field(default=default, metadata={_KEY: spec})
 
 
@@ -107,12 +109,13 @@ def add_arguments(group: Any, cls: type, *, exclude: Iterable[str] = ()) -> None
     for d in declared(cls):
         if d.dest in skip:
             continue
+        names = (d.spec.flag, *d.spec.aliases)
         if d.switch:
-            group.add_argument(d.spec.flag, action="store_true", help=d.spec.help)
+            group.add_argument(*names, action="store_true", help=d.spec.help)
             continue
         choices = d.spec.choices() if callable(d.spec.choices) else d.spec.choices
         optional = {"type": d.spec.type, "choices": choices, "metavar": d.spec.metavar, "help": d.spec.help}
-        group.add_argument(d.spec.flag, default=d.default, **{k: v for k, v in optional.items() if v is not None})
+        group.add_argument(*names, default=d.default, **{k: v for k, v in optional.items() if v is not None})
 
 
 def field_values(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:

@@ -44,8 +44,7 @@ class WorkloadSpec:
         DEFAULT_NUM_PROMPTS,
         flag="--num-prompts",
         type=positive_int,
-        help="number of requests (default: %(default)s; vLLM uses 1000, "
-        "fewer here because the reference server is a small model on CPU)",
+        help="number of requests (default: %(default)s; vLLM bench serve sends 1000)",
         comparable=True,
     )
     images_per_request: int = setting(
