@@ -364,6 +364,6 @@ def test_the_ipc_table_shows_the_store_hit_rate_only_where_a_store_ran() -> None
         return Arm(label, [RunEntry(label, 0, "ok", "", None, None, figures)])
 
     plain = {"ipc_ipc_mean_us": 100.0}
-    assert "store hit %" not in "\n".join(ipc_lines([arm("zmq", plain)]))
+    assert "store hit rate" not in "\n".join(ipc_lines([arm("zmq", plain)]))
     stored = [arm("zmq", plain), arm("shm-store", {**plain, "mm_store_hit_pct": 50.0})]
-    assert "store hit %" in "\n".join(ipc_lines(stored))
+    assert "store hit rate" in "\n".join(ipc_lines(stored))

@@ -1,13 +1,21 @@
-"""An experiment's comparison as text: the figures table, the IPC budget and the verdicts,
-as ``bench run``, ``bench calibrate`` and ``bench sweep`` print them."""
+"""An experiment's comparison as text: the figures, the IPC budget and the verdicts, as ``bench run``,
+``bench calibrate`` and ``bench sweep`` print them.
+
+Figures are rows and arms are columns (as pyperf's ``compare_to --table``), so four arms fit a
+100-column terminal however many figures there are; each row names its unit once.
+"""
 
 from __future__ import annotations
 
 import math
+import textwrap
+from collections.abc import Sequence
 
 from harness.analysis import table as text_table
-from harness.analysis.compare import Arm, Comparison, compare, figures_table, median_cell, verdict_lines
-from harness.analysis.figures import CODEC_FIGURES, IPC_FIGURES, LATENCY_FIGURES, SHOWN_FIGURES
+from harness.analysis.compare import Arm, Comparison, compare, median_cell, verdict_lines
+from harness.analysis.figures import CODEC_FIGURES, IPC_FIGURES, LATENCY_FIGURES, SHOWN_FIGURES, Figure
+
+WIDTH = 100  # the widest line printed (a terminal's); a verdict longer than this wraps
 
 
 def judge_arms(arm_list: list[Arm], margin_pct: float) -> tuple[Comparison | None, Comparison]:
@@ -21,46 +29,67 @@ def judge_arms(arm_list: list[Arm], margin_pct: float) -> tuple[Comparison | Non
     return comparison, full
 
 
-ONLY_WHEN_MEASURED = ("mm_store_hit_pct",)
+# Rows shown only where some arm measured them: the store's hit rate (--transport shm-store) and a
+# codec adapter's time (vllm's; 0 for every other codec).
+ONLY_WHEN_MEASURED = ("mm_store_hit_pct", "ipc_request_adapt_p50_us", "ipc_output_adapt_p50_us")
 
 
-def _measured(arm_list: list[Arm], key: str) -> bool:
-    return any(math.isfinite(v) for a in arm_list for v in a.values(key))
+def _measured(arm_list: Sequence[Arm], key: str) -> bool:
+    return any(math.isfinite(v) and v != 0 for a in arm_list for v in a.values(key))
+
+
+def row_label(figure: Figure) -> str:
+    """A figure's row: its long label and its unit, once (codec figures are per message)."""
+    label = figure.long_label
+    if figure in CODEC_FIGURES:
+        return f"{label}, µs/message"
+    if figure.unit in label.split() or figure.unit == "%" and "%" in label:
+        return label
+    return f"{label}, {figure.unit}"
+
+
+def figure_rows(arm_list: Sequence[Arm], figures: Sequence[Figure], rounds: bool = True) -> list[str]:
+    """One row per figure some arm measured, one column per arm: median over rounds ± half the range."""
+    rows = [["rounds", *(str(len(a.measured)) for a in arm_list)]] if rounds else []
+    for figure in figures:
+        cells = [median_cell(a, figure.key) for a in arm_list]
+        if all(c == "-" for c in cells) or figure.key in ONLY_WHEN_MEASURED and not _measured(arm_list, figure.key):
+            continue
+        rows.append([row_label(figure), *cells])
+    return text_table.format_table(["", *(a.label for a in arm_list)], rows)
 
 
 def ipc_lines(arm_list: list[Arm]) -> list[str]:
-    """The IPC budget table; nothing when no run had request timelines."""
-    if not _measured(arm_list, "ipc_ipc_mean_us"):
+    """The IPC budget, figures as rows; nothing when no run had request timelines."""
+    measured = [a for a in arm_list if a.measured]
+    if not _measured(measured, "ipc_ipc_mean_us"):
         return []
-    # The store's hit rate only where some arm ran a store (--transport shm-store).
-    figures = [f for f in IPC_FIGURES if f.key not in ONLY_WHEN_MEASURED or _measured(arm_list, f.key)]
-    table = text_table.format_table(
-        ["arm", *(f.label for f in figures)],
-        [[a.label, *(median_cell(a, f.key) for f in figures)] for a in arm_list if a.measured],
-    )
-    note = (
-        "IPC budget, µs: p50 over each run's requests (first-token path), median over rounds; "
-        "wire = send → receive; IPC mean = the sum on a request's path to its first token"
-    )
-    return ["", *table, note]
+    title = "IPC budget on the first-token path: p50 over a run's requests, median over rounds"
+    note = "wire = send → receive; IPC mean = the sum of the spans on a request's way to its first token"
+    return ["", title, *figure_rows(measured, IPC_FIGURES, rounds=False), note]
+
+
+def _wrapped(lines: Sequence[str]) -> list[str]:
+    """Each line within WIDTH, its continuation indented under its start."""
+    out: list[str] = []
+    for line in lines:
+        indent = " " * (len(line) - len(line.lstrip()) + 4)
+        out += textwrap.wrap(line, WIDTH, subsequent_indent=indent, break_on_hyphens=False) or [""]
+    return out
 
 
 def format_comparison(arm_list: list[Arm], comparison: Comparison | None) -> str:
-    """The side-by-side table of every arm, failures named, the IPC budget, then the verdicts."""
+    """The figures of every arm side by side, failures named, the IPC budget, then the verdicts."""
     lines = ["", "=" * 20 + " Codec comparison " + "=" * 20]
-    if comparison is None:  # one arm: nothing to judge, the figures alone
-        lines += figures_table(Comparison(arm_list, [*LATENCY_FIGURES, *CODEC_FIGURES]), SHOWN_FIGURES)
-    else:
-        lines += figures_table(comparison, SHOWN_FIGURES)
+    figures = [*LATENCY_FIGURES, *CODEC_FIGURES] if comparison is None else list(comparison.figures)
+    figures += [f for f in SHOWN_FIGURES if f.key not in {g.key for g in figures}]
+    lines += figure_rows(arm_list, figures)
     for arm in arm_list:
         failed = [r for r in arm.runs if r.status in ("error", "unsupported")]
         if failed and not arm.measured:
-            lines.append(f"{arm.label}: {failed[0].status}: {failed[0].message}")
-    lines.append(
-        "times in ms unless marked µs; µs columns are codec time per message measured in the server's processes; "
-        "median over rounds ± half the range"
-    )
+            lines += _wrapped([f"{arm.label}: {failed[0].status}: {failed[0].message}"])
+    lines.append("median over rounds ± half the range; codec µs measured in the server's processes")
     lines += ipc_lines(arm_list)
     if comparison is not None and comparison.cells:
-        lines += ["", *verdict_lines(comparison)]
+        lines += ["", *_wrapped(verdict_lines(comparison))]
     return "\n".join(lines)
