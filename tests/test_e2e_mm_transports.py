@@ -186,13 +186,13 @@ def test_bench_run_reports_the_stores_hit_rate_on_repeated_images(tmp_path):
         [sys.executable, "-m", "harness.cli", "run", "--result-dir", str(tmp_path), "--no-progress"]
         + ["--codec", "msgspec-oob", "--transport", "zmq,shm-store", "--image-reuse", "0.5", "--verify"]
         + ["--images-per-request", "1", "--image-width", "64", "--image-height", "64", "--mm-payload", "tensor"]
-        + ["--num-prompts", "40", "--request-rate", "inf", "--sonnet-output-len", "4"],
+        + ["--num-prompts", "40", "--request-rate", "inf", "--sonnet-output-len", "4", "--full-report"],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr
-    assert "store hit %" in done.stdout and "Store hit rate (%):" in done.stdout  # the table, each run's report
+    assert "shm-store hit rate" in done.stdout and "Store hit rate (%):" in done.stdout  # the table, each run's report
     (compare,) = tmp_path.glob("compare-*.json")
     runs = {r["codec"]: r for r in json.loads(compare.read_text())["runs"]}
     assert runs["msgspec-oob/zmq"]["figures"]["mm_store_hit_pct"] is None

@@ -54,8 +54,8 @@ def resolve_rate(exp: Experiment, workload: Workload, tokenizer_id: str) -> tupl
         return None
     fixed = round(AUTO_LOAD * capacity, 2)
     print(
-        f"\n[probe] capacity {capacity:.2f} req/s with {arm.label}: every arm runs at {fixed:g} req/s "
-        f"({AUTO_LOAD:.0%} of it; pass --request-rate to choose, inf for a saturation test)",
+        f"\n[probe] capacity {capacity:.2f} req/s with {arm.label}: every arm runs at {fixed:g} req/s, "
+        f"{AUTO_LOAD:.0%} of it\n(--request-rate sets it; inf for a saturation test)",
         flush=True,
     )
     note = {"rate": fixed, "auto": True, "capacity_req_s": capacity, "load": AUTO_LOAD, "probe": arm.label}

@@ -306,14 +306,17 @@ def refused(outcome: RunOutcome, exc: BenchmarkError) -> None:
 
 def take_result(exp: Experiment, outcome: RunOutcome, result: BenchmarkResult, tokenizer_id: str) -> None:
     """Report one run's result, set the outcome's status from it, save it."""
-    from harness.loadgen.report import failures_line, print_report
+    from harness.loadgen.report import failures_line, print_report, run_line
 
     arm, rnd = outcome.arm, outcome.round
     result.tokenizer_id = tokenizer_id
     result.flags = {**exp.record(), "codec": arm.codec, "arm": arm.label, "round": rnd}
     if arm.python or arm.command:  # a build arm: which server it ran
         result.flags["server_python" if arm.python else "server_command"] = arm.python or arm.command
-    print_report(result)
+    if exp.plan.full_report:
+        print_report(result)
+    else:
+        print(f"{arm.label} {f'r{rnd + 1}' if rnd >= 0 else 'probe'}: {run_line(result)}", flush=True)  # -1: the probe
     outcome.result = result
     refusal = None if result.metrics.completed else _codec_refusal(result.records)
     if refusal:

@@ -65,6 +65,12 @@ class RunPlan:
     auto_rate: bool = True
     save_result: bool = True
     result_dir: str = "results"
+    full_report: bool = setting(
+        False,
+        flag="--full-report",
+        help="print each run's whole report (benchmark_serving's figures, wirebench's, the client's health, "
+        "process CPU: ~90 lines) instead of one line a run; the run file has all of it either way",
+    )
 
     def check(self) -> None:
         if self.repeat < 1:

@@ -163,5 +163,17 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def run_line(result: BenchmarkResult) -> str:
+    """One run in a line (bench run's default; --full-report prints format_report): requests served,
+    mean TTFT and TPOT, and the codec's request encode where the server measured it."""
+    m = result.metrics
+    line = f"{m.completed}/{m.completed + m.failed} in {m.duration_s:.1f} s"
+    line += f"; TTFT mean {m.ttft.mean:.2f} ms, TPOT mean {m.tpot.mean:.2f} ms"
+    figures = result.codec_figures
+    if figures is not None and math.isfinite(figures.request.encode_us):
+        line += f"; req encode {figures.request.encode_us:.1f} µs"
+    return line
+
+
 def print_report(result: BenchmarkResult, file: TextIO | None = None) -> None:
     print(format_report(result), file=file, flush=True)
