@@ -201,7 +201,7 @@ def test_report_and_json_follow_benchmark_serving(server: FakeOpenAIServer, tmp_
         "Mean ITL (ms):",
         "Mean E2EL (ms):",
         "Mean schedule lag (ms):",
-        "Share of mean TTFT (%):",
+        "Codec share of mean TTFT (%):",
     ):
         assert any(line.startswith(label) for line in lines), label
     assert "---------------Time to First Token----------------" in lines

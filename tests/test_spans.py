@@ -117,7 +117,7 @@ def test_budget_and_report_lines() -> None:
     assert result.spans["request.wire"].p50_us == 1.0 and result.requests == 3
     assert result.share_of_ttft(mean_ttft_ms=0.016) == pytest.approx(8.0 / 16.0)
     text = "\n".join(report_lines(result, mean_ttft_ms=0.016))
-    assert "Request wire, send -> receive" in text and "IPC share of mean TTFT (%):" in text
+    assert "Request wire, send -> receive" in text and "IPC (codec, wire, queues) % of TTFT:" in text
     figures = budget_figures(result.to_dict())
     assert figures["ipc_request_wire_p50_us"] == 1.0 and math.isnan(figures["ipc_step_wire_p50_us"])
 

@@ -459,6 +459,7 @@ def run_figures(doc: dict[str, Any]) -> dict[str, float]:
                 out[f"{direction}_{key}"] = as_float(figures.get(key))  # request_encode_us, ...
         out["first_token_path_us"] = as_float(codec.get("first_token_path_us"))
         out["ttft_share"] = as_float(codec.get("ttft_share"))
+        out["codec_share_pct"] = out["ttft_share"] * 100.0
         out["mm_store_hit_pct"] = as_float(codec.get("mm_store_hit_pct"))
     ipc = doc.get("ipc")
     if isinstance(ipc, dict):

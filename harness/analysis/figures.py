@@ -52,6 +52,11 @@ THROUGHPUT_FIGURES = (
 )
 # Shown beside the judged figures in bench run's table, never judged.
 SHOWN_FIGURES = (
+    # The codec's four calls on a request's way to its first token (not the wire, not the queues).
+    Figure(
+        "first_token_path_us", "codec, first-token path", unit="µs", judged=False, detail="codec time, first-token path"
+    ),
+    Figure("codec_share_pct", "codec % TTFT", unit="%", judged=False, detail="codec share of mean TTFT"),
     Figure("p99_tpot_ms", "TPOT p99", judged=False),
     Figure("request_throughput", "req/s", higher_is_better=True, unit="req/s", judged=False),
     Figure("output_throughput", "out tok/s", higher_is_better=True, unit="tok/s", judged=False),
@@ -69,11 +74,11 @@ IPC_SPAN_FIGURES = (
 )
 IPC_FIGURES = (
     *IPC_SPAN_FIGURES,
-    Figure("ipc_ipc_mean_us", "IPC mean", unit="µs", judged=False),
+    Figure("ipc_ipc_mean_us", "IPC mean", unit="µs", judged=False, detail="IPC mean: codec + wire + queues"),
     # A codec's adapter (vllm: our message to vLLM's and back), outside IPC; 0 for the others.
     Figure("ipc_request_adapt_p50_us", "req adapt", unit="µs", judged=False, detail="request adapter"),
     Figure("ipc_output_adapt_p50_us", "out adapt", unit="µs", judged=False, detail="output adapter"),
-    Figure("ipc_share_pct", "IPC % TTFT", unit="%", judged=False),
+    Figure("ipc_share_pct", "IPC % TTFT", unit="%", judged=False, detail="IPC share of mean TTFT"),
     Figure("loop_lag_p99_ms", "loop lag p99 ms", judged=False),
     # --transport shm-store: the share of frames the store already held (measured, from /metrics).
     Figure("mm_store_hit_pct", "store hit %", unit="%", judged=False, detail="shm-store hit rate"),

@@ -94,7 +94,7 @@ def _fmt(x: float) -> str:
 
 def report_lines(ipc: IpcBudget | None, mean_ttft_ms: float, width: int = 50) -> list[str]:
     """The console section: p50 / p99 µs per span (wall, and CPU where the span is a codec call)."""
-    title = f"{' IPC budget, us (p50 / p99) ':-^{width}}"
+    title = f"{' IPC budget, µs (p50 / p99) ':-^{width}}"
     if ipc is None:
         return [title, "n/a (the server exposes no request timelines)"]
     if ipc.unavailable:
@@ -108,7 +108,8 @@ def report_lines(ipc: IpcBudget | None, mean_ttft_ms: float, width: int = 50) ->
         cpu_text = f"{_fmt(c.p50_us)} / {_fmt(c.p99_us)}" if c is not None and c.count else ""
         lines.append(f"{label:<32}{_fmt(s.p50_us) + ' / ' + _fmt(s.p99_us):>17}{cpu_text:>17}")
     share = ipc.share_of_ttft(mean_ttft_ms)
-    lines.append(f"{'IPC share of mean TTFT (%):':<40} {share * 100:.2f}" if math.isfinite(share) else "")
+    ipc_share = "IPC (codec, wire, queues) % of TTFT:"  # not the codec share: that is the codec calls alone
+    lines.append(f"{ipc_share:<40} {share * 100:.2f}" if math.isfinite(share) else "")
     lag = ipc.loop_lag
     if lag.get("samples"):
         lines.append(f"{'Frontend loop lag p99 / max (ms):':<40} {lag['p99']:.2f} / {lag['max']:.2f}")

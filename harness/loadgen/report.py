@@ -61,10 +61,10 @@ def _stats_rows(name: str, stats: MetricStats) -> list[str]:
 def _direction_rows(title: str, d: DirectionFigures) -> list[str]:
     return [
         _title(title, "-"),
-        _row("Encode (us/msg):", d.encode_us, ".2f"),
-        _row("Encode CPU (us/msg):", d.encode_cpu_us, ".2f"),
-        _row("Decode (us/msg):", d.decode_us, ".2f"),
-        _row("Decode CPU (us/msg):", d.decode_cpu_us, ".2f"),
+        _row("Encode (µs/msg):", d.encode_us, ".2f"),
+        _row("Encode CPU (µs/msg):", d.encode_cpu_us, ".2f"),
+        _row("Decode (µs/msg):", d.decode_us, ".2f"),
+        _row("Decode CPU (µs/msg):", d.decode_cpu_us, ".2f"),
         _row("Bytes per message:", d.bytes_per_message, ".1f"),
         _row("Frames per message:", d.frames_per_message, ".2f"),
         _row("Messages:", int(d.messages)),
@@ -137,9 +137,10 @@ def _codec_rows(figures: CodecFigures | None, mean_ttft_ms: float) -> list[str]:
     return [
         *_direction_rows("Codec: request (frontend->engine)", figures.request),
         *_direction_rows("Codec: output (engine->frontend)", figures.output),
-        _title("Serialization in TTFT", "-"),
-        _row("Serialization, first-token path (us):", figures.first_token_path_us, ".2f"),
-        _row("Share of mean TTFT (%):", share * 100.0, ".3f"),
+        # Codec calls alone; the IPC budget's share adds the wire and the queues.
+        _title("Codec time in TTFT", "-"),
+        _row("Codec time, first-token path (µs):", figures.first_token_path_us, ".2f"),
+        _row("Codec share of mean TTFT (%):", share * 100.0, ".3f"),
         # --transport shm-store: the share of frames the store already held, measured over the run.
         *([_row("Store hit rate (%):", figures.mm_store_hit_pct, ".2f")] if figures.mm_store else []),
     ]
