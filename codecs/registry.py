@@ -11,7 +11,8 @@ defaults (``carries_multimodal``, ``multimodal_kinds``, ``out_of_band``,
 ``packed_token_ids``, ``unpickles_peer_data``), which the registry reads from
 the class. A registered class that is not a Codec, leaves ``encode`` or
 ``decode`` abstract, or names an unknown multimodal kind is refused with an
-error naming its entry point.
+error naming its entry point. ``bench check-codec NAME`` runs the conformance checks
+(``wirecodecs.conformance``) against a registered codec.
 
 Built-ins are imported lazily by name. A name may carry calibration options
 after ``+`` (``pickle+request-delay=500us``, see ``wirecodecs.calibration``).

@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "calibrate": ("harness.commands.calibrate", "Find the smallest cost this machine can detect."),
     "sweep": ("harness.commands.sweep", "Find where codecs cross over payload sizes and rates."),
     "report": ("harness.commands.report", "Write saved results as one self-contained HTML page."),
+    "check-codec": ("harness.commands.check_codec", "Check that codecs keep the codec contract (plugins too)."),
 }
 
 
