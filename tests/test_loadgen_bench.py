@@ -23,7 +23,7 @@ import pytest
 from harness.analysis.documents import save_run
 from harness.commands import load as cli
 from harness.loadgen import runner
-from harness.loadgen.report import format_report
+from harness.loadgen.report import format_report, run_line
 from harness.loadgen.runner import BenchmarkError, BenchmarkResult, LoadSettings, run_benchmark
 from harness.workloads.sample import SampleRequest
 
@@ -185,6 +185,8 @@ def test_report_and_json_follow_benchmark_serving(server: FakeOpenAIServer, tmp_
     text = format_report(result)
     lines = text.splitlines()
     assert lines[0] == "============ Serving Benchmark Result ============"
+    line = run_line(result)  # bench run's line a run, without --full-report
+    assert line.startswith("3/3 in ") and "TTFT mean" in line and "nan" not in line and len(line) <= 100
     for label in (
         "Successful requests:",
         "Benchmark duration (s):",

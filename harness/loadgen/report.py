@@ -169,7 +169,10 @@ def run_line(result: BenchmarkResult) -> str:
     mean TTFT and TPOT, and the codec's request encode where the server measured it."""
     m = result.metrics
     line = f"{m.completed}/{m.completed + m.failed} in {m.duration_s:.1f} s"
-    line += f"; TTFT mean {m.ttft.mean:.2f} ms, TPOT mean {m.tpot.mean:.2f} ms"
+    if math.isfinite(m.ttft.mean):  # none completed: no latency to give
+        line += f"; TTFT mean {m.ttft.mean:.2f} ms"
+    if math.isfinite(m.tpot.mean):
+        line += f", TPOT mean {m.tpot.mean:.2f} ms"
     figures = result.codec_figures
     if figures is not None and math.isfinite(figures.request.encode_us):
         line += f"; req encode {figures.request.encode_us:.1f} µs"
