@@ -367,3 +367,21 @@ def test_the_ipc_table_shows_the_store_hit_rate_only_where_a_store_ran() -> None
     assert "store hit rate" not in "\n".join(ipc_lines([arm("zmq", plain)]))
     stored = [arm("zmq", plain), arm("shm-store", {**plain, "mm_store_hit_pct": 50.0})]
     assert "store hit rate" in "\n".join(ipc_lines(stored))
+    missed = [arm("zmq", plain), arm("shm-store", {**plain, "mm_store_hit_pct": 0.0})]  # every frame new
+    assert "store hit rate" in "\n".join(ipc_lines(missed))
+
+
+def test_the_comparison_fits_100_columns_however_long_the_arms_labels() -> None:
+    """Arms whose columns would pass 100 characters go on to a table of their own, the rows repeated."""
+    from harness.analysis.compare import Arm
+    from harness.analysis.comparison_text import format_comparison
+    from harness.analysis.runs import RunEntry
+
+    labels = [f"pickle+request-delay={d}us/shm-store" for d in (0, 125, 250, 500, 1000)]
+    arms = [
+        Arm(label, [RunEntry(label, r, "ok", "", None, None, {"mean_ttft_ms": 20.0 + r + i}) for r in range(3)])
+        for i, label in enumerate(labels)
+    ]
+    text = format_comparison(arms, None)
+    assert max(len(line) for line in text.splitlines()) <= 100
+    assert all(label in text for label in labels) and text.count("TTFT mean, ms") >= 2 and "nan" not in text

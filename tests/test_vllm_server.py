@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from harness.commands.run import add_arguments
+from harness.experiment.arms import split_arm_env
 from harness.experiment.flags import experiment_from_args
-from harness.experiment.vllm_server import DEFAULT_PYTHON, split_arm_env
+from harness.experiment.vllm_server import DEFAULT_PYTHON
 from harness.loadgen.vllm_spans import PluginSpans, codec_figures, ipc_budget
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,6 +154,12 @@ def test_an_arms_flags_led_by_assignments_set_its_vllms_environment() -> None:
     assert vllm.environment("vllm", "/s", arm_env)["VLLM_MSGPACK_ZERO_COPY_THRESHOLD"] == "1024"
     assert vllm.environment("vllm", "/s")["VLLM_MSGPACK_ZERO_COPY_THRESHOLD"] == "256"
     assert vllm.command("/m", "tiny", 2048, flags).endswith("--max-model-len 2048 --mm-tensor-ipc torch_shm --x=Y")
+    # Given in two --arm-flags, the environment still leads: never a positional word of vLLM's.
+    twice = _experiment(
+        "--server", "vllm", "--codec", "vllm,vllm", "--vllm-python", sys.executable,
+        "--arm-flags", "vllm#2=--async-scheduling", "--arm-flags", "vllm#2=VLLM_A=1 --b c",
+    )  # fmt: skip
+    assert split_arm_env(twice.server.arm_flags["vllm#2"]) == ({"VLLM_A": "1"}, ("--async-scheduling", "--b", "c"))
 
 
 @pytest.mark.slow
@@ -252,3 +259,45 @@ def test_images_through_real_vllm_and_a_codec_that_cannot_carry_them_says_why(tm
     assert served["figures"]["request_encode_us"] > 0
     refused = runs["msgspec"]
     assert refused["status"] == "unsupported" and "cannot encode" in refused["message"], refused
+
+
+def test_a_kept_vllms_caches_are_all_emptied_and_a_refused_prefix_reset_is_tried_again() -> None:
+    """vLLM answers a prefix reset {"success": false} while blocks are held: tried again; the other
+    caches are emptied whatever that one did, and what failed is said."""
+    import http.server
+    import threading
+
+    from harness.experiment.vllm_server import reset_caches
+
+    calls: list[str] = []
+    refusals = {"left": 2}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802  # http.server's name
+            calls.append(self.path)
+            body = b""
+            if self.path == "/reset_prefix_cache":
+                ok = refusals["left"] <= 0
+                refusals["left"] -= 1
+                body = json.dumps({"success": ok}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert reset_caches(url) is None
+        assert calls == ["/reset_prefix_cache"] * 3 + ["/reset_mm_cache", "/reset_encoder_cache"]
+        calls.clear()
+        refusals["left"] = 10
+        failed = reset_caches(url, tries=2)
+        assert failed is not None and "/reset_prefix_cache" in failed and "/reset_mm_cache" not in failed
+        assert calls[-2:] == ["/reset_mm_cache", "/reset_encoder_cache"]
+    finally:
+        server.shutdown()

@@ -29,13 +29,12 @@ def judge_arms(arm_list: list[Arm], margin_pct: float) -> tuple[Comparison | Non
     return comparison, full
 
 
-# Rows shown only where some arm measured them: the store's hit rate (--transport shm-store) and a
-# codec adapter's time (vllm's; 0 for every other codec).
-ONLY_WHEN_MEASURED = ("mm_store_hit_pct", "ipc_request_adapt_p50_us", "ipc_output_adapt_p50_us")
+# Rows shown only where some arm has them: a codec adapter's time (vllm's; 0 for every other codec).
+ONLY_WHEN_NONZERO = ("ipc_request_adapt_p50_us", "ipc_output_adapt_p50_us")
 
 
-def _measured(arm_list: Sequence[Arm], key: str) -> bool:
-    return any(math.isfinite(v) and v != 0 for a in arm_list for v in a.values(key))
+def _measured(arm_list: Sequence[Arm], key: str, nonzero: bool = False) -> bool:
+    return any(math.isfinite(v) and (v != 0 or not nonzero) for a in arm_list for v in a.values(key))
 
 
 def row_label(figure: Figure) -> str:
@@ -49,14 +48,37 @@ def row_label(figure: Figure) -> str:
 
 
 def figure_rows(arm_list: Sequence[Arm], figures: Sequence[Figure], rounds: bool = True) -> list[str]:
-    """One row per figure some arm measured, one column per arm: median over rounds ± half the range."""
+    """One row per figure some arm measured, one column per arm: median over rounds ± half the range.
+    Arms that would make a line wider than WIDTH go on to a table of their own below, the rows repeated."""
     rows = [["rounds", *(str(len(a.measured)) for a in arm_list)]] if rounds else []
     for figure in figures:
         cells = [median_cell(a, figure.key) for a in arm_list]
-        if all(c == "-" for c in cells) or figure.key in ONLY_WHEN_MEASURED and not _measured(arm_list, figure.key):
+        if all(c == "-" for c in cells):
+            continue
+        if figure.key in ONLY_WHEN_NONZERO and not _measured(arm_list, figure.key, nonzero=True):
             continue
         rows.append([row_label(figure), *cells])
-    return text_table.format_table(["", *(a.label for a in arm_list)], rows)
+    headers = ["", *(a.label for a in arm_list)]
+    widths = text_table.column_widths(headers, rows)
+    lines: list[str] = []
+    for group in _groups(widths[0], widths[1:]):
+        columns = [0, *(1 + i for i in group)]
+        lines += [""] if lines else []
+        lines += text_table.format_table([headers[c] for c in columns], [[r[c] for c in columns] for r in rows])
+    return lines
+
+
+def _groups(label_width: int, widths: Sequence[int]) -> list[list[int]]:
+    """The arms' column indices in runs that fit WIDTH beside the label column (at least one arm each)."""
+    groups: list[list[int]] = [[]]
+    used = label_width
+    for i, w in enumerate(widths):
+        if groups[-1] and used + 2 + w > WIDTH:
+            groups.append([])
+            used = label_width
+        groups[-1].append(i)
+        used += 2 + w
+    return groups
 
 
 def ipc_lines(arm_list: list[Arm]) -> list[str]:

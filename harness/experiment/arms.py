@@ -11,6 +11,7 @@ machine and what one arm leaves behind for the next land on all arms alike.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -80,7 +81,8 @@ def parse_codecs(spec: str) -> list[ArmSpec]:
 
 
 def parse_arm_flags(specs: Sequence[str], arms: Sequence[ArmSpec]) -> dict[str, tuple[str, ...]]:
-    """``--arm-flags LABEL='--flag value'`` (repeatable): extra bench serve flags for one arm."""
+    """``--arm-flags LABEL='--flag value'`` (repeatable): extra server flags for one arm, led by its
+    environment's ``NAME=value`` words from every spec (``split_arm_env``)."""
     labels = {a.label for a in arms}
     out: dict[str, tuple[str, ...]] = {}
     for spec in specs:
@@ -89,8 +91,26 @@ def parse_arm_flags(specs: Sequence[str], arms: Sequence[ArmSpec]) -> dict[str, 
             raise ValueError(
                 f"--arm-flags {spec!r}: expected LABEL=FLAGS with LABEL one of {', '.join(sorted(labels))}"
             )
-        out[label] = (*out.get(label, ()), *shlex.split(flags))
+        # Leading NAME=value words are an environment (--server vllm): they stay ahead of every flag.
+        env, words = split_arm_env(tuple(shlex.split(flags)))
+        kept_env, kept = split_arm_env(out.get(label, ()))
+        out[label] = (*(f"{k}={v}" for k, v in {**kept_env, **env}.items()), *kept, *words)
     return out
+
+
+_ENV_WORD = re.compile(r"[A-Z_][A-Z0-9_]*=")
+
+
+def split_arm_env(words: tuple[str, ...]) -> tuple[dict[str, str], tuple[str, ...]]:
+    """An arm's --arm-flags words as a shell reads a command: leading ``NAME=value`` words are environment
+    variables of its vLLM (``VLLM_MSGPACK_ZERO_COPY_THRESHOLD=1024 --async-scheduling``), the rest flags."""
+    env: dict[str, str] = {}
+    i = 0
+    while i < len(words) and _ENV_WORD.match(words[i]):
+        name, value = words[i].split("=", 1)
+        env[name] = value
+        i += 1
+    return env, words[i:]
 
 
 ARM_HELP = (

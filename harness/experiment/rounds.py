@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.analysis.documents import save_run
-from harness.experiment.arms import ArmSpec, round_order
+from harness.experiment.arms import ArmSpec, round_order, split_arm_env
 from harness.experiment.server import ServerProcess
 from harness.experiment.settings import Experiment
-from harness.experiment.vllm_server import VllmServer, reset_caches, spans_folder, split_arm_env
+from harness.experiment.vllm_server import VllmServer, reset_caches, spans_folder
 from harness.loadgen import process_cpu
 from harness.loadgen.runner import BenchmarkError, BenchmarkResult, ServerLoad, run_benchmark
 from harness.loadgen.settings import LoadSettings

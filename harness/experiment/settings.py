@@ -98,7 +98,7 @@ class Experiment:
         """Refuse bad settings before any server starts (ValueError, or BenchmarkError from the load)."""
         self.plan.check()
         if self.server.vllm is not None:
-            self.server.vllm.check()
+            self.server.vllm.check(self.workload.tokenizer)
         if self.plan.block_size and (self.load.workers != 1 or self.load.ray is not None):
             raise ValueError("--block-size sends every arm's blocks from this process: drop --workers/--ray")
 

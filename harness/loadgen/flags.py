@@ -93,8 +93,9 @@ def add_load_arguments(
     out.add_argument(
         "--label",
         default=None,
-        help="names the result files in place of the codec or backend (<label>-<timestamp>.json), as vLLM bench "
-        "serve's --label does; bench run's comparison becomes compare-<label>-<timestamp>.json",
+        help="names the result files, as vLLM bench serve's --label does: bench load's <label>-<timestamp>.json "
+        "in place of the codec or backend; bench run's files and comparison get it as a prefix "
+        "(<label>-<arm>-r<N>-..., compare-<label>-...)",
     )
     out.add_argument(
         "--metadata",
@@ -102,7 +103,7 @@ def add_load_arguments(
         default=None,
         type=key_value,
         metavar="KEY=VALUE",
-        help="notes to keep with the results (the run file's metadata.user; each of bench run's files), e.g. "
+        help="notes to keep with the results (metadata.user in each run file and comparison), e.g. "
         "--metadata commit=abc123 host=ci-7, as vLLM bench serve's --metadata",
     )
     out.add_argument(

@@ -29,6 +29,7 @@ from harness.vllm_plugin.records import (
 _wall = time.monotonic_ns  # a module global: one lookup less a call on the message path
 
 _installed: str | None = None
+MAX_REASONS = 8  # distinct refusals a process reports
 
 
 def _nbytes(frames: Sequence[Any]) -> int:
@@ -87,13 +88,14 @@ def timed_coders(codec_name: str, folder: str | None, cpu_time: bool = False) ->
 
     refused: set[str] = set()
 
-    def refuse(why: str) -> None:
-        """A message the codec cannot carry: on stderr (vLLM's log) and in the records, once a reason."""
-        if why in refused:
+    def refuse(why: str, role: str) -> None:
+        """A message the codec cannot carry: on stderr (vLLM's log) and in the records, once a reason (the
+        first few reasons: one that names a message's details must not log every request)."""
+        if why in refused or len(refused) >= MAX_REASONS:
             return
         refused.add(why)
         print(f"wirebench plugin: {why}", file=sys.stderr, flush=True)
-        rec = recorder("api")
+        rec = recorder(role)
         if rec is not None:
             rec.add((REFUSED, why))
 
@@ -121,7 +123,8 @@ def timed_coders(codec_name: str, folder: str | None, cpu_time: bool = False) ->
                     frames = self._codec.encode(obj)
                 except Exception as exc:
                     # vLLM answers the request 500 with an empty message: say why where bench run reads it.
-                    refuse(str(exc) if isinstance(exc, UnsupportedPayloadError) else f"{type(exc).__name__}: {exc}")
+                    why = str(exc) if isinstance(exc, UnsupportedPayloadError) else f"{type(exc).__name__}: {exc}"
+                    refuse(why, "api" if kind is EngineCoreRequest else "engine")
                     raise
             else:
                 frames = self._vllm.encode(obj) if buf is None else self._vllm.encode_into(obj, buf)

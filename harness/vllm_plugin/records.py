@@ -10,7 +10,7 @@ time over the call, null unless the process was asked to read it (``WIREBENCH_VL
   ["rd", external id, request id, start, end, cpu ns, bytes, frames]   engine: a request decoded
   ["oe", batch stamp, start, end, cpu ns, bytes, frames, [request ids]]  engine: an output batch encoded
   ["od", batch stamp, start, end, cpu ns, bytes, frames]               API: an output batch decoded
-  ["refused", why]          API: the codec could not carry a request (vLLM answered it 500), once a reason
+  ["refused", why]          the codec could not carry a message (vLLM answered its request 500), once a reason
 
 The send follows the encode at once on the same thread, and the decode follows the receive, so
 "sent" is the encode's end and "received" the decode's start. A batch is joined across the processes
