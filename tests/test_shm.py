@@ -139,6 +139,23 @@ def test_stale_segments_of_dead_processes_are_removed():
         live.close()
 
 
+@pytest.mark.parametrize("transport_name", ["zmq", "shm", "shm-store"])
+def test_a_delivery_that_cannot_start_its_receiver_leaves_nothing_behind(transport_name, monkeypatch):
+    """Its socket folder, arena or store are gone when the receiver process cannot start (e.g. from a
+    daemonic process, which may not have children)."""
+    import glob
+    import multiprocessing.context
+
+    def refuse(self):
+        raise AssertionError("daemonic processes are not allowed to have children")
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", refuse)
+    folders, segments = set(glob.glob("/tmp/wirebench-delivery-*")), set(os.listdir("/dev/shm"))
+    with pytest.raises(AssertionError, match="daemonic"):
+        delivery.measure("msgspec-oob", transport_name, "tensor-fp16-336", PAYLOADS["tensor-fp16-336"](), iterations=1)
+    assert set(glob.glob("/tmp/wirebench-delivery-*")) == folders and set(os.listdir("/dev/shm")) <= segments
+
+
 @pytest.mark.parametrize("transport_name", ["zmq", "shm", "shm-inplace", "shm-bell"])
 def test_delivery_is_measured_between_two_processes(transport_name):
     before = set(shm.SHM_DIR.glob(f"{shm.PREFIX}{os.getpid()}-*"))

@@ -234,12 +234,22 @@ def measure(
     address = f"{folder}/bell" if transport_name == "shm-bell" else f"ipc://{folder}/d"
     plain_shm = transport_name not in ("zmq", *_SENDERS)
     room = max(64 << 20, 4 * _payload_bytes(codec, msg))  # an arena's or a store's bytes
-    arena = Arena(room, prefault=True) if plain_shm else None
-    sender, loop = _sender(transport_name, threshold, room), asyncio.new_event_loop()
-    ctx_mp = mp.get_context("spawn")
-    parent, child = ctx_mp.Pipe()
-    proc = ctx_mp.Process(target=_receiver, args=(address, codec_name, type(msg).__name__, child), daemon=True)
-    proc.start()
+    arena: Arena | None = None
+    sender: Any = None
+    try:  # a start that fails (no shared memory, no child process) leaves nothing behind
+        arena = Arena(room, prefault=True) if plain_shm else None
+        sender, loop = _sender(transport_name, threshold, room), asyncio.new_event_loop()
+        ctx_mp = mp.get_context("spawn")
+        parent, child = ctx_mp.Pipe()
+        proc = ctx_mp.Process(target=_receiver, args=(address, codec_name, type(msg).__name__, child), daemon=True)
+        proc.start()
+    except BaseException:
+        if arena is not None:
+            arena.close()
+        if sender is not None:
+            sender.close()
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
     ctx: zmq.Context = zmq.Context()
     sock: Any = ctx.socket(zmq.PUSH)
     try:
