@@ -305,6 +305,12 @@ def default_result_path(
     return path
 
 
+def label_prefix(flags: Mapping[str, Any] | None) -> str:
+    """``<label>-`` from the run's --label, the start of bench run's file names; else empty."""
+    label = (flags or {}).get("label")
+    return f"{label}-" if label else ""
+
+
 def user_metadata(flags: Mapping[str, Any] | None) -> dict[str, Any]:
     """``{"user": {KEY: VALUE}}`` from the run's --metadata words (for a document's metadata); else empty."""
     pairs = (flags or {}).get("metadata")

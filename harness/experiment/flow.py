@@ -16,7 +16,7 @@ from typing import Any
 
 from harness.analysis.compare import Arm, Comparison, compare_document
 from harness.analysis.comparison_text import judge_arms
-from harness.analysis.documents import run_document, run_figures, user_metadata, write_json
+from harness.analysis.documents import label_prefix, run_document, run_figures, user_metadata, write_json
 from harness.analysis.runs import RunEntry
 from harness.experiment.arms import ArmSpec
 from harness.experiment.probe import resolve_rate
@@ -83,8 +83,7 @@ class ExperimentResult:
         """Write the compare document (plus ``extra`` top-level fields, e.g. calibrate's summary) as
         ``<folder>/<prefix>-<stamp>.json``; (its path, the document)."""
         folder = folder or Path(self.experiment.plan.result_dir)
-        label = self.experiment.flags.get("label")
-        path = folder / f"{prefix}-{label + '-' if label else ''}{time.strftime('%Y%m%d-%H%M%S')}.json"
+        path = folder / f"{prefix}-{label_prefix(self.experiment.flags)}{time.strftime('%Y%m%d-%H%M%S')}.json"
         doc = {**self.document(path.parent, **metadata), **(extra or {})}
         write_json(path, doc, indent=2)
         return path, doc

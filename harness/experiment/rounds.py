@@ -21,7 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from harness.analysis.documents import save_run
+from harness.analysis.documents import label_prefix, save_run
 from harness.experiment.arms import ArmSpec, round_order, split_arm_env
 from harness.experiment.server import ServerProcess
 from harness.experiment.settings import Experiment
@@ -329,8 +329,7 @@ def take_result(exp: Experiment, outcome: RunOutcome, result: BenchmarkResult, t
         outcome.message = failures_line(result)
     if exp.plan.save_result:
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        label = exp.flags.get("label")
-        name = f"{label + '-' if label else ''}{arm.label}-r{rnd}-{stamp}.json"
+        name = f"{label_prefix(exp.flags)}{arm.label}-r{rnd}-{stamp}.json"
         outcome.path = save_run(result, result_dir=exp.plan.result_dir, filename=name)
         print(f"Result saved to {outcome.path}")
 

@@ -58,12 +58,18 @@ def _chat_template(bos: str) -> str:
     )
 
 
+def _special_names(tok: Any) -> tuple[str | None, str | None]:
+    """The embedded tokenizer's BOS and EOS token names (None where it has none)."""
+    bos = next((n for n in BOS_NAMES if tok.hf.token_to_id(n) is not None), None)
+    eos = next((n for n in EOS_NAMES if tok.hf.token_to_id(n) is not None), None)
+    return bos, eos
+
+
 def _wirebench_tokenizer(out: Path) -> dict[str, Any]:
     """The embedded tokenizer as a Hugging Face folder; its special ids for the model's config."""
     tok = load_tokenizer()
     shutil.copyfile(EMBEDDED_TOKENIZER, out / "tokenizer.json")
-    bos = next((n for n in BOS_NAMES if tok.hf.token_to_id(n) is not None), None)
-    eos = next((n for n in EOS_NAMES if tok.hf.token_to_id(n) is not None), None)
+    bos, eos = _special_names(tok)
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": bos,
@@ -143,9 +149,7 @@ def _blip2(out: Path, shape: Shape) -> Any:
         PreTrainedTokenizerFast,
     )
 
-    base = load_tokenizer()
-    bos = next((n for n in BOS_NAMES if base.hf.token_to_id(n) is not None), None)
-    eos = next((n for n in EOS_NAMES if base.hf.token_to_id(n) is not None), None)
+    bos, eos = _special_names(load_tokenizer())
     tok = PreTrainedTokenizerFast(
         tokenizer_file=str(EMBEDDED_TOKENIZER), bos_token=bos, eos_token=eos, model_max_length=MAX_POSITIONS
     )
