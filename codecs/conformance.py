@@ -424,20 +424,23 @@ def check_declared_facts(subject: Subject) -> None:
     expect(codec.out_of_band is subject.out_of_band, "an instance's out_of_band differs from its class's")
 
 
+def _roundtrip_each(subject: Subject, tag: str, messages: dict[str, Any]) -> None:
+    """Every message round-trips; a failure names ``tag`` and the message."""
+    for what, msg in messages.items():
+        with _about(f"{tag} {what}"):
+            _roundtrip(subject, msg)
+
+
 @_check()
 def check_text_messages(subject: Subject) -> None:
     """A text request, an output batch and an abort round-trip, every field bit for bit."""
-    for what, msg in text_messages().items():
-        with _about(f"text {what}"):
-            _roundtrip(subject, msg)
+    _roundtrip_each(subject, "text", text_messages())
 
 
 @_check()
 def check_defaults_and_nones(subject: Subject) -> None:
     """Each message type with its optional fields None and its lists empty round-trips."""
-    for what, msg in sparse_messages().items():
-        with _about(f"sparse {what}"):
-            _roundtrip(subject, msg)
+    _roundtrip_each(subject, "sparse", sparse_messages())
 
 
 @_check()
@@ -452,9 +455,7 @@ def check_output_batch_of_64(subject: Subject) -> None:
 @_check()
 def check_unicode(subject: Subject) -> None:
     """Non-ASCII ids, prompts and stop reasons (astral and combining characters) round-trip."""
-    for what, msg in unicode_messages().items():
-        with _about(f"unicode {what}"):
-            _roundtrip(subject, msg)
+    _roundtrip_each(subject, "unicode", unicode_messages())
 
 
 @_check()
