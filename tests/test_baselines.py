@@ -49,6 +49,7 @@ SCRIPT_OUTPUTS = {
     "vllm-timing-check.json",
     "vllm-plugin-overhead.json",
     "vllm-inside-micro.json",
+    "sequential-calibration.json",
 }
 
 

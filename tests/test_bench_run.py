@@ -125,3 +125,28 @@ def test_arms_take_turns_block_by_block_in_reversed_order_every_other_block():
     loads = [FakeLoad("a", calls, stop_at=("a", 3)), FakeLoad("b", calls)]
     assert asyncio.run(_take_turns(loads, 7, 3, rnd=0))
     assert calls == [("a", 0, 3), ("b", 0, 3), ("b", 3, 6), ("a", 3, 6)]  # nothing after the interrupted block
+
+
+def test_a_duet_sends_every_arms_block_at_once_and_stops_after_an_interrupted_one():
+    import asyncio
+
+    from harness.experiment.rounds import side_by_side
+
+    class FakeLoad:
+        def __init__(self, name: str, log: list, stop_at: int | None = None) -> None:
+            self.name, self.log, self.stop_at = name, log, stop_at
+
+        async def send_block(self, start: int, stop: int) -> bool:
+            self.log.append(("start", self.name, start))
+            await asyncio.sleep(0)  # the other arm's block begins before this one ends
+            self.log.append(("end", self.name, start))
+            return start == self.stop_at
+
+    log: list = []
+    assert not asyncio.run(side_by_side([FakeLoad("a", log), FakeLoad("b", log)], 5, 3, rnd=0))
+    assert log[:4] == [("start", "a", 0), ("start", "b", 0), ("end", "a", 0), ("end", "b", 0)]
+    # The next block leads with the other arm (the Williams design's next row).
+    assert [entry for entry in log if entry[0] == "start"][2:] == [("start", "b", 3), ("start", "a", 3)]
+    log.clear()
+    assert asyncio.run(side_by_side([FakeLoad("a", log, stop_at=0), FakeLoad("b", log)], 5, 3, rnd=0))
+    assert len(log) == 4  # the first pair of blocks only

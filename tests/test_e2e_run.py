@@ -214,7 +214,8 @@ def test_calibrate_runs_an_aa_arm_and_a_known_cost(tmp_path):
     doc = json.loads(path.read_text())
     cal = doc["calibration"]
     assert doc["codecs"] == ["pickle", "pickle#2", cal["injected"][0]["arm"]]
-    assert cal["aa_arm"] == "pickle#2" and cal["aa_judged"] == 11 and cal["probe_mean_ttft_ms"] > 0
+    # 7 latency figures, the codec family's 3 and the 4 codec µs per message (rate 20: no throughputs).
+    assert cal["aa_arm"] == "pickle#2" and cal["aa_judged"] == 14 and cal["probe_mean_ttft_ms"] > 0
     (injected,) = cal["injected"]
     # Half the probe's TTFT per request, split between the frontend's encode and the engine's decode.
     assert injected["arm"] == f"pickle+request-delay={round(injected['cost_ms'] * 1000 / 2)}us"
@@ -225,6 +226,22 @@ def test_calibrate_runs_an_aa_arm_and_a_known_cost(tmp_path):
     assert injected["cost_pct_of_measured_ttft"] == pytest.approx(100 * injected["cost_ms"] / ref_ttft)
     assert doc["metadata"]["request_rate"] == {"rate": 20.0, "auto": False}
     assert doc["metadata"]["flags"]["block_size"] == 20  # calibrate takes turns in blocks by default
+
+
+@pytest.mark.slow
+def test_calibrate_until_resolved_stops_on_its_clock_and_says_why(tmp_path):
+    cmd = [sys.executable, "-m", "harness.cli", "calibrate", "--result-dir", str(tmp_path), "--no-progress"]
+    cmd += ["--executor", "sim", "--num-prompts", "9", "--block-size", "3", "--costs-pct", "50"]
+    cmd += ["--request-rate", "40", "--sonnet-output-len", "8", "--until-resolved", "0.8"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[until resolved]" in done.stdout
+    (path,) = tmp_path.glob("calibrate-*.json")
+    doc = json.loads(path.read_text())
+    stopping = doc["metadata"]["until_resolved"]
+    assert stopping["stopped"] in ("resolved", "time") and stopping["rounds"] >= 1
+    assert doc["comparison"]["sequential"] and len(doc["codecs"]) == 3  # the A/A pair and the injected arm
+    assert doc["calibration"]["injected"][0]["verdict"] in stats.VERDICTS
 
 
 @pytest.mark.slow
@@ -256,6 +273,41 @@ def test_block_size_lets_the_arms_take_turns_within_a_round(tmp_path):
     assert cpu["roles"]["engine"]["cpu_s"] > 0 and cpu["roles"]["frontend"]["cpu_s"] > 0
     client = cpu["roles"]["client"]
     assert client["ms_per_request"] == pytest.approx(1000 * client["cpu_s"] / 16, rel=0.01, abs=0.002)
+
+
+@pytest.mark.slow
+def test_until_resolved_adds_rounds_until_the_time_is_up_and_judges_block_pairs(tmp_path):
+    done = bench_run(
+        tmp_path,
+        *("--codec", "msgspec,pickle", "--until-resolved", "0.6", "--executor", "sim", "--duet"),
+        *("--num-prompts", "12", "--block-size", "3", "--request-rate", "40", "--sonnet-output-len", "8"),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[until resolved]" in done.stdout and "block pairs" in done.stdout  # the progress line
+    summary = comparison(tmp_path)
+    stopping = summary["metadata"]["until_resolved"]
+    assert stopping["stopped"] in ("resolved", "time") and stopping["rounds"] >= 1
+    assert stopping["elapsed_s"] < 0.6 * 60 + 30  # a round may not start that would overrun (one may run long)
+    rounds = {r["round"] for r in summary["runs"]}
+    assert rounds == set(range(stopping["rounds"]))  # every round that ran is in the document
+    assert all(len(r["blocks"]["mean_ttft_ms"]) == 4 for r in summary["runs"])  # 12 prompts, blocks of 3
+    judged = summary["comparison"]
+    assert judged["sequential"] and "anytime-valid" in judged["method"]
+    pickle = judged["verdicts"]["pickle"]
+    assert pickle["mean_ttft_ms"]["rounds"] == 4 * stopping["rounds"]  # block pairs
+    assert pickle["first_token_path_us"]["role"] == "codec"
+    assert pickle["mean_tpot_ms"]["verdict"] == "not judged"
+    # bench compare of the saved document judges it the same way.
+    (saved,) = tmp_path.glob("compare-*.json")
+    again = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "compare", str(saved), "--json", str(tmp_path / "again.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    redone = json.loads((tmp_path / "again.json").read_text())["comparison"]
+    assert redone["sequential"] and redone["verdicts"]["pickle"]["mean_ttft_ms"] == pickle["mean_ttft_ms"]
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from harness.commands.run import add_arguments
 from harness.experiment.arms import ArmSpec
 from harness.experiment.flags import experiment_from_args
 from harness.experiment.flow import prepare, run_experiment
-from harness.experiment.settings import AUTO, Experiment, RunPlan, ServerSettings
+from harness.experiment.settings import AUTO, DEFAULT_BLOCK_SIZE, Experiment, RunPlan, ServerSettings
 from harness.experiment.sweep import at_point
 from harness.loadgen.client import CHAT_COMPLETIONS
 from harness.loadgen.runner import LoadSettings
@@ -63,6 +63,21 @@ def test_bad_settings_are_refused_before_any_server_starts() -> None:
         prepare(exp)
     with pytest.raises(ValueError, match="--repeat"):
         prepare(replace(exp, plan=replace(exp.plan, repeat=0)))
+    with pytest.raises(ValueError, match="two or more"):
+        prepare(experiment_from_args(parsed("--until-resolved", "5")))  # one arm: nothing to resolve
+    with pytest.raises(ValueError, match="--block-size N > 0"):
+        prepare(experiment_from_args(parsed("--codec", "pickle,msgspec", "--until-resolved", "5", "--block-size", "0")))
+
+
+def test_runs_of_several_arms_go_in_blocks_unless_told_otherwise() -> None:
+    def block_size(*argv: str) -> int | None:
+        return experiment_from_args(parsed(*argv)).plan.block_size
+
+    assert block_size("--codec", "pickle,msgspec") == DEFAULT_BLOCK_SIZE
+    assert block_size("--codec", "pickle") == 0  # one arm: nothing to take turns with
+    assert block_size("--codec", "pickle,msgspec", "--workers", "2") == 0  # blocks need one sender
+    assert block_size("--codec", "pickle,msgspec", "--block-size", "0") == 0
+    assert block_size("--codec", "pickle,msgspec", "--block-size", "7") == 7
 
 
 @pytest.mark.slow
@@ -105,13 +120,13 @@ def test_the_load_and_plan_settings_that_shape_a_run_are_compared() -> None:
         "burstiness": 1.0,
         "max_concurrency": None,
         "logprobs": None,
-        "block_size": 0,
+        "block_size": None,  # as parsed: the experiment resolves it by its arms, and run files record that
     }
     assert "warmup_requests" not in base  # untimed: it changes no figure
     assert settings("--block-size", "5")["block_size"] == 5 and settings("--logprobs", "2")["logprobs"] == 2
     old = RunEntry("pickle", 0, "ok", "", None, {"metadata": {"flags": {"endpoint": "/v1/completions"}}}, None)
     # Blocks and image reuse came later: absent is 0.
-    assert run_settings(old) == {"endpoint": "/v1/completions", "block_size": 0, "image_reuse": 0.0}
+    assert run_settings(old) == {"endpoint": "/v1/completions", "block_size": 0, "duet": False, "image_reuse": 0.0}
     # A trace sent at its own times: the recorded rate and burstiness played no part, so they
     # do not make two such runs incomparable.
     timed = [

@@ -55,5 +55,6 @@ def test_the_quickstart_output_is_what_the_command_prints(tmp_path: Path) -> Non
     printed = done.stdout.splitlines()
     printed = printed[next(i for i, line in enumerate(printed) if "Codec comparison" in line) :]
     labels = {label(line) for line in printed}
-    missing = [line for line in shown if line.strip() and label(line) not in labels]
+    # A line indented four or more is the wrapped rest of the line above: where it breaks depends on the numbers.
+    missing = [line for line in shown if line.strip() and not line.startswith("    ") and label(line) not in labels]
     assert missing == [], "README quickstart lines the command no longer prints (update README.md)"

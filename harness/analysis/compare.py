@@ -17,6 +17,17 @@ TPOT mean, per-chunk ITL p50/p99 (benchmark_serving's ITL; the per-token mean
 equals TPOT's and is not judged twice), E2EL mean, the codec's µs per message
 in each direction and operation, and the throughputs only when the arrival
 rate is infinite (at a finite rate they are set by the schedule, not the server).
+
+The codec and the wire on their own paths (``CODEC_PATH_FIGURES``: per request on
+its way to its first token, per output step) are a family of their own, Holm
+across arms at the whole alpha whatever the primary found: a run can say what a
+codec costs each request while end-to-end TTFT is still inconclusive.
+
+A run that stopped when its answer was known (``--until-resolved``) is judged
+sequentially (``sequential=True``): mean TTFT and the first-token codec + wire
+from block pairs with the anytime-valid test of ``harness.analysis.sequential``;
+the other figures are shown with their estimates, not judged (a fixed-sample
+test at a data-chosen length would not hold its error rate).
 """
 
 from __future__ import annotations
@@ -28,17 +39,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.analysis import sequential as seq
 from harness.analysis import stats
 from harness.analysis import table as text_table
+from harness.analysis.blocks import BLOCK_FIGURES, paired_log_diffs
 from harness.analysis.documents import COMPARE_SCHEMA, ResultsError, is_compare, jsonable, read_json
-from harness.analysis.figures import CODEC_FIGURES, LATENCY_FIGURES, THROUGHPUT_FIGURES, Figure
+from harness.analysis.figures import CODEC_FIGURES, CODEC_PATH_FIGURES, LATENCY_FIGURES, THROUGHPUT_FIGURES, Figure
 from harness.analysis.runs import RunEntry, collect_runs
 from harness.analysis.stats import PairStats, Verdict
 
 
 def judged_figures(runs: Sequence[RunEntry]) -> list[Figure]:
     """The figures a comparison of these runs judges: throughput only when every run sent at rate inf."""
-    figures = [*LATENCY_FIGURES, *CODEC_FIGURES]
+    figures = [*LATENCY_FIGURES, *CODEC_PATH_FIGURES, *CODEC_FIGURES]
     rates = [r.figures.get("request_rate", math.nan) for r in runs if r.figures]
     if rates and all(math.isinf(rate) for rate in rates):
         figures += THROUGHPUT_FIGURES
@@ -62,6 +75,10 @@ class Arm:
     def rounds(self) -> list[int | None]:
         return [r.round for r in self.measured]
 
+    def blocks(self) -> list[tuple[int | None, dict[str, list[float]] | None]]:
+        """Each measured run's round and block values (harness.analysis.blocks)."""
+        return [(r.round, r.blocks) for r in self.measured]
+
     def judged(self) -> Arm:
         """The runs verdicts may use: whole and clean. A run with failed requests is excluded (a codec
         that fails its slowest requests would look faster), and so is an interrupted one."""
@@ -70,8 +87,9 @@ class Arm:
 
 @dataclass
 class VerdictCell:
-    """One arm × figure against the reference; role "primary" (tested first, Holm across arms)
-    or "secondary" (tested once the arm's primary is resolved)."""
+    """One arm × figure against the reference; role "primary" (tested first, Holm across arms),
+    "codec" (the codec + wire family, Holm across arms and its figures) or "secondary" (tested once
+    the arm's primary is resolved)."""
 
     arm: str
     figure: Figure
@@ -92,6 +110,7 @@ class Comparison:
     alpha: float = stats.ALPHA
     primary: Figure | None = None
     excluded: dict[str, int] = field(default_factory=dict)  # arm → runs left out of the verdicts
+    sequential: bool = False  # judged from block pairs with the anytime-valid test (--until-resolved)
 
     @property
     def reference(self) -> Arm:
@@ -132,18 +151,28 @@ def compare(
     alpha: float = stats.ALPHA,
     min_rounds: int = stats.MIN_ROUNDS,
     primary: str = DEFAULT_PRIMARY,
+    sequential: bool | None = None,
 ) -> Comparison:
     """Every arm after the first against the first, with gatekeeping: the primary figure of every arm
     is one Holm family; the other figures of the arms whose primary was resolved (slower, faster,
-    equivalent) are a second family at the same alpha; the rest are reported, not judged.
+    equivalent) are a second family at the same alpha; the rest are reported, not judged. The codec
+    and wire figures (``CODEC_PATH_FIGURES``) are a family of their own at alpha.
 
     Verdicts use each arm's whole, clean runs (``Arm.judged``), paired on the rounds both arms ran
-    when they were interleaved (``common_rounds``), else Welch.
+    when they were interleaved (``common_rounds``), else Welch; ``sequential``: the block figures
+    from block pairs with the anytime-valid test, the rest shown, not judged (default: whether the
+    runs were made with --until-resolved).
     """
     if len(arms) < 2:
         raise ValueError("a comparison needs at least two arms")
+    if sequential is None:
+        sequential = any(r.until_resolved > 0 for arm in arms for r in arm.runs)
     figures = list(figures or judged_figures([r for arm in arms for r in arm.measured]))
     first = primary_figure(figures, primary)
+    if sequential and first.key not in BLOCK_FIGURES:
+        raise ValueError(
+            f"a sequential comparison judges a block figure first ({', '.join(BLOCK_FIGURES)}), not {first.key}"
+        )
     # A figure no run measured (a server without the counters) is left out of the tables too.
     figures = [f for f in figures if f is first or _measured(arms, f.key)]
     clean = [arm.judged() for arm in arms]
@@ -159,24 +188,89 @@ def compare(
             return None
         return stats.compare_arms(a, b, paired=rounds is not None, confidence=1 - alpha)
 
-    # Judged on log ratios: a secondary figure with a missing or zero value in a judged run is shown, not judged.
-    others = [f for f in figures if f is not first and _judgeable(clean, f.key)]
+    # Judged on log ratios: a figure with a missing or zero value in a judged run is shown, not judged.
+    judgeable = [f for f in figures if f is not first and _judgeable(clean, f.key)]
+    codec_figs = [f for f in judgeable if f in CODEC_PATH_FIGURES]
+    others = [f for f in judgeable if f not in CODEC_PATH_FIGURES]
     first_pairs = [pair(arm, first) for arm in clean[1:]]
     other_pairs = [[pair(arm, fig) for fig in others] for arm in clean[1:]]
-    firsts, seconds = stats.judge_gatekept(
-        first_pairs,
-        other_pairs,
-        primary_higher_is_better=first.higher_is_better,
-        secondary_higher_is_better=[f.higher_is_better for f in others],
-        alpha=alpha,
-        margin_pct=margin_pct,
-        min_rounds=min_rounds,
-    )
+    codec_pairs = [[pair(arm, fig) for fig in codec_figs] for arm in clean[1:]]
+    settings: dict[str, Any] = {"alpha": alpha, "margin_pct": margin_pct, "min_rounds": min_rounds}
+    if sequential:
+        firsts, codecs = _sequential_verdicts(clean, first, codec_figs, codec_pairs, alpha, margin_pct)
+        why = "a sequential run judges block figures only"
+        seconds = [[stats.not_judged(p, why, **settings) for p in ps] for ps in other_pairs]
+    else:
+        firsts, seconds = stats.judge_gatekept(
+            first_pairs,
+            other_pairs,
+            primary_higher_is_better=first.higher_is_better,
+            secondary_higher_is_better=[f.higher_is_better for f in others],
+            **settings,
+        )
+        flat = stats.judge(
+            [p for ps in codec_pairs for p in ps],
+            higher_is_better=[f.higher_is_better for f in codec_figs] * len(codec_pairs),
+            **settings,
+        )
+        codecs = [flat[i * len(codec_figs) : (i + 1) * len(codec_figs)] for i in range(len(codec_pairs))]
     ordered = []
-    for arm, p, ps, v, vs in zip(clean[1:], first_pairs, other_pairs, firsts, seconds, strict=True):
-        ordered.append(VerdictCell(arm.label, first, p, v, "primary"))
-        ordered += [VerdictCell(arm.label, fig, q, w) for fig, q, w in zip(others, ps, vs, strict=True)]
-    return Comparison(list(arms), figures, ordered, margin_pct, alpha, first, excluded)
+    for i, arm in enumerate(clean[1:]):
+        ordered.append(VerdictCell(arm.label, first, first_pairs[i], firsts[i], "primary"))
+        ordered += [VerdictCell(arm.label, f, q, w, "codec") for f, q, w in zip(codec_figs, codec_pairs[i], codecs[i])]
+        ordered += [VerdictCell(arm.label, f, q, w) for f, q, w in zip(others, other_pairs[i], seconds[i], strict=True)]
+    return Comparison(list(arms), figures, ordered, margin_pct, alpha, first, excluded, sequential)
+
+
+def _sequential_verdicts(
+    clean: list[Arm],
+    first: Figure,
+    codec_figs: list[Figure],
+    codec_pairs: list[list[PairStats | None]],
+    alpha: float,
+    margin_pct: float,
+) -> tuple[list[Verdict], list[list[Verdict]]]:
+    """The primary family and the codec family from block pairs (anytime-valid, Holm across arms);
+    a codec figure without block values is shown, not judged."""
+    ref, others = clean[0].blocks(), clean[1:]
+
+    def family(key: str, higher_is_better: bool) -> list[Verdict]:
+        diffs = [paired_log_diffs(ref, arm.blocks(), key) for arm in others]
+        found = seq.judge_sequential(diffs, higher_is_better=higher_is_better, alpha=alpha, margin_pct=margin_pct)
+        return [_as_verdict(v, alpha) for v in found]
+
+    firsts = family(first.key, first.higher_is_better)
+    by_key = {f.key: family(f.key, f.higher_is_better) for f in codec_figs if f.key in BLOCK_FIGURES}
+    why = "measured per run, not per block"
+    codecs = [
+        [
+            by_key[f.key][i] if f.key in by_key else stats.not_judged(p, why, alpha=alpha, margin_pct=margin_pct)
+            for f, p in zip(codec_figs, codec_pairs[i], strict=True)
+        ]
+        for i in range(len(others))
+    ]
+    return firsts, codecs
+
+
+def _as_verdict(v: seq.SequentialVerdict, alpha: float) -> Verdict:
+    s = v.stats
+
+    def pct(ratio: float) -> float:
+        return 100.0 * (ratio - 1.0) if math.isfinite(ratio) else math.nan
+
+    return Verdict(
+        v.verdict,
+        s.change_pct,
+        pct(s.ci_low),
+        pct(s.ci_high),
+        s.p_anytime,
+        v.p_adjusted,
+        None,
+        math.nan,
+        s.n,
+        margin_pct=v.margin_pct,
+        sequential=True,
+    )
 
 
 def _measured(arms: Sequence[Arm], key: str) -> bool:
@@ -223,15 +317,28 @@ def method_line(comparison: Comparison) -> str:
     primary = comparison.primary.label if comparison.primary else "?"
     n_first = sum(1 for c in comparison.cells if c.role == "primary")
     n_second = sum(1 for c in comparison.cells if c.role == "secondary" and c.verdict.verdict != "not judged")
-    text = (
-        f"{_method(comparison)}, 95% CI; primary figure {primary} (Holm over {n_first} arm(s)), "
-        f"then {n_second} secondary figures of the arms whose primary was resolved (Holm); "
-        f"equivalence margin ±{comparison.margin_pct:g}%"
-    )
+    n_codec = sum(1 for c in comparison.cells if c.role == "codec" and c.verdict.verdict != "not judged")
+    codec = f"; the codec figures a family of their own (Holm over {n_codec})" if n_codec else ""
+    if comparison.sequential:
+        pairs = max((c.verdict.n_rounds for c in comparison.cells if c.role == "primary"), default=0)
+        text = (
+            f"anytime-valid t test on log ratios of {pairs} block pairs, 95% confidence sequences "
+            f"(valid whenever the run stopped); primary figure {primary} (Holm over {n_first} arm(s)){codec}; "
+            f"equivalence margin ±{comparison.margin_pct:g}%"
+        )
+    else:
+        text = (
+            f"{_method(comparison)}, 95% CI; primary figure {primary} (Holm over {n_first} arm(s)), "
+            f"then {n_second} secondary figures of the arms whose primary was resolved (Holm){codec}; "
+            f"equivalence margin ±{comparison.margin_pct:g}%"
+        )
     if comparison.excluded:
         left = ", ".join(f"{label} {n}" for label, n in comparison.excluded.items())
         text += f"; runs with failed requests or interrupted, left out of the verdicts: {left}"
     return text
+
+
+ROLE_NOTES = {"primary": " (primary)", "codec": " (codec)"}
 
 
 def verdict_lines(comparison: Comparison) -> list[str]:
@@ -239,9 +346,13 @@ def verdict_lines(comparison: Comparison) -> list[str]:
     lines = [f"verdicts against {ref} ({method_line(comparison)}):"]
     for arm in comparison.arms[1:]:
         cells = [c for c in comparison.cells if c.arm == arm.label]
-        rows = [[f"  {c.figure.label}" + (" (primary)" if c.role == "primary" else ""), c.verdict.text] for c in cells]
+        if comparison.sequential:  # the other figures are in the table above; none has a verdict here
+            cells = [c for c in cells if c.role != "secondary"]
+        rows = [[f"  {c.figure.label}" + ROLE_NOTES.get(c.role, ""), c.verdict.text] for c in cells]
         lines.append(f" {arm.label}:")
         lines += text_table.format_table(["", ""], rows, left=2)[1:]
+    if comparison.sequential:
+        lines.append(" the other figures: in the table above, not judged (a sequential run judges block figures only)")
     return lines
 
 
@@ -313,6 +424,7 @@ def comparison_dict(comparison: Comparison) -> dict[str, Any]:
         "alpha": comparison.alpha,
         "method": method_line(comparison),
         "primary": comparison.primary.key if comparison.primary else None,
+        "sequential": comparison.sequential,
         "excluded_runs": comparison.excluded,
         "figures": [
             {"key": f.key, "label": f.label, "higher_is_better": f.higher_is_better} for f in comparison.figures
@@ -352,6 +464,8 @@ def compare_document(
             # Relative to the compare file, so a results folder can move (e.g. into baselines/).
             "result_file": _relative(r.path, folder) if r.path else None,
             "figures": r.figures,
+            # A run in blocks: its block figures, so a sequential verdict can be judged again from this file.
+            **({"blocks": r.blocks} if r.blocks else {}),
         }
         for r in entries
     ]

@@ -18,14 +18,16 @@ from harness.analysis.figures import CODEC_FIGURES, IPC_FIGURES, LATENCY_FIGURES
 WIDTH = 100  # the widest line printed (a terminal's); a verdict longer than this wraps
 
 
-def judge_arms(arm_list: list[Arm], margin_pct: float) -> tuple[Comparison | None, Comparison]:
+def judge_arms(
+    arm_list: list[Arm], margin_pct: float, *, sequential: bool = False
+) -> tuple[Comparison | None, Comparison]:
     """The verdicts among the measured arms (None with fewer than two), and the table of every arm,
     unmeasured ones included, that the compare document holds."""
     measured = [a for a in arm_list if a.measured]
-    comparison = compare(measured, margin_pct=margin_pct) if len(measured) >= 2 else None
+    comparison = compare(measured, margin_pct=margin_pct, sequential=sequential) if len(measured) >= 2 else None
     full = Comparison(arm_list, comparison.figures if comparison else [*LATENCY_FIGURES, *CODEC_FIGURES])
     if comparison is not None:
-        full.cells, full.margin_pct = comparison.cells, comparison.margin_pct
+        full.cells, full.margin_pct, full.sequential = comparison.cells, comparison.margin_pct, sequential
     return comparison, full
 
 

@@ -61,7 +61,7 @@ from harness.loadgen.report import failure_counts
 from harness.loadgen.runner import DEFAULT_RESULT_DIR, BenchmarkResult
 from harness.loadgen.serverstats import CodecFigures
 from harness.loadgen.sysinfo import collect_sysinfo
-from harness.wire.spans import IpcBudget
+from harness.wire.spans import CODEC_WIRE_SPANS, STEP_CODEC_WIRE_SPANS, IpcBudget
 
 if TYPE_CHECKING:  # the micro figures only; importing harness.micro would import torch
     from harness.micro.timing import DeliveryMeasurement, Measurement
@@ -469,7 +469,26 @@ def run_figures(doc: dict[str, Any]) -> dict[str, float]:
         out["mm_store_hit_pct"] = as_float(codec.get("mm_store_hit_pct"))
     ipc = doc.get("ipc")
     if isinstance(ipc, dict):
+        out.update(codec_wire_figures(doc, ipc))
         out.update(budget_figures(ipc))  # ipc_request_wire_p50_us, ipc_ipc_mean_us, ...
         out["ipc_share_pct"] = as_float(ipc.get("share_of_ttft")) * 100.0
         out["loop_lag_p99_ms"] = as_float((ipc.get("loop_lag_ms") or {}).get("p99"))
     return out
+
+
+def codec_wire_figures(doc: dict[str, Any], ipc: dict[str, Any]) -> dict[str, float]:
+    """The codec and the wire, per request on its way to its first token and per output step (µs):
+    the mean over the run's requests of each one's sum of ``CODEC_WIRE_SPANS`` (from its record;
+    a file without them sums the spans' means), and the sum of the step spans' means."""
+    spans = ipc.get("spans_us") or {}
+
+    def mean_of(name: str) -> float:
+        return as_float((spans.get(name) or {}).get("mean_us"))
+
+    per_request = [as_float(r.get("codec_wire_us")) for r in doc.get("records") or () if isinstance(r, dict)]
+    per_request = [v for v in per_request if math.isfinite(v)]
+    first = math.fsum(per_request) / len(per_request) if per_request else sum(map(mean_of, CODEC_WIRE_SPANS))
+    return {
+        "first_token_codec_wire_us": first,
+        "step_codec_wire_us": sum(map(mean_of, STEP_CODEC_WIRE_SPANS)),
+    }

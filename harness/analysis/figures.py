@@ -45,6 +45,14 @@ CODEC_FIGURES = (
     Figure("output_encode_us", "out enc µs", unit="µs", detail="output encode (engine)"),
     Figure("output_decode_us", "out dec µs", unit="µs", detail="output decode (frontend)"),
 )
+# The codec and the wire on the paths they lie on (harness.wire.spans.CODEC_WIRE_SPANS): per request on
+# its way to its first token, and per output step. Judged in a family of their own (docs/method.md).
+CODEC_PATH_FIGURES = (
+    # The codec's four calls (request encode/decode, output encode/decode); from the server's counters.
+    Figure("first_token_path_us", "codec 1st tok", unit="µs", detail="codec time, first-token path"),
+    Figure("first_token_codec_wire_us", "codec+wire 1st tok", unit="µs", detail="codec + wire, first-token path"),
+    Figure("step_codec_wire_us", "codec+wire step", unit="µs", detail="codec + wire, each output step"),
+)
 # Judged only when every run sent at rate inf (at a finite rate the schedule sets them).
 THROUGHPUT_FIGURES = (
     Figure("request_throughput", "req/s", higher_is_better=True, unit="req/s"),
@@ -52,10 +60,6 @@ THROUGHPUT_FIGURES = (
 )
 # Shown beside the judged figures in bench run's table, never judged.
 SHOWN_FIGURES = (
-    # The codec's four calls on a request's way to its first token (not the wire, not the queues).
-    Figure(
-        "first_token_path_us", "codec, first-token path", unit="µs", judged=False, detail="codec time, first-token path"
-    ),
     Figure("codec_share_pct", "codec % TTFT", unit="%", judged=False, detail="codec share of mean TTFT"),
     Figure("p99_tpot_ms", "TPOT p99", judged=False),
     Figure("request_throughput", "req/s", higher_is_better=True, unit="req/s", judged=False),

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.analysis.blocks import block_values
 from harness.analysis.documents import (
     PathLike,
     ResultsError,
@@ -42,6 +43,17 @@ class RunEntry:
     path: Path | None
     doc: dict[str, Any] | None
     figures: dict[str, float] | None = None
+    # A run in blocks: each block's figures (harness.analysis.blocks), what a sequential verdict pairs.
+    blocks: dict[str, list[float]] | None = None
+    # Minutes of --until-resolved its run was made with (0: a fixed number of rounds).
+    until_resolved: float = 0.0
+
+
+def until_resolved_of(doc: dict[str, Any] | None) -> float:
+    """The --until-resolved minutes a run or compare document records (0 when none)."""
+    flags = ((doc or {}).get("metadata") or {}).get("flags") or {}
+    value = as_float(flags.get("until_resolved"))
+    return value if value > 0 else 0.0
 
 
 def resolve_result_file(result_file: str, compare_path: Path) -> Path:
@@ -67,7 +79,8 @@ def _entry_from_run(path: Path, doc: dict[str, Any]) -> RunEntry:
     if rnd is None:
         match = _ROUND_IN_NAME.search(path.name)
         rnd = int(match.group(1)) if match else None
-    return RunEntry(str(codec), rnd, _run_status(doc), "", path, doc, run_figures(doc))
+    status = _run_status(doc)
+    return RunEntry(str(codec), rnd, status, "", path, doc, run_figures(doc), block_values(doc), until_resolved_of(doc))
 
 
 def _run_status(doc: dict[str, Any]) -> str:
@@ -96,6 +109,7 @@ def _entries_from_compare(path: Path, doc: dict[str, Any]) -> list[RunEntry]:
         if run_path is not None:
             run_doc = load_run(run_path)
         figures = run_figures(run_doc) if run_doc is not None else _figures_of(embedded)
+        blocks = block_values(run_doc) if run_doc is not None else _blocks_of(run.get("blocks"))
         entries.append(
             RunEntry(
                 str(run["codec"]),
@@ -105,9 +119,17 @@ def _entries_from_compare(path: Path, doc: dict[str, Any]) -> list[RunEntry]:
                 run_path,
                 run_doc,
                 figures,
+                blocks,
+                until_resolved_of(run_doc) or until_resolved_of(doc),
             )
         )
     return entries
+
+
+def _blocks_of(embedded: Any) -> dict[str, list[float]] | None:
+    if not isinstance(embedded, dict):
+        return None
+    return {str(k): [as_float(v) for v in values] for k, values in embedded.items() if isinstance(values, list)}
 
 
 def _figures_of(embedded: dict[str, Any] | None) -> dict[str, float] | None:

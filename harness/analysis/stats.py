@@ -291,14 +291,20 @@ class Verdict:
     margin_pct: float = DEFAULT_MARGIN_PCT
     min_rounds: int = MIN_ROUNDS
     reason: str = ""
+    # From block pairs with the anytime-valid test (harness.analysis.sequential): n_rounds counts the
+    # pairs, the interval is a confidence sequence's and p_value the anytime p-value.
+    sequential: bool = False
 
     @property
     def change(self) -> str:
         """The change and its interval; one round gives no interval, and none is printed."""
         if not math.isfinite(self.change_pct):
             return "no change measured"
-        if not (math.isfinite(self.ci_low_pct) and math.isfinite(self.ci_high_pct)):
-            return f"{self.change_pct:+.1f}% (no interval from {self.n_rounds} round(s))"
+        unit = "block pair(s)" if self.sequential else "round(s)"
+        if not math.isfinite(self.ci_low_pct):
+            return f"{self.change_pct:+.1f}% (no interval from {self.n_rounds} {unit})"
+        if not math.isfinite(self.ci_high_pct):  # a confidence sequence too short to bound the change
+            return f"{self.change_pct:+.1f}% [{self.ci_low_pct:+.1f}%, unbounded]"
         return f"{self.change_pct:+.1f}% [{self.ci_low_pct:+.1f}%, {self.ci_high_pct:+.1f}%]"
 
     @property
@@ -310,6 +316,8 @@ class Verdict:
             return f"{self.verdict} by {change}" + (f", within {margin}" if inside else "")
         if self.verdict == "equivalent":
             return f"equivalent within {margin} ({change})"
+        if self.verdict == "inconclusive" and self.sequential:
+            return f"inconclusive: {change} over {self.n_rounds} block pairs; more time would narrow it"
         if self.verdict == "inconclusive":
             if self.rounds_needed is None:
                 return f"inconclusive: {change}; over {MAX_ROUNDS} rounds would be needed to detect {margin}"
@@ -479,7 +487,7 @@ def judge_gatekept(
             **settings,
         )
     )
-    why = "the primary figure was not resolved"
+    why = "primary not resolved"
     seconds = [
         [next(verdicts) for _ in secondary[i]]
         if i in open_arms

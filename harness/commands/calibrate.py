@@ -22,6 +22,7 @@ import math
 import statistics
 import sys
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from harness.analysis import stats
@@ -30,7 +31,7 @@ from harness.analysis.comparison_text import format_comparison
 from harness.analysis.figures import DETECTION_FIGURE
 from harness.experiment.arms import parse_codecs
 from harness.experiment.flags import add_experiment_arguments, experiment_from_args
-from harness.experiment.flow import judged, prepare
+from harness.experiment.flow import UntilResolved, judged, prepare
 from harness.experiment.probe import probe_mean_ttft, resolve_rate
 from harness.experiment.rounds import run_rounds
 from harness.loadgen.runner import BenchmarkError
@@ -156,10 +157,12 @@ def main(args: argparse.Namespace) -> int:
         reference = codecs[0].codec
         if "+" in reference:
             raise ValueError("calibrate takes one plain codec (it adds the injected arms itself)")
-        prepared = prepare(experiment_from_args(args, arms=codecs))
+        # Its A/A pair to begin with (the injected arms join once a probe has sized them).
+        prepared = prepare(experiment_from_args(args, arms=parse_codecs(f"{reference},{reference}")))
     except (ValueError, BenchmarkError, OSError) as exc:
         print(f"bench calibrate: error: {exc}", file=sys.stderr)
         return 2
+    clock = UntilResolved(prepared.experiment.plan.until_resolved)  # --until-resolved: the probes count too
     resolved = resolve_rate(prepared.experiment, prepared.workload, prepared.tokenizer_id)
     if resolved is None:
         return 1
@@ -173,8 +176,10 @@ def main(args: argparse.Namespace) -> int:
     injected = {delay_spec(reference, pct / 100 * probe_ms): pct for pct in costs_pct}
     arms = parse_codecs(",".join([reference, reference, *injected]))
     exp = replace(exp, arms=tuple(arms))
-    outcomes, interrupted = run_rounds(exp, prepared.workload, prepared.tokenizer_id)
+    keep_going = partial(clock.keep_going, exp, rate_note) if exp.plan.sequential else None
+    outcomes, interrupted = run_rounds(exp, prepared.workload, prepared.tokenizer_id, keep_going)
     result = judged(exp, rate_note, outcomes, interrupted)
+    result.stopping = clock.record() if exp.plan.sequential else None
     if interrupted or any(not a.measured for a in result.arms):
         print(format_comparison(result.arms, None))
         print("bench calibrate: not every arm was measured; no calibration", file=sys.stderr)
@@ -183,7 +188,7 @@ def main(args: argparse.Namespace) -> int:
     assert comparison is not None
     print(format_comparison(result.arms, comparison))
     summary = summarize(comparison, {a.label: injected[a.codec] for a in arms if a.codec in injected}, probe_ms)
-    print(format_calibration(summary, exp.plan.repeat))
+    print(format_calibration(summary, max(len(a.measured) for a in result.arms)))  # --until-resolved: as ran
     if exp.plan.save_result:
         path, _ = result.save("calibrate", extra={"calibration": summary})
         print(f"Calibration saved to {path}")

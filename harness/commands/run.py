@@ -3,8 +3,10 @@
 Every run starts a fresh ``bench serve`` process with the same model, seed,
 limits and workload; only the arm (codec × transport) differs. With
 ``--repeat N`` the arms are interleaved and the order reverses every other
-round; with ``--block-size N`` every arm's server is up for the round and the
-arms take turns N requests at a time (``harness.experiment.rounds``). The table
+round; in blocks (the default with two or more arms) every arm's server is up
+for the round and the arms take turns N requests at a time, or send them side
+by side (``--duet``; ``harness.experiment.rounds``). ``--until-resolved MINUTES``
+adds rounds until the answer is known (``harness.analysis.sequential``). The table
 shows each figure's median over rounds; the verdicts judge every arm against
 the first from the paired per-round ratios (``harness.analysis.compare``).
 
@@ -37,6 +39,7 @@ EPILOG = """\
 examples:
   bench run --codec pickle,msgspec --repeat 7
   bench run --codec pickle,pickle --repeat 7      (an A/A run: expect no difference)
+  bench run --codec msgspec,pickle --until-resolved 10 --duet   (stop when the answer is known)
   bench run --codec msgspec-oob --transport zmq,shm --repeat 5
   bench run --arm base='--python ../base/.venv/bin/python' \\
             --arm head='--python .venv/bin/python' --repeat 7

@@ -55,9 +55,10 @@ def add_experiment_arguments(
         type=int,
         default=1,
         help=f"interleaved rounds, each in the order of one row of a Williams design (default %(default)s; "
-        f"verdicts need >= {stats.MIN_ROUNDS}; the power of {stats.DEFAULT_ROUNDS} is in docs/method.md)",
+        f"verdicts need >= {stats.MIN_ROUNDS}; the power of {stats.DEFAULT_ROUNDS} is in docs/method.md; "
+        "ignored with --until-resolved)",
     )
-    add_arguments(p, RunPlan)  # --block-size
+    add_arguments(p, RunPlan)  # --block-size, --until-resolved
     p.add_argument(
         "--margin-pct",
         type=float,
@@ -132,4 +133,5 @@ def experiment_from_args(args: argparse.Namespace, arms: list[ArmSpec] | None = 
         save_result=args.save_result,
         result_dir=args.result_dir,
     )
+    plan = plan.with_blocks_for(len(arms), one_sender=load.workers == 1 and load.ray is None)
     return Experiment(tuple(arms), WorkloadSpec.from_args(args), load, server, plan, flags=flags_dict(args))

@@ -9,15 +9,19 @@ print; everything between is here, once.
 from __future__ import annotations
 
 import functools
+import textwrap
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from harness.analysis.blocks import block_values
 from harness.analysis.compare import Arm, Comparison, compare_document
-from harness.analysis.comparison_text import judge_arms
+from harness.analysis.comparison_text import WIDTH, judge_arms
 from harness.analysis.documents import label_prefix, run_document, run_figures, user_metadata, write_json
-from harness.analysis.runs import RunEntry
+from harness.analysis.runs import RunEntry, until_resolved_of
+from harness.analysis.stats import RESOLVED
 from harness.experiment.arms import ArmSpec
 from harness.experiment.probe import resolve_rate
 from harness.experiment.rounds import RunOutcome, Workload, run_rounds
@@ -59,6 +63,7 @@ class ExperimentResult:
     order: list[RunEntry] = field(default_factory=list)  # every run in the order it ran
     comparison: Comparison | None = None
     table: Comparison | None = None
+    stopping: dict[str, Any] | None = None  # --until-resolved: how long it ran and why it stopped
 
     @property
     def any_failed(self) -> bool:
@@ -68,6 +73,8 @@ class ExperimentResult:
         """The compare document of this experiment (paths relative to ``folder``)."""
         assert self.table is not None
         meta = {"flags": self.experiment.record(), "request_rate": self.rate_note, "machine": machine(), **metadata}
+        if self.stopping is not None:
+            meta["until_resolved"] = self.stopping
         meta.update(user_metadata(self.experiment.flags))
         return compare_document(
             self.table, folder=folder, metadata=meta, repeat=self.experiment.plan.repeat, order=self.order
@@ -97,28 +104,113 @@ def machine() -> dict[str, Any]:
 
 
 def run_experiment(prepared: Prepared) -> ExperimentResult | None:
-    """Fix the rate, run every round, judge. None when the rate could not be fixed (said on stderr)."""
+    """Fix the rate, run every round (or, --until-resolved, rounds until the answer is known), judge.
+    None when the rate could not be fixed (said on stderr)."""
+    clock = UntilResolved(prepared.experiment.plan.until_resolved)  # the probe's time counts too
     resolved = resolve_rate(prepared.experiment, prepared.workload, prepared.tokenizer_id)
     if resolved is None:
         return None
     exp, note = resolved
-    outcomes, interrupted = run_rounds(exp, prepared.workload, prepared.tokenizer_id)
-    return judged(exp, note, outcomes, interrupted)
+    keep_going = partial(clock.keep_going, exp, note) if exp.plan.sequential else None
+    outcomes, interrupted = run_rounds(exp, prepared.workload, prepared.tokenizer_id, keep_going)
+    result = judged(exp, note, outcomes, interrupted)
+    result.stopping = clock.record() if exp.plan.sequential else None
+    return result
 
 
 def judged(exp: Experiment, note: dict[str, Any], outcomes: list[RunOutcome], interrupted: bool) -> ExperimentResult:
     """The result of these outcomes: arms with their runs, verdicts at the plan's margin."""
     arm_list, order = build_arms(outcomes, list(exp.arms))
-    comparison, table = judge_arms(arm_list, exp.plan.margin_pct)
+    comparison, table = judge_arms(arm_list, exp.plan.margin_pct, sequential=exp.plan.sequential)
     return ExperimentResult(exp, note, outcomes, interrupted, arm_list, order, comparison, table)
+
+
+class UntilResolved:
+    """--until-resolved: after each round, judge what ran so far with the anytime-valid test, print where
+    the primary figure stands, and stop once every arm's is resolved or the next round would overrun."""
+
+    def __init__(self, minutes: float) -> None:
+        self.minutes = minutes
+        self.started = self.round_started = time.monotonic()
+        self.longest_round_s = 0.0
+        self.rounds = 0
+        self.stopped = "interrupted"  # until a round ends and says otherwise
+
+    def keep_going(self, exp: Experiment, note: dict[str, Any], outcomes: list[RunOutcome]) -> bool:
+        now = time.monotonic()
+        self.longest_round_s = max(self.longest_round_s, now - self.round_started)
+        self.round_started, self.rounds = now, self.rounds + 1
+        comparison = judged(exp, note, outcomes, False).comparison
+        left_s = self.minutes * 60.0 - (now - self.started)
+        print(progress_line(comparison, self.rounds, (now - self.started) / 60.0, self.minutes), flush=True)
+        stop = why_stop(comparison, left_s, self.longest_round_s)
+        if stop is None:
+            return True
+        self.stopped = stop
+        print(f"[until resolved] {STOP_NOTES[stop]}", flush=True)
+        return False
+
+    def record(self) -> dict[str, Any]:
+        """How the run stopped, for the compare document."""
+        return {
+            "minutes": self.minutes,
+            "elapsed_s": round(time.monotonic() - self.started, 1),
+            "rounds": self.rounds,
+            "stopped": self.stopped,
+        }
+
+
+def why_stop(comparison: Comparison | None, left_s: float, round_s: float) -> str | None:
+    """Why a run under --until-resolved stops after this round ("resolved", "time", "no comparison"),
+    or None to run another: every primary resolved, or a round as long as the longest so far would
+    not end in the time left."""
+    primaries = [c for c in comparison.cells if c.role == "primary"] if comparison else []
+    if primaries and all(c.verdict.verdict in RESOLVED for c in primaries):
+        return "resolved"
+    if left_s < round_s:
+        return "time"
+    if comparison is None:  # fewer than two arms measured: nothing to resolve
+        return "no comparison"
+    return None
+
+
+STOP_NOTES = {
+    "resolved": "every arm's primary figure is resolved: stopping",
+    "time": "the next round would not end in time: stopping; what is unresolved stays inconclusive",
+    "no comparison": "fewer than two arms measured: stopping",
+}
+
+
+def progress_line(comparison: Comparison | None, rounds: int, used_min: float, minutes: float) -> str:
+    """Where a run that stops when its answer is known stands: each arm's primary figure and codec family
+    with their anytime-valid intervals, and the time used and left."""
+    left = max(0.0, minutes - used_min)
+    head = f"[until resolved] {rounds} round(s), {used_min:.1f} of {minutes:g} min used, {left:.1f} left"
+    if comparison is None:
+        return f"{head}: fewer than two arms measured"
+    lines = [head + ":"]
+    for arm in comparison.arms[1:]:
+        cells = [c for c in comparison.cells if c.arm == arm.label and c.role in ("primary", "codec")]
+        parts = [
+            f"{c.figure.label} {c.verdict.change} {c.verdict.verdict}"
+            for c in cells
+            if c.verdict.verdict != "not judged"
+        ]
+        n = next((c.verdict.n_rounds for c in cells if c.role == "primary"), 0)
+        text = f"{arm.label} ({n} block pairs): " + "; ".join(parts)
+        lines += textwrap.wrap(text, WIDTH, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
+    return "\n".join(lines)
 
 
 def to_entry(outcome: RunOutcome) -> RunEntry:
     """A run as the comparison sees it: its figures read from its run document."""
-    figures = None
+    figures = blocks = doc = None
     if outcome.result is not None:
-        figures = run_figures(run_document(outcome.result, sysinfo={}))
-    return RunEntry(outcome.arm.label, outcome.round, outcome.status, outcome.message, outcome.path, None, figures)
+        doc = run_document(outcome.result, sysinfo={})
+        figures, blocks = run_figures(doc), block_values(doc)
+    entry = RunEntry(outcome.arm.label, outcome.round, outcome.status, outcome.message, outcome.path, None, figures)
+    entry.blocks, entry.until_resolved = blocks, until_resolved_of(doc)
+    return entry
 
 
 def build_arms(outcomes: list[RunOutcome], arms: list[ArmSpec]) -> tuple[list[Arm], list[RunEntry]]:

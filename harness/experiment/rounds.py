@@ -6,7 +6,9 @@ starts every arm's server at once, warms them up in the round's order, and the
 arms take turns N requests at a time (A B, B A, ...; each block waits for its
 requests), so the seconds-long swings of a shared machine land on every arm of
 a round alike; each arm's run is still one result, and the round
-is still the unit of the statistics.
+is still the unit of the statistics. Side by side (``duet``): every arm's
+block b is sent at the same moment instead. With ``--until-resolved`` the
+rounds go on while ``keep_going`` (asked after each round) says so.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from harness.workloads.sample import SampleRequest
 from wirecodecs import UNSUPPORTED_PAYLOAD
 
 Workload = list[SampleRequest]
+MAX_ROUNDS = 1000  # --until-resolved: a bound, never reached in practice (its minutes end the run first)
 
 
 @dataclass
@@ -144,21 +147,40 @@ def run_round_in_blocks(
         return servers.round(rnd, workload, tokenizer_id)
 
 
+# Whether to run another round, asked with every outcome so far (--until-resolved); None: --repeat rounds.
+KeepGoing = Callable[[list[RunOutcome]], bool]
+
+
+def round_numbers(exp: Experiment) -> range:
+    """The rounds to run: --repeat of them, or up to MAX_ROUNDS until the answer is known."""
+    return range(MAX_ROUNDS if exp.plan.sequential else exp.plan.repeat)
+
+
+def round_name(exp: Experiment, rnd: int) -> str:
+    return f"round {rnd + 1}" + (", until resolved" if exp.plan.sequential else f"/{exp.plan.repeat}")
+
+
 def run_rounds_on_kept_servers(
-    exp: Experiment, arms: list[ArmSpec], workload: Workload, tokenizer_id: str
+    exp: Experiment,
+    arms: list[ArmSpec],
+    workload: Workload,
+    tokenizer_id: str,
+    keep_going: KeepGoing | None = None,
 ) -> list[RunOutcome]:
     """Every round in blocks on servers started once (a real vLLM takes a minute to start); each round is
-    still its own result per arm, the unit of the statistics. Stops at the first interrupted round."""
+    still its own result per arm, the unit of the statistics. Stops at the first interrupted round, or
+    when ``keep_going`` says so."""
     outcomes: list[RunOutcome] = []
-    plan = exp.plan
     with BlockServers(exp, arms, 0) as servers:
-        for rnd in range(plan.repeat):
+        for rnd in round_numbers(exp):
             if rnd:
-                print(f"\n[round {rnd + 1}/{plan.repeat}] the same servers, blocks of {plan.block_size}", flush=True)
+                print(f"\n[{round_name(exp, rnd)}] the same servers, blocks of {exp.plan.block_size}", flush=True)
                 servers.reset_caches()
             done = servers.round(rnd, workload, tokenizer_id)
             outcomes += done
             if any(o.status == "interrupted" for o in done):
+                break
+            if keep_going is not None and not keep_going(outcomes):
                 break
     return outcomes
 
@@ -274,7 +296,8 @@ async def _load_in_blocks(
             loads[i] = load
         if not stopped:
             in_order = [loads[i] for i in sorted(loads)]  # arm order: take_turns applies the design's rows
-            stopped = await take_turns(in_order, len(workload), exp.plan.block_size, rnd)
+            turns = side_by_side if exp.plan.duet else take_turns
+            stopped = await turns(in_order, len(workload), exp.plan.block_size or len(workload), rnd)
         for i, load in loads.items():
             load.interrupted = load.interrupted or stopped  # the round ended early for every arm
             while i not in results:
@@ -293,6 +316,19 @@ async def take_turns(loads: list[Any], n: int, block: int, rnd: int) -> bool:
         for load in round_order(loads, b + rnd):
             if await load.send_block(start, min(start + block, n)):
                 return True
+    return False
+
+
+async def side_by_side(loads: list[Any], n: int, block: int, rnd: int) -> bool:
+    """--duet: every arm's block b sent at the same moment (the same requests on the same schedule),
+    block after block, so each pair of blocks shares the machine's moment exactly. The arm whose
+    requests go out first (microseconds apart, one client) follows the Williams design's rows as
+    take_turns' order does, so neither arm always leads. True on Ctrl-C."""
+    for b, start in enumerate(range(0, n, block)):
+        ordered = round_order(loads, b + rnd)
+        stops = await asyncio.gather(*(load.send_block(start, min(start + block, n)) for load in ordered))
+        if any(stops):
+            return True
     return False
 
 
@@ -348,11 +384,14 @@ def _error_message(text: str) -> str:
     return match.group(1) if match and match.group(1) else text  # an empty message says less than the text
 
 
-def run_rounds(exp: Experiment, workload: Workload, tokenizer_id: str) -> tuple[list[RunOutcome], bool]:
+def run_rounds(
+    exp: Experiment, workload: Workload, tokenizer_id: str, keep_going: KeepGoing | None = None
+) -> tuple[list[RunOutcome], bool]:
     """Every round of every arm, in round_order (in blocks: every arm of a round at once, taking
-    turns); stops at Ctrl-C keeping what finished. Returns (outcomes, interrupted)."""
+    turns); stops at Ctrl-C keeping what finished, or when ``keep_going`` (asked after each round in
+    blocks) says so. Returns (outcomes, interrupted)."""
     outcomes: list[RunOutcome] = []
-    for tag, announce, step in _steps(exp, workload, tokenizer_id):
+    for tag, announce, step in _steps(exp, workload, tokenizer_id, keep_going):
         print(announce, flush=True)
         try:
             done = step()
@@ -364,25 +403,36 @@ def run_rounds(exp: Experiment, workload: Workload, tokenizer_id: str) -> tuple[
                 print(f"{tag} {outcome.arm.label}: {outcome.status}: {outcome.message}", flush=True)
         if any(o.status == "interrupted" for o in done):
             return outcomes, True
+        if keep_going is not None and exp.plan.block_size and not _kept(exp) and not keep_going(outcomes):
+            break
     return outcomes, False
 
 
+def _how(exp: Experiment) -> str:
+    return "side by side" if exp.plan.duet else "taking turns"
+
+
+def _kept(exp: Experiment) -> bool:
+    """Rounds in blocks on servers kept for every round (a real vLLM's)."""
+    return bool(exp.plan.block_size) and any(a.server == "vllm" for a in exp.arms)
+
+
 def _steps(
-    exp: Experiment, workload: Workload, tokenizer_id: str
+    exp: Experiment, workload: Workload, tokenizer_id: str, keep_going: KeepGoing | None = None
 ) -> Iterator[tuple[str, str, Callable[[], list[RunOutcome]]]]:
     """What run_rounds runs, in order: (tag for its messages, the line announcing it, the step)."""
     arms, plan = list(exp.arms), exp.plan
-    if plan.block_size and any(a.server == "vllm" for a in arms):
+    if _kept(exp):
         announce = (
-            f"\n[round 1/{plan.repeat}] {len(arms)} arms taking turns in blocks of {plan.block_size} requests: "
+            f"\n[{round_name(exp, 0)}] {len(arms)} arms {_how(exp)} in blocks of {plan.block_size} requests: "
             "starting their servers, kept for every round"
         )
-        yield "[rounds]", announce, partial(run_rounds_on_kept_servers, exp, arms, workload, tokenizer_id)
+        yield "[rounds]", announce, partial(run_rounds_on_kept_servers, exp, arms, workload, tokenizer_id, keep_going)
         return
     if plan.block_size:
-        for rnd in range(plan.repeat):
+        for rnd in round_numbers(exp):
             announce = (
-                f"\n[round {rnd + 1}/{plan.repeat}] {len(arms)} arms taking turns in blocks of {plan.block_size} "
+                f"\n[{round_name(exp, rnd)}] {len(arms)} arms {_how(exp)} in blocks of {plan.block_size} "
                 "requests: starting their servers"
             )
             yield f"[round {rnd + 1}]", announce, partial(run_round_in_blocks, exp, arms, rnd, workload, tokenizer_id)

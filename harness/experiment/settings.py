@@ -20,6 +20,7 @@ from harness.loadgen.settings import LoadSettings
 from harness.wire.declare import setting
 from harness.workloads.spec import WorkloadSpec
 
+DEFAULT_BLOCK_SIZE = 20  # requests an arm sends before the next arm's turn, when runs are in blocks
 AUTO = "auto"  # --request-rate auto: a share of the capacity a probe measures
 AUTO_LOAD = 0.5  # that share
 SERVER_READY_TIMEOUT_S = 300.0
@@ -51,14 +52,33 @@ class RunPlan:
     ``experiment_from_args``."""
 
     repeat: int = 1
-    block_size: int = setting(
-        0,
+    block_size: int | None = setting(
+        None,
         flag="--block-size",
+        type=int,
         metavar="N",
         help="keep every arm's server up for the round and let the arms take turns, N requests at a time "
         "(A B, B A, ...): each arm sees the same moments of a shared machine; 0: each arm serves the "
-        "whole workload in turn (default %(default)s)",
+        f"whole workload in turn (default: {DEFAULT_BLOCK_SIZE} with two or more arms sent from this process, "
+        "else 0)",
         comparable=True,
+    )
+    duet: bool = setting(
+        False,
+        flag="--duet",
+        help="in blocks, send every arm's block at the same moment instead of in turns (duet benchmarking: "
+        "a pair of blocks shares the machine's moment exactly); only where the machine has a core for every "
+        "busy process of every arm: on 2 busy cores the arms share each other's CPU costs, and a cost "
+        "injected into one arm read a third of its size (docs/results.md)",
+        comparable=True,
+    )
+    until_resolved: float = setting(
+        0.0,
+        flag="--until-resolved",
+        metavar="MINUTES",
+        help="add rounds in blocks until the primary figure of every arm is resolved (slower, faster or "
+        "equivalent within the margin) or a round would not end within MINUTES, judging with an anytime-valid "
+        "test that holds its error rate however often it looks (--repeat is then ignored; docs/method.md)",
     )
     margin_pct: float = DEFAULT_MARGIN_PCT
     # --request-rate auto: a capacity probe fixes the load's rate before the rounds (harness.experiment.probe).
@@ -75,8 +95,26 @@ class RunPlan:
     def check(self) -> None:
         if self.repeat < 1:
             raise ValueError("--repeat must be >= 1")
-        if self.block_size < 0:
+        if self.block_size is not None and self.block_size < 0:
             raise ValueError(f"--block-size must be >= 0, got {self.block_size}")
+        if self.until_resolved < 0:
+            raise ValueError(f"--until-resolved must be >= 0 minutes, got {self.until_resolved:g}")
+        if self.duet and not self.block_size:
+            raise ValueError("--duet sends the arms' blocks side by side: give --block-size N > 0 (or leave it out)")
+        if self.until_resolved and not self.block_size:
+            raise ValueError("--until-resolved judges pairs of blocks: give --block-size N > 0 (or leave it out)")
+
+    @property
+    def sequential(self) -> bool:
+        """Rounds until the answer is known, judged with the anytime-valid test."""
+        return self.until_resolved > 0
+
+    def with_blocks_for(self, arms: int, one_sender: bool) -> RunPlan:
+        """The block size resolved: the one given, else DEFAULT_BLOCK_SIZE when two or more arms are sent
+        from this process (blocks need one sender), else 0."""
+        if self.block_size is not None:
+            return self
+        return replace(self, block_size=DEFAULT_BLOCK_SIZE if arms > 1 and one_sender else 0)
 
 
 @dataclass(frozen=True)
@@ -96,6 +134,8 @@ class Experiment:
 
     def check(self) -> None:
         """Refuse bad settings before any server starts (ValueError, or BenchmarkError from the load)."""
+        if self.plan.until_resolved and len(self.arms) < 2:
+            raise ValueError("--until-resolved compares arms: give two or more (--codec A,B)")
         self.plan.check()
         if self.server.vllm is not None:
             self.server.vllm.check(self.workload.tokenizer)
@@ -126,5 +166,7 @@ class Experiment:
             "request_rate": self.request_rate,
             "repeat": self.plan.repeat,
             "block_size": self.plan.block_size,
+            "until_resolved": self.plan.until_resolved,
+            "duet": self.plan.duet,
             "result_dir": self.plan.result_dir,
         }

@@ -81,6 +81,10 @@ class RequestRecord:
     error_message: str = ""
     # The response id the server gave (every chunk's "id"): joins the server's timelines.
     server_id: str = ""
+    # The codec's µs and codec + wire µs on this request's way to its first token, from the server's
+    # timelines (harness.wire.spans.CODEC_SPANS, CODEC_WIRE_SPANS); NaN for a server without them.
+    codec_us: float = math.nan
+    codec_wire_us: float = math.nan
 
     @property
     def schedule_lag(self) -> float:

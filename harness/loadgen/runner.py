@@ -278,6 +278,10 @@ class ServerLoad:
             figures, budget = self.plugin.figures(self.plugin_cursor, served)
         else:
             budget = await ipc.fetch_budget(self.session, self.base_url, self.cursor, served)
+        if budget is not None:
+            for record in records:
+                record.codec_us = budget.codec_us.get(record.server_id, math.nan)
+                record.codec_wire_us = budget.codec_wire_us.get(record.server_id, math.nan)
         settings = self.settings
         result_metrics = M.compute_metrics(
             records,

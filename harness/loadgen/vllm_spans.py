@@ -164,7 +164,8 @@ def ipc_budget(rows: dict[str, list[list[Any]]], server_ids: Sequence[str]) -> I
             "output.queue": math.nan,
         }
         spans["ipc"] = sum(spans[name] for name in MEASURED)
-        timelines.append({"request_id": rid, "spans_us": spans})
+        # Named by the response id the client saw, so the run's records find their spans.
+        timelines.append({"request_id": ext if ext in wanted else ext.rsplit("-", 1)[0], "spans_us": spans})
     result = budget(timelines)
     for what, at in (("encode", 2), ("decode", 2)):
         kind = OUTPUT_ENCODE if what == "encode" else OUTPUT_DECODE

@@ -61,6 +61,12 @@ REQUEST_SPANS: tuple[tuple[str, str], ...] = (
     ("output", "wire"),
     ("output", "decode"),
 )
+# The codec and the wire on a request's way to its first token (the queues and the adapter left out):
+# what a change of codec or transport changes, judged per request in its own family.
+CODEC_WIRE_SPANS: tuple[str, ...] = tuple(f"{d}.{w}" for d, w in REQUEST_SPANS if w in ("encode", "wire", "decode"))
+STEP_CODEC_WIRE_SPANS: tuple[str, ...] = ("step.encode", "step.wire", "step.decode")
+# The codec's four calls alone on that path.
+CODEC_SPANS: tuple[str, ...] = tuple(name for name in CODEC_WIRE_SPANS if not name.endswith(".wire"))
 CPU_SPANS: tuple[tuple[str, str], ...] = (
     ("request", "encode"),
     ("request", "decode"),
@@ -246,6 +252,10 @@ class IpcBudget:
     loop_lag: dict[str, float] = field(default_factory=dict)
     # The device thread over the run (sim, or torch overlapped): busy_ms, idle_ms between steps; else empty.
     device: dict[str, float] = field(default_factory=dict)
+    # Per request id, its codec µs (CODEC_SPANS) and codec + wire µs (CODEC_WIRE_SPANS) on the first-token
+    # path; the run's records carry them, so blocks of requests can be compared (harness.analysis.blocks).
+    codec_us: dict[str, float] = field(default_factory=dict)
+    codec_wire_us: dict[str, float] = field(default_factory=dict)
 
     def share_of_ttft(self, mean_ttft_ms: float) -> float:
         """Mean IPC on the first-token path over mean TTFT (NaN when unknown)."""
@@ -284,10 +294,20 @@ def device_time(batches: Sequence[dict[str, Any]]) -> dict[str, float]:
 def budget(timelines: Sequence[dict[str, Any]], loop_lag: dict[str, float] | None = None) -> IpcBudget:
     """The IPC budget of request timelines as the spans endpoint serves them (``to_dict``)."""
     names: dict[str, list[float]] = {}
+    codec: dict[str, float] = {}
+    codec_wire: dict[str, float] = {}
     for t in timelines:
-        for name, value in (t.get("spans_us") or {}).items():
-            names.setdefault(name, []).append(float(value) if value is not None else math.nan)
-    return IpcBudget({n: span_stats(v) for n, v in names.items()}, len(timelines), "", dict(loop_lag or {}))
+        spans = {
+            name: float(value) if value is not None else math.nan for name, value in (t.get("spans_us") or {}).items()
+        }
+        for name, value in spans.items():
+            names.setdefault(name, []).append(value)
+        if t.get("request_id"):
+            rid = str(t["request_id"])
+            codec[rid] = math.fsum(spans.get(name, math.nan) for name in CODEC_SPANS)
+            codec_wire[rid] = math.fsum(spans.get(name, math.nan) for name in CODEC_WIRE_SPANS)
+    stats = {n: span_stats(v) for n, v in names.items()}
+    return IpcBudget(stats, len(timelines), "", dict(loop_lag or {}), codec_us=codec, codec_wire_us=codec_wire)
 
 
 # --- Chrome trace events (Perfetto, chrome://tracing) -----------------------------------------------

@@ -1,0 +1,187 @@
+"""Verdicts that stay valid however often a run looks and whenever it stops: ``--until-resolved``.
+
+A fixed-sample t test (``harness.analysis.stats``) is valid only at the number of rounds fixed up
+front; testing after every round and stopping at the first "slower" raises its false-alarm rate
+far above alpha. A run that stops when the answer is known needs a test whose error rate holds
+under optional stopping. This one is an anytime-valid t test:
+
+- The data are paired log differences ``d_i = ln(B_i / A_i)`` (one per block pair), assumed
+  normal with unknown mean ``mu`` and unknown SD ``sigma``.
+- The evidence against ``mu = mu0`` after n differences is the Bayes factor of the scale-invariant
+  t test, with the right-Haar prior 1/sigma on the SD and a normal prior N(0, tau^2) on the
+  standardized effect (mu - mu0)/sigma. In closed form, with t the usual one-sample t statistic
+  and nu = n - 1:
+
+      E_n(tau) = (1 + n tau^2)^(-1/2) * [(1 + t^2/nu) / (1 + t^2 / (nu (1 + n tau^2)))]^((nu + 1)/2)
+
+  Because its prior on the nuisance SD is the group's right-Haar measure, E_n is a likelihood
+  ratio of the scale-invariant part of the data and so a nonnegative martingale of mean 1 when
+  ``mu = mu0`` (Pérez-Ortiz, Lardy, de Heide & Grünwald, "E-statistics, group invariance and
+  anytime-valid testing", Annals of Statistics 2024). Ville's inequality then bounds the chance
+  that it *ever* reaches 1/alpha by alpha: look after every block, stop whenever, the error
+  rate holds. An equal-weight mixture over a grid of tau (``TAUS``) is again such a martingale;
+  it makes the test sensitive to both the small standardized effects of end-to-end TTFT and the
+  large ones of a codec's own time.
+- The confidence sequence is every mu0 the evidence does not reject: ``|mean - mu0| < t*_n s/√n``
+  with ``t*_n`` the t at which the mixture reaches 1/alpha. It covers the true change at every n
+  at once with probability 1 - alpha, so "equivalent" (the interval inside the margin) and
+  "slower"/"faster" (the interval off 0) may be read whenever the run stops.
+- The anytime p-value is 1 / (the largest evidence seen so far), a valid p-value at any stopping
+  time; Holm over the arms' anytime p-values keeps the family's rate at alpha.
+
+Pure functions, no I/O. The rates under optional stopping, simulated and replayed from recorded
+blocks: ``scripts/studies/sequential_calibration/``; the procedure and the published figures:
+docs/method.md ("Stopping when the answer is known").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+
+from harness.analysis.stats import ALPHA, DEFAULT_MARGIN_PCT, RESOLVED, holm, margin_bounds
+
+# The prior scales of the standardized effect, mixed with equal weights: from an effect of 3% of a
+# block's SD (end-to-end TTFT, many blocks) to 10 SDs (a codec's own time, a handful of blocks).
+TAUS = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
+MIN_PAIRS = 2  # a t statistic needs two differences
+
+
+def log_evidence(t: float, n: int, taus: Sequence[float] = TAUS) -> float:
+    """ln of the mixture evidence E_n against mu = mu0 at the t statistic ``t`` of n differences."""
+    if n < MIN_PAIRS:
+        return 0.0
+    nu = n - 1
+    t2 = t * t if math.isfinite(t) else math.inf
+    terms = []
+    for tau in taus:
+        g = 1.0 + n * tau * tau
+        if math.isinf(t2):  # every difference equal and non-zero: the ratio's limit
+            ratio_log = math.log(g)
+        else:
+            ratio_log = math.log1p(t2 / nu) - math.log1p(t2 / (nu * g))
+        terms.append(-0.5 * math.log(g) + 0.5 * (nu + 1) * ratio_log)
+    top = max(terms)
+    return top + math.log(math.fsum(math.exp(x - top) for x in terms) / len(terms))
+
+
+@cache
+def critical_t(n: int, alpha: float = ALPHA, taus: tuple[float, ...] = TAUS) -> float:
+    """The |t| at which n differences' mixture evidence reaches 1/alpha (inf when it never can:
+    the evidence is bounded for few differences)."""
+    target = math.log(1.0 / alpha)
+    if n < MIN_PAIRS or log_evidence(math.inf, n, taus) < target:
+        return math.inf
+    lo, hi = 0.0, 1.0
+    while log_evidence(hi, n, taus) < target:  # the evidence rises with |t|
+        lo, hi = hi, 2.0 * hi
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if log_evidence(mid, n, taus) < target else (lo, mid)
+    return hi
+
+
+def _mean_sd(xs: Sequence[float]) -> tuple[float, float]:
+    n = len(xs)
+    mean = math.fsum(xs) / n
+    var = math.fsum((x - mean) ** 2 for x in xs) / (n - 1) if n > 1 else math.nan
+    return mean, math.sqrt(var)
+
+
+def _t(mean: float, sd: float, n: int) -> float:
+    if sd == 0.0:
+        return 0.0 if mean == 0.0 else math.inf
+    return mean / (sd / math.sqrt(n))
+
+
+@dataclass(frozen=True)
+class SequenceStats:
+    """B against A over n paired log differences, in the order they were measured.
+
+    ``ci_low``/``ci_high`` bound the ratio B/A by the anytime-valid confidence sequence at 1 - alpha;
+    ``p_anytime`` is 1 / the largest evidence against no change over every prefix (n >= 2).
+    """
+
+    n: int
+    mean_log: float
+    sd_log: float
+    ratio: float
+    ci_low: float
+    ci_high: float
+    evidence: float
+    p_anytime: float
+
+    @property
+    def change_pct(self) -> float:
+        return 100.0 * (self.ratio - 1.0)
+
+
+def evaluate(diffs: Sequence[float], alpha: float = ALPHA, taus: tuple[float, ...] = TAUS) -> SequenceStats:
+    """The anytime-valid estimate, interval and p-value of paired log differences (in measured order)."""
+    n = len(diffs)
+    if n < MIN_PAIRS:
+        mean = diffs[0] if diffs else math.nan
+        nan = math.nan
+        return SequenceStats(n, mean, nan, math.exp(mean) if diffs else nan, nan, nan, 1.0, 1.0)
+    best = 0.0  # ln of the largest evidence over the prefixes: every look a run could have made
+    for k in range(MIN_PAIRS, n + 1):
+        m, s = _mean_sd(diffs[:k])
+        best = max(best, log_evidence(_t(m, s, k), k, taus))
+    mean, sd = _mean_sd(diffs)
+    half = critical_t(n, alpha, taus) * sd / math.sqrt(n)
+    low = math.exp(mean - half) if math.isfinite(half) else 0.0
+    high = math.exp(mean + half) if math.isfinite(half) else math.inf
+    now = log_evidence(_t(mean, sd, n), n, taus)
+    return SequenceStats(n, mean, sd, math.exp(mean), low, high, math.exp(now), min(1.0, math.exp(-best)))
+
+
+@dataclass(frozen=True)
+class SequentialVerdict:
+    """One arm's sequential verdict on one figure: ``verdict`` is slower, faster, equivalent or
+    "inconclusive" (the interval still straddles 0 and a margin bound)."""
+
+    verdict: str
+    stats: SequenceStats
+    p_adjusted: float
+    margin_pct: float
+
+    @property
+    def resolved(self) -> bool:
+        return self.verdict in RESOLVED
+
+    @property
+    def interval(self) -> str:
+        s = self.stats
+        if s.n < MIN_PAIRS:
+            return f"{s.change_pct:+.1f}% (no interval from {s.n} block pair(s))"
+        high = f"{100 * (s.ci_high - 1):+.1f}%" if math.isfinite(s.ci_high) else "+inf"
+        return f"{s.change_pct:+.1f}% [{100 * (s.ci_low - 1):+.1f}%, {high}]"
+
+
+def judge_sequential(
+    family: Sequence[Sequence[float]],
+    *,
+    higher_is_better: bool = False,
+    alpha: float = ALPHA,
+    margin_pct: float = DEFAULT_MARGIN_PCT,
+    taus: tuple[float, ...] = TAUS,
+) -> list[SequentialVerdict]:
+    """Sequential verdicts for one family (one entry per arm: its paired log differences against the
+    reference), Holm over the arms' anytime p-values: "slower"/"faster" when the adjusted p < alpha,
+    "equivalent" when the arm's 1 - alpha confidence sequence lies inside the margin."""
+    seqs = [evaluate(d, alpha, taus) for d in family]
+    adjusted = holm([s.p_anytime for s in seqs])
+    lo, hi = margin_bounds(margin_pct)
+    out = []
+    for s, p in zip(seqs, adjusted, strict=True):
+        if s.n >= MIN_PAIRS and p < alpha:
+            worse = s.mean_log < 0 if higher_is_better else s.mean_log > 0
+            verdict = "slower" if worse else "faster"
+        elif s.n >= MIN_PAIRS and s.ci_low > 0 and lo < math.log(s.ci_low) and math.log(s.ci_high) < hi:
+            verdict = "equivalent"
+        else:
+            verdict = "inconclusive"
+        out.append(SequentialVerdict(verdict, s, p, margin_pct))
+    return out
