@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -126,7 +127,13 @@ def test_the_load_and_plan_settings_that_shape_a_run_are_compared() -> None:
     assert settings("--block-size", "5")["block_size"] == 5 and settings("--logprobs", "2")["logprobs"] == 2
     old = RunEntry("pickle", 0, "ok", "", None, {"metadata": {"flags": {"endpoint": "/v1/completions"}}}, None)
     # Blocks and image reuse came later: absent is 0.
-    assert run_settings(old) == {"endpoint": "/v1/completions", "block_size": 0, "duet": False, "image_reuse": 0.0}
+    assert run_settings(old) == {
+        "endpoint": "/v1/completions",
+        "block_size": 0,
+        "duet": False,
+        "pin_servers": "",
+        "image_reuse": 0.0,
+    }
     # A trace sent at its own times: the recorded rate and burstiness played no part, so they
     # do not make two such runs incomparable.
     timed = [
@@ -135,3 +142,23 @@ def test_the_load_and_plan_settings_that_shape_a_run_are_compared() -> None:
     ]
     assert run_settings(timed[0]) == run_settings(timed[1])
     assert "request_rate" not in run_settings(timed[0]) and "burstiness" not in run_settings(timed[0])
+
+
+def test_pinned_servers_run_on_their_cpus_and_a_pin_that_leaves_the_client_none_is_refused() -> None:
+    from harness.experiment.server import ServerProcess
+    from harness.experiment.settings import parse_cpus
+
+    assert parse_cpus("2-3,6") == (2, 3, 6) and parse_cpus("1") == (1,)
+    with pytest.raises(ValueError, match="CPU list"):
+        parse_cpus("one")
+    usable = sorted(os.sched_getaffinity(0))
+    everything = ",".join(map(str, usable))
+    with pytest.raises(ValueError, match="leaves the client none"):
+        RunPlan(pin_servers=everything).check()
+    with pytest.raises(ValueError, match="not usable"):
+        RunPlan(pin_servers="4095").check()
+    server = ServerProcess("pickle", [], command="sleep 30", cpus=(usable[0],))
+    try:
+        assert os.sched_getaffinity(server.proc.pid) == {usable[0]}
+    finally:
+        server.stop()

@@ -63,7 +63,21 @@ def test_equivalent_when_the_interval_lies_inside_the_margin_and_inconclusive_be
     assert judge_sequential([diffs[:3]])[0].verdict == "inconclusive"
     assert judge_sequential([diffs], margin_pct=5.0)[0].verdict == "equivalent"
     short = evaluate(diffs[:2])
-    assert short.ci_high == math.inf  # two pairs bound nothing
+    assert math.isnan(short.ci_low) and math.isnan(short.ci_high)  # two pairs bound nothing
+    assert evaluate([math.nan, *diffs[:5]]).n == 5  # a pair without a figure is left out
+
+
+def test_the_interval_never_widens_and_a_found_change_keeps_its_direction():
+    rng = np.random.default_rng(11)
+    # A clear rise first, then noise around no change: the evidence gathered early stands.
+    diffs = [math.log(1.3) + 0.02 * x for x in rng.standard_normal(12)] + list(0.2 * rng.standard_normal(40))
+    widths = []
+    for n in range(3, len(diffs) + 1):
+        s = evaluate(diffs[:n])
+        widths.append(math.log(s.ci_high / s.ci_low))
+    assert all(b <= a + 1e-12 for a, b in zip(widths, widths[1:]))
+    [v] = judge_sequential([diffs])
+    assert v.verdict == "slower" and v.stats.ci_low > 1.0
 
 
 def test_holm_across_arms_and_taus_cover_big_and_small_effects():
@@ -157,3 +171,19 @@ def test_the_gate_judges_a_run_made_until_resolved_from_its_block_pairs():
     result = run_gate(arms, threshold_pct=5.0)
     assert result.comparison.sequential
     assert result.arms[0].primary.verdict.sequential and result.exit_code() == 1  # +30%: a regression
+
+
+def test_calibrate_is_answered_when_the_aa_arm_is_resolved_and_every_injected_cost_found():
+    from harness.commands.calibrate import costs_found
+
+    ref, aa = _arm("a", 20.0, 50.0, noise=0.001), _arm("a2", 20.0, 50.0, noise=0.001)
+    found = compare([ref, aa, _arm("cost", 21.0, 50.0, noise=0.001)], sequential=True, margin_pct=10.0)
+    assert found.cell("cost", "mean_ttft_ms").verdict.verdict == "slower" and costs_found(found)
+    # A 1% cost inside a ±5% margin is "equivalent": resolved for bench run, not found for calibrate.
+    noisy = [
+        _arm("a", 20.0, 50.0, noise=0.05),
+        _arm("a2", 20.0, 50.0, noise=0.05),
+        _arm("cost", 20.2, 50.0, noise=0.05),
+    ]
+    hidden = compare(noisy, sequential=True, margin_pct=5.0)
+    assert hidden.cell("cost", "mean_ttft_ms").verdict.verdict == "equivalent" and not costs_found(hidden)

@@ -67,7 +67,7 @@ def paired_log_diffs(
     for rnd, blocks in sorted(((r, b) for r, b in candidate if r is not None and b), key=lambda rb: rb[0]):
         if rnd not in ref or key not in blocks:
             continue
-        for a, b in zip(ref[rnd], blocks[key]):  # a stopped round's blocks pair as far as both went
+        for a, b in zip(ref[rnd], blocks[key]):  # runs of unequal length pair as far as both went
             if math.isfinite(a) and math.isfinite(b) and a > 0 and b > 0:
                 diffs.append(math.log(b / a))
     return diffs

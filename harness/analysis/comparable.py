@@ -26,7 +26,7 @@ from harness.workloads.spec import WorkloadSpec
 
 # The experiment plan's comparable settings (harness.experiment.settings.RunPlan declares them), named
 # here because analysis sits below experiment in the layers (tests/test_layout.py); a test holds them equal.
-PLAN_SETTINGS = ("block_size", "duet")
+PLAN_SETTINGS = ("block_size", "duet", "pin_servers")
 
 
 def compared_settings() -> tuple[str, ...]:
@@ -38,7 +38,7 @@ def compared_settings() -> tuple[str, ...]:
 
 
 # What an absent flag meant: block_size's absence sequential turns, image_reuse's no image repeated.
-DEFAULTS = {"block_size": 0, "duet": False, "image_reuse": 0.0}
+DEFAULTS = {"block_size": 0, "duet": False, "pin_servers": "", "image_reuse": 0.0}
 MACHINE = ("hostname", "machine", "cpu_model", "cpu_usable")  # from a run file's metadata, when both have it
 
 

@@ -230,29 +230,39 @@ def _sequential_verdicts(
     alpha: float,
     margin_pct: float,
 ) -> tuple[list[Verdict], list[list[Verdict]]]:
-    """The primary family and the codec family from block pairs (anytime-valid, Holm across arms);
-    a codec figure without block values is shown, not judged."""
+    """The primary family (Holm across arms) and the codec family (Holm across arms and its block
+    figures) from block pairs with the anytime-valid test; a codec figure without block values is
+    shown, not judged."""
     ref, others = clean[0].blocks(), clean[1:]
+    settings: dict[str, Any] = {"alpha": alpha, "margin_pct": margin_pct}
 
-    def family(key: str, higher_is_better: bool) -> list[Verdict]:
-        diffs = [paired_log_diffs(ref, arm.blocks(), key) for arm in others]
-        found = seq.judge_sequential(diffs, higher_is_better=higher_is_better, alpha=alpha, margin_pct=margin_pct)
-        return [_as_verdict(v, alpha) for v in found]
+    def diffs(arm: Arm, key: str) -> list[float]:
+        return paired_log_diffs(ref, arm.blocks(), key)
 
-    firsts = family(first.key, first.higher_is_better)
-    by_key = {f.key: family(f.key, f.higher_is_better) for f in codec_figs if f.key in BLOCK_FIGURES}
+    found = seq.judge_sequential(
+        [diffs(a, first.key) for a in others], higher_is_better=first.higher_is_better, **settings
+    )
+    firsts = [_as_verdict(v) for v in found]
+    by_block = [f for f in codec_figs if f.key in BLOCK_FIGURES]
+    members = [(i, f) for i in range(len(others)) for f in by_block]
+    judged = seq.judge_sequential(
+        [diffs(others[i], f.key) for i, f in members],
+        higher_is_better=[f.higher_is_better for _, f in members],
+        **settings,
+    )
+    verdict_of = {(i, f.key): _as_verdict(v) for (i, f), v in zip(members, judged, strict=True)}
     why = "measured per run, not per block"
     codecs = [
         [
-            by_key[f.key][i] if f.key in by_key else stats.not_judged(p, why, alpha=alpha, margin_pct=margin_pct)
-            for f, p in zip(codec_figs, codec_pairs[i], strict=True)
+            verdict_of.get((i, f.key)) or stats.not_judged(p, why, **settings)
+            for f, p in zip(codec_figs, pairs, strict=True)
         ]
-        for i in range(len(others))
+        for i, pairs in enumerate(codec_pairs)
     ]
     return firsts, codecs
 
 
-def _as_verdict(v: seq.SequentialVerdict, alpha: float) -> Verdict:
+def _as_verdict(v: seq.SequentialVerdict) -> Verdict:
     s = v.stats
 
     def pct(ratio: float) -> float:

@@ -19,7 +19,7 @@ WIDTH = 100  # the widest line printed (a terminal's); a verdict longer than thi
 
 
 def judge_arms(
-    arm_list: list[Arm], margin_pct: float, *, sequential: bool = False
+    arm_list: list[Arm], margin_pct: float, *, sequential: bool | None = None
 ) -> tuple[Comparison | None, Comparison]:
     """The verdicts among the measured arms (None with fewer than two), and the table of every arm,
     unmeasured ones included, that the compare document holds."""
@@ -27,7 +27,7 @@ def judge_arms(
     comparison = compare(measured, margin_pct=margin_pct, sequential=sequential) if len(measured) >= 2 else None
     full = Comparison(arm_list, comparison.figures if comparison else [*LATENCY_FIGURES, *CODEC_FIGURES])
     if comparison is not None:
-        full.cells, full.margin_pct, full.sequential = comparison.cells, comparison.margin_pct, sequential
+        full.cells, full.margin_pct, full.sequential = comparison.cells, comparison.margin_pct, comparison.sequential
     return comparison, full
 
 

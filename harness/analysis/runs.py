@@ -120,10 +120,16 @@ def _entries_from_compare(path: Path, doc: dict[str, Any]) -> list[RunEntry]:
                 run_doc,
                 figures,
                 blocks,
-                until_resolved_of(run_doc) or until_resolved_of(doc),
+                until_resolved_of(run_doc) or until_resolved_of(doc) or _judged_sequentially(doc),
             )
         )
     return entries
+
+
+def _judged_sequentially(doc: dict[str, Any]) -> float:
+    """A compare document judged sequentially but without its flags (bench compare --json of one): its
+    runs were made until resolved, for minutes it does not say (1.0 stands for "some")."""
+    return 1.0 if (doc.get("comparison") or {}).get("sequential") else 0.0
 
 
 def _blocks_of(embedded: Any) -> dict[str, list[float]] | None:

@@ -24,8 +24,9 @@ under optional stopping. This one is an anytime-valid t test:
   large ones of a codec's own time.
 - The confidence sequence is every mu0 the evidence does not reject: ``|mean - mu0| < t*_n s/√n``
   with ``t*_n`` the t at which the mixture reaches 1/alpha. It covers the true change at every n
-  at once with probability 1 - alpha, so "equivalent" (the interval inside the margin) and
-  "slower"/"faster" (the interval off 0) may be read whenever the run stops.
+  at once with probability 1 - alpha, and so does its running intersection over the prefixes,
+  which never widens: "equivalent" (the interval inside the margin) and "slower"/"faster" (the
+  interval off 0) may be read whenever the run stops, and do not flip back.
 - The anytime p-value is 1 / (the largest evidence seen so far), a valid p-value at any stopping
   time; Holm over the arms' anytime p-values keeps the family's rate at alpha.
 
@@ -41,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
-from harness.analysis.stats import ALPHA, DEFAULT_MARGIN_PCT, RESOLVED, holm, margin_bounds
+from harness.analysis.stats import ALPHA, DEFAULT_MARGIN_PCT, holm, margin_bounds
 
 # The prior scales of the standardized effect, mixed with equal weights: from an effect of 3% of a
 # block's SD (end-to-end TTFT, many blocks) to 10 SDs (a codec's own time, a handful of blocks).
@@ -83,13 +84,6 @@ def critical_t(n: int, alpha: float = ALPHA, taus: tuple[float, ...] = TAUS) -> 
     return hi
 
 
-def _mean_sd(xs: Sequence[float]) -> tuple[float, float]:
-    n = len(xs)
-    mean = math.fsum(xs) / n
-    var = math.fsum((x - mean) ** 2 for x in xs) / (n - 1) if n > 1 else math.nan
-    return mean, math.sqrt(var)
-
-
 def _t(mean: float, sd: float, n: int) -> float:
     if sd == 0.0:
         return 0.0 if mean == 0.0 else math.inf
@@ -100,8 +94,9 @@ def _t(mean: float, sd: float, n: int) -> float:
 class SequenceStats:
     """B against A over n paired log differences, in the order they were measured.
 
-    ``ci_low``/``ci_high`` bound the ratio B/A by the anytime-valid confidence sequence at 1 - alpha;
-    ``p_anytime`` is 1 / the largest evidence against no change over every prefix (n >= 2).
+    ``ci_low``/``ci_high`` bound the ratio B/A: the running intersection of the anytime-valid confidence
+    sequence at 1 - alpha over every prefix (still valid, and it never widens); NaN while it bounds
+    nothing (n < 3). ``p_anytime`` is 1 / the largest evidence against no change over every prefix.
     """
 
     n: int
@@ -110,76 +105,81 @@ class SequenceStats:
     ratio: float
     ci_low: float
     ci_high: float
-    evidence: float
     p_anytime: float
 
     @property
     def change_pct(self) -> float:
         return 100.0 * (self.ratio - 1.0)
 
+    @property
+    def bounded(self) -> bool:
+        return math.isfinite(self.ci_low) and math.isfinite(self.ci_high)
+
 
 def evaluate(diffs: Sequence[float], alpha: float = ALPHA, taus: tuple[float, ...] = TAUS) -> SequenceStats:
-    """The anytime-valid estimate, interval and p-value of paired log differences (in measured order)."""
-    n = len(diffs)
+    """The anytime-valid estimate, interval and p-value of paired log differences (in measured order;
+    a non-finite difference is left out)."""
+    xs = [d for d in diffs if math.isfinite(d)]
+    n = len(xs)
+    nan = math.nan
     if n < MIN_PAIRS:
-        mean = diffs[0] if diffs else math.nan
-        nan = math.nan
-        return SequenceStats(n, mean, nan, math.exp(mean) if diffs else nan, nan, nan, 1.0, 1.0)
+        mean = xs[0] if xs else nan
+        return SequenceStats(n, mean, nan, math.exp(mean), nan, nan, 1.0)
     best = 0.0  # ln of the largest evidence over the prefixes: every look a run could have made
-    for k in range(MIN_PAIRS, n + 1):
-        m, s = _mean_sd(diffs[:k])
-        best = max(best, log_evidence(_t(m, s, k), k, taus))
-    mean, sd = _mean_sd(diffs)
-    half = critical_t(n, alpha, taus) * sd / math.sqrt(n)
-    low = math.exp(mean - half) if math.isfinite(half) else 0.0
-    high = math.exp(mean + half) if math.isfinite(half) else math.inf
-    now = log_evidence(_t(mean, sd, n), n, taus)
-    return SequenceStats(n, mean, sd, math.exp(mean), low, high, math.exp(now), min(1.0, math.exp(-best)))
+    low, high = -math.inf, math.inf
+    total = squares = 0.0
+    mean = sd = nan
+    for k, x in enumerate(xs, 1):  # running sums: every prefix in one pass
+        total, squares = total + x, squares + x * x
+        if k < MIN_PAIRS:
+            continue
+        mean = total / k
+        sd = math.sqrt(max(0.0, squares - k * mean * mean) / (k - 1))
+        best = max(best, log_evidence(_t(mean, sd, k), k, taus))
+        half = critical_t(k, alpha, taus) * sd / math.sqrt(k)
+        # Narrowed by each prefix; one that shares nothing with it (data that broke the model's
+        # assumptions, e.g. a shift mid-run) leaves it as it was rather than empty.
+        if math.isfinite(half) and max(low, mean - half) <= min(high, mean + half):
+            low, high = max(low, mean - half), min(high, mean + half)
+    ci = (math.exp(low), math.exp(high)) if math.isfinite(low) and math.isfinite(high) else (nan, nan)
+    return SequenceStats(n, mean, sd, math.exp(mean), *ci, min(1.0, math.exp(-best)))
 
 
 @dataclass(frozen=True)
 class SequentialVerdict:
-    """One arm's sequential verdict on one figure: ``verdict`` is slower, faster, equivalent or
-    "inconclusive" (the interval still straddles 0 and a margin bound)."""
+    """One comparison's sequential verdict: slower, faster, equivalent, or "inconclusive" (the interval
+    still holds 0 and reaches past the margin)."""
 
     verdict: str
     stats: SequenceStats
     p_adjusted: float
     margin_pct: float
 
-    @property
-    def resolved(self) -> bool:
-        return self.verdict in RESOLVED
-
-    @property
-    def interval(self) -> str:
-        s = self.stats
-        if s.n < MIN_PAIRS:
-            return f"{s.change_pct:+.1f}% (no interval from {s.n} block pair(s))"
-        high = f"{100 * (s.ci_high - 1):+.1f}%" if math.isfinite(s.ci_high) else "+inf"
-        return f"{s.change_pct:+.1f}% [{100 * (s.ci_low - 1):+.1f}%, {high}]"
-
 
 def judge_sequential(
     family: Sequence[Sequence[float]],
     *,
-    higher_is_better: bool = False,
+    higher_is_better: bool | Sequence[bool] = False,
     alpha: float = ALPHA,
     margin_pct: float = DEFAULT_MARGIN_PCT,
     taus: tuple[float, ...] = TAUS,
 ) -> list[SequentialVerdict]:
-    """Sequential verdicts for one family (one entry per arm: its paired log differences against the
-    reference), Holm over the arms' anytime p-values: "slower"/"faster" when the adjusted p < alpha,
-    "equivalent" when the arm's 1 - alpha confidence sequence lies inside the margin."""
+    """Sequential verdicts for one family (each entry: one comparison's paired log differences against
+    the reference), Holm over the anytime p-values: "slower"/"faster" when the adjusted p < alpha (the
+    direction the interval lies in), "equivalent" when the 1 - alpha interval lies inside the margin."""
+    better = [higher_is_better] * len(family) if isinstance(higher_is_better, bool) else list(higher_is_better)
     seqs = [evaluate(d, alpha, taus) for d in family]
     adjusted = holm([s.p_anytime for s in seqs])
     lo, hi = margin_bounds(margin_pct)
     out = []
-    for s, p in zip(seqs, adjusted, strict=True):
+    for s, p, up in zip(seqs, adjusted, better, strict=True):
         if s.n >= MIN_PAIRS and p < alpha:
-            worse = s.mean_log < 0 if higher_is_better else s.mean_log > 0
+            # The interval's middle gives the direction (the mean of the latest prefix could cross 0 after
+            # the evidence was gathered); without an interval yet, the mean.
+            centre = math.log(s.ci_low * s.ci_high) / 2 if s.bounded else s.mean_log
+            worse = centre < 0 if up else centre > 0
             verdict = "slower" if worse else "faster"
-        elif s.n >= MIN_PAIRS and s.ci_low > 0 and lo < math.log(s.ci_low) and math.log(s.ci_high) < hi:
+        elif s.bounded and lo < math.log(s.ci_low) and math.log(s.ci_high) < hi:
             verdict = "equivalent"
         else:
             verdict = "inconclusive"

@@ -31,7 +31,7 @@ from harness.analysis.comparison_text import format_comparison
 from harness.analysis.figures import DETECTION_FIGURE
 from harness.experiment.arms import parse_codecs
 from harness.experiment.flags import add_experiment_arguments, experiment_from_args
-from harness.experiment.flow import UntilResolved, judged, prepare
+from harness.experiment.flow import UntilResolved, judged, pin_client, prepare
 from harness.experiment.probe import probe_mean_ttft, resolve_rate
 from harness.experiment.rounds import run_rounds
 from harness.loadgen.runner import BenchmarkError
@@ -146,6 +146,13 @@ def format_calibration(summary: dict[str, Any], rounds: int) -> str:
     return "\n".join(lines)
 
 
+def costs_found(comparison: Comparison) -> bool:
+    """The A/A arm (the second) resolved and every injected arm's primary found slower."""
+    primaries = [c for c in comparison.cells if c.role == "primary"]
+    aa, injected = primaries[:1], primaries[1:]
+    return bool(aa) and aa[0].verdict.verdict in stats.RESOLVED and all(c.verdict.verdict == "slower" for c in injected)
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         costs_pct = parse_costs(args.costs_pct)
@@ -162,7 +169,10 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, BenchmarkError, OSError) as exc:
         print(f"bench calibrate: error: {exc}", file=sys.stderr)
         return 2
-    clock = UntilResolved(prepared.experiment.plan.until_resolved)  # --until-resolved: the probes count too
+    # --until-resolved: the probes count too; it is answered once the A/A arm is resolved and every injected
+    # cost found (an injected cost under the margin is "equivalent", which is not what calibrate asks).
+    clock = UntilResolved(prepared.experiment.plan.until_resolved, costs_found)
+    pin_client(prepared.experiment)
     resolved = resolve_rate(prepared.experiment, prepared.workload, prepared.tokenizer_id)
     if resolved is None:
         return 1

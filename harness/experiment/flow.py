@@ -9,8 +9,10 @@ print; everything between is here, once.
 from __future__ import annotations
 
 import functools
+import os
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -76,9 +78,8 @@ class ExperimentResult:
         if self.stopping is not None:
             meta["until_resolved"] = self.stopping
         meta.update(user_metadata(self.experiment.flags))
-        return compare_document(
-            self.table, folder=folder, metadata=meta, repeat=self.experiment.plan.repeat, order=self.order
-        )
+        rounds = self.stopping["rounds"] if self.stopping else self.experiment.plan.repeat  # as ran, until resolved
+        return compare_document(self.table, folder=folder, metadata=meta, repeat=rounds, order=self.order)
 
     def save(
         self,
@@ -107,6 +108,7 @@ def run_experiment(prepared: Prepared) -> ExperimentResult | None:
     """Fix the rate, run every round (or, --until-resolved, rounds until the answer is known), judge.
     None when the rate could not be fixed (said on stderr)."""
     clock = UntilResolved(prepared.experiment.plan.until_resolved)  # the probe's time counts too
+    pin_client(prepared.experiment)
     resolved = resolve_rate(prepared.experiment, prepared.workload, prepared.tokenizer_id)
     if resolved is None:
         return None
@@ -116,6 +118,12 @@ def run_experiment(prepared: Prepared) -> ExperimentResult | None:
     result = judged(exp, note, outcomes, interrupted)
     result.stopping = clock.record() if exp.plan.sequential else None
     return result
+
+
+def pin_client(exp: Experiment) -> None:
+    """--pin-servers: this process (the load generator) on the CPUs the servers were not given."""
+    if exp.plan.server_cpus:
+        os.sched_setaffinity(0, os.sched_getaffinity(0) - set(exp.plan.server_cpus))
 
 
 def judged(exp: Experiment, note: dict[str, Any], outcomes: list[RunOutcome], interrupted: bool) -> ExperimentResult:
@@ -129,8 +137,9 @@ class UntilResolved:
     """--until-resolved: after each round, judge what ran so far with the anytime-valid test, print where
     the primary figure stands, and stop once every arm's is resolved or the next round would overrun."""
 
-    def __init__(self, minutes: float) -> None:
+    def __init__(self, minutes: float, resolved: Resolved | None = None) -> None:
         self.minutes = minutes
+        self.resolved = resolved or primaries_resolved
         self.started = self.round_started = time.monotonic()
         self.longest_round_s = 0.0
         self.rounds = 0
@@ -138,12 +147,16 @@ class UntilResolved:
 
     def keep_going(self, exp: Experiment, note: dict[str, Any], outcomes: list[RunOutcome]) -> bool:
         now = time.monotonic()
-        self.longest_round_s = max(self.longest_round_s, now - self.round_started)
+        round_s = now - self.round_started
+        if not self.rounds:  # the first round from its loads' start: not the probe, not a kept server's start
+            starts = [o.result.started_at.timestamp() for o in outcomes if o.result is not None]
+            round_s = time.time() - min(starts) if starts else round_s
+        self.longest_round_s = max(self.longest_round_s, round_s)
         self.round_started, self.rounds = now, self.rounds + 1
         comparison = judged(exp, note, outcomes, False).comparison
         left_s = self.minutes * 60.0 - (now - self.started)
         print(progress_line(comparison, self.rounds, (now - self.started) / 60.0, self.minutes), flush=True)
-        stop = why_stop(comparison, left_s, self.longest_round_s)
+        stop = why_stop(comparison, left_s, self.longest_round_s, self.resolved)
         if stop is None:
             return True
         self.stopped = stop
@@ -160,12 +173,22 @@ class UntilResolved:
         }
 
 
-def why_stop(comparison: Comparison | None, left_s: float, round_s: float) -> str | None:
+# Whether a comparison has answered what the run asked (bench run: every primary resolved).
+Resolved = Callable[[Comparison], bool]
+
+
+def primaries_resolved(comparison: Comparison) -> bool:
+    primaries = [c for c in comparison.cells if c.role == "primary"]
+    return bool(primaries) and all(c.verdict.verdict in RESOLVED for c in primaries)
+
+
+def why_stop(
+    comparison: Comparison | None, left_s: float, round_s: float, resolved: Resolved = primaries_resolved
+) -> str | None:
     """Why a run under --until-resolved stops after this round ("resolved", "time", "no comparison"),
-    or None to run another: every primary resolved, or a round as long as the longest so far would
-    not end in the time left."""
-    primaries = [c for c in comparison.cells if c.role == "primary"] if comparison else []
-    if primaries and all(c.verdict.verdict in RESOLVED for c in primaries):
+    or None to run another: answered (by default every primary resolved), or a round as long as the
+    longest so far would not end in the time left."""
+    if comparison is not None and resolved(comparison):
         return "resolved"
     if left_s < round_s:
         return "time"

@@ -71,14 +71,17 @@ def start_server(exp: Experiment, arm: ArmSpec, rnd: int) -> Served:
         arm_env, own = split_arm_env(own)
         command = vllm.command(model, server.served_model, server.engine.max_model_len, own)
         env = vllm.environment(arm.codec, spans, arm_env)
-        process = ServerProcess(arm.codec, [], server.log_path, command=command, env=env)
+        process = ServerProcess(arm.codec, [], server.log_path, command=command, env=env, cpus=exp.plan.server_cpus)
         return Served(process, replace(exp.load, vllm_spans=spans))
     flags = [*server.flags, *own]
     if arm.transport != "zmq":
         flags += ["--transport", arm.transport]
     if server.trace_file:
         flags += ["--trace-file", trace_path(server.trace_file, arm, rnd)]
-    return Served(ServerProcess(arm.codec, flags, server.log_path, python=arm.python, command=arm.command), exp.load)
+    process = ServerProcess(
+        arm.codec, flags, server.log_path, python=arm.python, command=arm.command, cpus=exp.plan.server_cpus
+    )
+    return Served(process, exp.load)
 
 
 @functools.cache

@@ -47,6 +47,7 @@ class ServerProcess:
         python: str | None = None,
         command: str | None = None,
         env: dict[str, str] | None = None,
+        cpus: tuple[int, ...] = (),
     ) -> None:
         self._port_url: str | None = None
         if command is not None:
@@ -60,6 +61,8 @@ class ServerProcess:
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment, start_new_session=True
         )
+        if cpus:  # before it can start its engine: the processes it starts inherit the CPUs
+            os.sched_setaffinity(self.proc.pid, cpus)
         self.lines: list[str] = []
         self.base_url: str | None = None
         # Open for the server's lifetime, closed by stop().

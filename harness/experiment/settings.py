@@ -6,6 +6,7 @@ a sweep point is ``dataclasses.replace`` of these, never a mutated namespace.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -45,6 +46,17 @@ class ServerSettings:
         return engine_of(self.flags)
 
 
+def parse_cpus(text: str) -> tuple[int, ...]:
+    """'1', '1,3' or '2-3,6' as CPU numbers (ValueError on anything else)."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        low, sep, high = part.strip().partition("-")
+        if not low.isdigit() or (sep and not high.isdigit()):
+            raise ValueError(f"--pin-servers: {text!r} is not a CPU list like 1 or 2-3,6")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return tuple(sorted(cpus))
+
+
 @dataclass(frozen=True)
 class RunPlan:
     """How the arms are run and judged: rounds, blocks, whether a probe fixes the rate, where results go.
@@ -72,6 +84,14 @@ class RunPlan:
         "injected into one arm read a third of its size (docs/results.md)",
         comparable=True,
     )
+    pin_servers: str = setting(
+        "",
+        flag="--pin-servers",
+        metavar="CPUS",
+        help="run every arm's server processes on these CPUs (e.g. 1, or 2-3,6) and the load generator on the "
+        "others, so the client's event loop and the servers do not take each other's cores",
+        comparable=True,
+    )
     until_resolved: float = setting(
         0.0,
         flag="--until-resolved",
@@ -97,12 +117,29 @@ class RunPlan:
             raise ValueError("--repeat must be >= 1")
         if self.block_size is not None and self.block_size < 0:
             raise ValueError(f"--block-size must be >= 0, got {self.block_size}")
+        if self.pin_servers:
+            usable = os.sched_getaffinity(0)
+            outside = set(self.server_cpus) - usable
+            if outside or not usable - set(self.server_cpus):
+                why = f"CPUs {sorted(outside)} are not usable here" if outside else "it leaves the client none"
+                raise ValueError(f"--pin-servers {self.pin_servers}: {why} (usable: {sorted(usable)})")
         if self.until_resolved < 0:
             raise ValueError(f"--until-resolved must be >= 0 minutes, got {self.until_resolved:g}")
         if self.duet and not self.block_size:
-            raise ValueError("--duet sends the arms' blocks side by side: give --block-size N > 0 (or leave it out)")
+            raise ValueError(
+                "--duet sends the arms' blocks side by side: it needs --block-size N > 0 (the default with two or "
+                "more arms) and one sender (no --workers/--ray)"
+            )
         if self.until_resolved and not self.block_size:
-            raise ValueError("--until-resolved judges pairs of blocks: give --block-size N > 0 (or leave it out)")
+            raise ValueError(
+                "--until-resolved judges pairs of blocks: it needs --block-size N > 0 (the default with two or more "
+                "arms) and one sender (no --workers/--ray)"
+            )
+
+    @property
+    def server_cpus(self) -> tuple[int, ...]:
+        """--pin-servers as CPU numbers (empty: not pinned)."""
+        return parse_cpus(self.pin_servers) if self.pin_servers else ()
 
     @property
     def sequential(self) -> bool:
@@ -168,5 +205,6 @@ class Experiment:
             "block_size": self.plan.block_size,
             "until_resolved": self.plan.until_resolved,
             "duet": self.plan.duet,
+            "pin_servers": self.plan.pin_servers,
             "result_dir": self.plan.result_dir,
         }
