@@ -41,6 +41,8 @@ def test_interleaved_repeats_compare_two_codecs(tmp_path):
         "40",
         "--sonnet-output-len",
         "20",
+        "--block-size",
+        "0",  # in sequence: each arm's whole workload in turn (blocks are the default with two arms)
     )
     assert done.returncode == 0, done.stdout + done.stderr
     summary = comparison(tmp_path)
