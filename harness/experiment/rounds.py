@@ -406,7 +406,7 @@ def run_rounds(
                 print(f"{tag} {outcome.arm.label}: {outcome.status}: {outcome.message}", flush=True)
         if any(o.status == "interrupted" for o in done):
             return outcomes, True
-        if keep_going is not None and exp.plan.block_size and not _kept(exp) and not keep_going(outcomes):
+        if keep_going is not None and not _kept(exp) and not keep_going(outcomes):  # kept servers ask it per round
             break
     return outcomes, False
 
