@@ -13,7 +13,7 @@ import argparse
 import importlib
 import sys
 
-from harness.wire import parent_watch
+from harness.processes import parent_watch
 
 DESCRIPTION = """\
 Measure what it costs an LLM server to pass messages between its API process

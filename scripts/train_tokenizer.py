@@ -34,7 +34,7 @@ SEED = 4096
 VOCAB_SIZE = 4096
 TRAINED_WITH = "0.23.3"
 
-# Order fixes the ids: 0..N-1 in this order. harness/wire/tokenizer.py finds them by name.
+# Order fixes the ids: 0..N-1 in this order. harness/tokenizers/tokenizer.py finds them by name.
 SPECIAL_TOKENS = [
     "<|bos|>",
     "<|eos|>",

@@ -13,7 +13,7 @@ stream; ``NODONE`` → the stream ends without ``data: [DONE]``; ``BADJSON`` →
 one malformed SSE event; ``ERROREVENT`` → a ``data: {"error": ...}`` event
 after the first chunk, then the stream ends (as wirebench's frontend does).
 
-/metrics serves wirebench's codec counters (rendered by harness.wire.prom) with
+/metrics serves wirebench's codec counters (rendered by harness.server_metrics.prometheus) with
 fixed costs per message, so the load generator's codec figures are known.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
-from harness.wire import prom
+from harness.server_metrics import prometheus
 from harness.wire.messages import CodecStats
 
 # Fixed fake codec costs per message.
@@ -142,9 +142,9 @@ class FakeOpenAIServer:
         return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        samples = prom.codec_samples(self.state.frontend, self.state.engine)
-        samples[prom.CODEC_INFO] = [({"codec": self.config.codec}, 1.0)]
-        return web.Response(text=prom.render(samples), content_type="text/plain")
+        samples = prometheus.codec_samples(self.state.frontend, self.state.engine)
+        samples[prometheus.CODEC_INFO] = [({"codec": self.config.codec}, 1.0)]
+        return web.Response(text=prometheus.render(samples), content_type="text/plain")
 
     def _count_request(self) -> None:
         f, e = self.state.frontend, self.state.engine

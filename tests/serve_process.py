@@ -16,8 +16,8 @@ import zmq
 from harness.engine.config import EngineConfig
 from harness.engine.process import run_engine
 from harness.experiment.server import ServerProcess
-from harness.wire import transport
-from harness.wire.transport import EngineAddresses
+from harness.wire import zmq_link
+from harness.wire.zmq_link import EngineAddresses
 from harness.workloads.images import synthetic_image, to_data_url
 
 MODEL = "wirebench-tiny"
@@ -116,7 +116,7 @@ def sim_engine() -> Iterator[tuple[multiprocessing.process.BaseProcess, zmq.Sock
         pull.setsockopt(zmq.RCVTIMEO, 20_000)
         yield proc, push, pull
     finally:
-        push.send(transport.envelope(transport.SHUTDOWN))
+        push.send(zmq_link.envelope(zmq_link.SHUTDOWN))
         proc.join(timeout=10)
         if proc.is_alive():
             proc.kill()

@@ -32,9 +32,9 @@ from harness.frontend.inputs import FALLBACK_IMAGE_TOKEN_ID
 from harness.frontend.outputs import StopStringFilter
 from harness.frontend.protocol import ProtocolError
 from harness.frontend.settings import FrontendSettings
-from harness.wire import prom
+from harness.server_metrics import prometheus
+from harness.tokenizers.tokenizer import load_tokenizer
 from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
-from harness.wire.tokenizer import load_tokenizer
 from harness.workloads.images import synthetic_image, to_data_url
 
 from fake_engine import FakeEngine
@@ -393,9 +393,9 @@ async def test_bad_completion_requests_get_openai_errors():
             assert_error(resp.status, await resp.json(), status, param)
         resp = await client.post("/v1/completions", data=b"{not json", headers={"Content-Type": "application/json"})
         assert_error(resp.status, await resp.json(), 400)
-        metrics = prom.parse(await (await client.get("/metrics")).text())
+        metrics = prometheus.parse(await (await client.get("/metrics")).text())
     assert engine.requests == []
-    rejected = metrics[(prom.REQUESTS, frozenset({("outcome", "rejected")}))]
+    rejected = metrics[(prometheus.REQUESTS, frozenset({("outcome", "rejected")}))]
     assert rejected == len(BAD_COMPLETIONS) + 1
 
 
@@ -627,9 +627,9 @@ async def test_client_disconnect_aborts_request():
         rid = engine.requests[0].request_id
         assert engine.aborted == [rid] and engine.closed_early == [rid]
         await _wait_for(lambda: "aborted" in _outcomes_seen(client))
-        metrics = prom.parse(await (await client.get("/metrics")).text())
-    assert metrics[(prom.REQUESTS, frozenset({("outcome", "aborted")}))] == 1
-    assert metrics[(prom.REQUESTS_RUNNING, frozenset())] == 0
+        metrics = prometheus.parse(await (await client.get("/metrics")).text())
+    assert metrics[(prometheus.REQUESTS, frozenset({("outcome", "aborted")}))] == 1
+    assert metrics[(prometheus.REQUESTS_RUNNING, frozenset())] == 0
 
 
 def _outcomes_seen(client: TestClient) -> set[str]:
@@ -670,7 +670,7 @@ async def test_dead_engine_is_503_and_unhealthy():
         resp = await client.get("/health")
         assert resp.status == 503 and (await resp.json())["reason"] == "engine process exited"
         text = await (await client.get("/metrics")).text()
-    assert prom.parse(text)[(prom.ENGINE_HEALTHY, frozenset())] == 0
+    assert prometheus.parse(text)[(prometheus.ENGINE_HEALTHY, frozenset())] == 0
 
 
 @arun
@@ -708,7 +708,7 @@ async def test_requests_still_being_prepared_get_503_the_moment_the_engine_dies(
         assert took < 1.0, took
         assert "engine process exited" in (await slow_resp.json())["error"]["message"]
         text = await (await client.get("/metrics")).text()
-    assert prom.parse(text)[(prom.REQUESTS, frozenset({("outcome", "failed")}))] == 5
+    assert prometheus.parse(text)[(prometheus.REQUESTS, frozenset({("outcome", "failed")}))] == 5
 
 
 @arun
@@ -755,25 +755,27 @@ async def test_metrics_names_and_movement():
         assert resp.status == 200
         after = await (await client.get("/metrics")).text()
     for name in (
-        prom.REQUESTS,
-        prom.PROMPT_TOKENS,
-        prom.GENERATION_TOKENS,
-        prom.REQUESTS_RUNNING,
-        prom.ENGINE_HEALTHY,
-        prom.CODEC_INFO,
-        prom.CODEC_MESSAGES,
-        prom.CODEC_SECONDS,
-        prom.CODEC_BYTES,
-        prom.CODEC_FRAMES,
+        prometheus.REQUESTS,
+        prometheus.PROMPT_TOKENS,
+        prometheus.GENERATION_TOKENS,
+        prometheus.REQUESTS_RUNNING,
+        prometheus.ENGINE_HEALTHY,
+        prometheus.CODEC_INFO,
+        prometheus.CODEC_MESSAGES,
+        prometheus.CODEC_SECONDS,
+        prometheus.CODEC_BYTES,
+        prometheus.CODEC_FRAMES,
     ):
         assert f"# TYPE {name} " in after
-    b, a = prom.parse(before), prom.parse(after)
-    completed = (prom.REQUESTS, frozenset({("outcome", "completed")}))
+    b, a = prometheus.parse(before), prometheus.parse(after)
+    completed = (prometheus.REQUESTS, frozenset({("outcome", "completed")}))
     assert a[completed] - b[completed] == 1
-    assert a[(prom.GENERATION_TOKENS, frozenset())] - b[(prom.GENERATION_TOKENS, frozenset())] == 4
-    assert a[(prom.PROMPT_TOKENS, frozenset())] - b[(prom.PROMPT_TOKENS, frozenset())] == len(TOK.encode("Once upon"))
-    assert a[(prom.CODEC_INFO, frozenset({("codec", "fake"), ("output_codec", "fake")}))] == 1
-    cells_b, cells_a = prom.codec_cells(b), prom.codec_cells(a)
+    assert a[(prometheus.GENERATION_TOKENS, frozenset())] - b[(prometheus.GENERATION_TOKENS, frozenset())] == 4
+    assert a[(prometheus.PROMPT_TOKENS, frozenset())] - b[(prometheus.PROMPT_TOKENS, frozenset())] == len(
+        TOK.encode("Once upon")
+    )
+    assert a[(prometheus.CODEC_INFO, frozenset({("codec", "fake"), ("output_codec", "fake")}))] == 1
+    cells_b, cells_a = prometheus.codec_cells(b), prometheus.codec_cells(a)
     assert cells_a[("request", "encode")].messages - cells_b[("request", "encode")].messages == 1
     assert cells_a[("output", "decode")].messages - cells_b[("output", "decode")].messages == 4
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from harness.analysis import instruction_counts as ic
-from harness.analysis.compare import compare, load_any_compare
 from harness.analysis.documents import SCHEMAS
 from harness.analysis.sweep_plots import draw_e2e, draw_micro
 from harness.analysis.sweep_stats import all_crossings
+from harness.analysis.verdicts import compare, load_any_compare
 
 BASELINES = Path(__file__).resolve().parents[1] / "results" / "baselines"
 # Measurements of helper scripts (client capacity, packed micro, the transport client): no schema of ours.

@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
-from harness.analysis.compare import Arm, compare
-from harness.analysis.comparison_text import format_comparison as format_report
 from harness.analysis.runs import RunEntry
+from harness.analysis.verdict_text import format_comparison as format_report
+from harness.analysis.verdicts import Arm, compare
 from harness.commands.run import add_arguments
 from harness.experiment.arms import ArmSpec, parse_build_arms, parse_codecs, round_order, williams_rows
 from harness.experiment.flags import experiment_from_args

@@ -12,7 +12,7 @@ import pytest
 from harness.cli import build_parser
 from harness.experiment.flags import experiment_from_args
 from harness.loadgen.client import CHAT_COMPLETIONS, COMPLETIONS, build_payload
-from harness.wire.tokenizer import TextTokenizer, load_tokenizer
+from harness.tokenizers.tokenizer import TextTokenizer, load_tokenizer
 from harness.workloads.custom import DEFAULT_OUTPUT_LEN, CustomOptions, sample_custom_requests
 from harness.workloads.files import DatasetFileError
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from harness.analysis.comparable import arm_differences, compared_settings
-from harness.analysis.compare import Arm
+from harness.analysis.like_for_like import arm_differences, compared_settings
 from harness.analysis.runs import RunEntry
+from harness.analysis.verdicts import Arm
 from harness.frontend.images import decode_data_url
-from harness.wire.tokenizer import TextTokenizer, load_tokenizer
+from harness.tokenizers.tokenizer import TextTokenizer, load_tokenizer
 from harness.workloads.chat import chat_prompt_len
 from harness.workloads.datasets import add_dataset_arguments, build_workload
 from harness.workloads.images import ImageSpec, draw_image_urls, make_image_urls, plan_reuse

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from harness.analysis.comparable import arm_differences, compared_settings
-from harness.analysis.compare import Arm
+from harness.analysis.like_for_like import arm_differences, compared_settings
 from harness.analysis.runs import RunEntry
+from harness.analysis.verdicts import Arm
 from harness.cli import build_parser
 from harness.experiment.flags import experiment_from_args
-from harness.wire.declare import setting
-from harness.wire.tokenizer import TextTokenizer, load_tokenizer
+from harness.settings.declare import setting
+from harness.tokenizers.tokenizer import TextTokenizer, load_tokenizer
 from harness.workloads.base import Sampling
 from harness.workloads.datasets import build_workload
 from harness.workloads.registry import dataset_names, register_dataset, unregister_dataset

@@ -11,7 +11,7 @@ import pytest
 
 from harness.cli import build_parser
 from harness.experiment.flags import experiment_from_args
-from harness.wire.tokenizer import TextTokenizer, load_tokenizer
+from harness.tokenizers.tokenizer import TextTokenizer, load_tokenizer
 from harness.workloads.datasets import build_workload
 from harness.workloads.files import SAMPLES_DIR, DatasetFileError
 from harness.workloads.sharegpt import ShareGPTOptions, sample_sharegpt_requests

@@ -14,7 +14,7 @@ import pytest
 from harness.cli import build_parser
 from harness.experiment.flags import experiment_from_args
 from harness.loadgen.arrivals import planned_offsets
-from harness.wire.tokenizer import TextTokenizer, load_tokenizer
+from harness.tokenizers.tokenizer import TextTokenizer, load_tokenizer
 from harness.workloads.files import SAMPLES_DIR, DatasetFileError
 from harness.workloads.trace import TraceOptions, read_trace, sample_trace_requests
 

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from harness.frontend.images import decode_data_url
-from harness.wire.tokenizer import TextTokenizer, load_tokenizer
+from harness.tokenizers.tokenizer import TextTokenizer, load_tokenizer
 from harness.workloads.chat import chat_prompt_len
 from harness.workloads.datasets import add_dataset_arguments, build_workload
 from harness.workloads.images import synthetic_image, to_data_url

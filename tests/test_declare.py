@@ -1,4 +1,4 @@
-"""Settings declared once (harness.wire.declare): flags, values read back, flags for a server, comparability."""
+"""Settings declared once (harness.settings.declare): flags, values read back, flags for a server, comparability."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from harness.engine.config import EngineConfig
 from harness.experiment.server_flags import add_model_arguments, engine_of, model_defaults, server_flags
 from harness.frontend.served import ServedSettings
-from harness.wire.declare import add_arguments, comparable, flag_defaults, from_args, setting, to_flags
+from harness.settings.declare import add_arguments, comparable, flag_defaults, from_args, setting, to_flags
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import time
 import pytest
 import zmq
 
-from harness.wire import transport
+from harness.wire import zmq_link
 from harness.wire.messages import EngineCoreOutputs, EngineCoreRequest, FinishReason, SamplingParams
 from wirecodecs import get_codec
 
@@ -30,8 +30,8 @@ def next_outputs(pull: zmq.Socket) -> EngineCoreOutputs:
     codec = get_codec("msgspec")
     while True:
         frames = pull.recv_multipart()
-        kind, _ = transport.open_envelope(frames[0])
-        if kind == transport.OUTPUTS:
+        kind, _ = zmq_link.open_envelope(frames[0])
+        if kind == zmq_link.OUTPUTS:
             return codec.decode(frames[1:], EngineCoreOutputs)
 
 
@@ -53,11 +53,11 @@ def test_bad_frames_never_kill_the_engine(engine):
     # another codec's frames, an invalid request.
     push.send_multipart([b""])
     push.send_multipart([b"\x7f", b"junk"])
-    push.send_multipart([transport.envelope(transport.ABORT), b"\xc1\xc1"])
-    push.send_multipart([transport.envelope(transport.ADD, "bad-1"), b"\x00garbage"])
-    push.send_multipart([transport.envelope(transport.ADD, "bad-2"), *get_codec("pickle").encode(request("bad-2"))])
-    push.send_multipart([transport.envelope(transport.ADD, "bad-3"), *codec.encode(request("bad-3", max_tokens=0))])
-    push.send_multipart([transport.envelope(transport.ADD, "good"), *codec.encode(request("good"))])
+    push.send_multipart([zmq_link.envelope(zmq_link.ABORT), b"\xc1\xc1"])
+    push.send_multipart([zmq_link.envelope(zmq_link.ADD, "bad-1"), b"\x00garbage"])
+    push.send_multipart([zmq_link.envelope(zmq_link.ADD, "bad-2"), *get_codec("pickle").encode(request("bad-2"))])
+    push.send_multipart([zmq_link.envelope(zmq_link.ADD, "bad-3"), *codec.encode(request("bad-3", max_tokens=0))])
+    push.send_multipart([zmq_link.envelope(zmq_link.ADD, "good"), *codec.encode(request("good"))])
 
     errors: dict[str, str] = {}
     good_tokens: list[int] = []
@@ -83,7 +83,7 @@ def test_engine_stops_when_its_frontend_dies(tmp_path):
         "import multiprocessing, sys, time\n"
         "from harness.engine.config import EngineConfig\n"
         "from harness.engine.process import run_engine\n"
-        "from harness.wire.transport import EngineAddresses\n"
+        "from harness.wire.zmq_link import EngineAddresses\n"
         "if __name__ == '__main__':\n"
         "    addrs = EngineAddresses.private_ipc()\n"
         "    cfg = EngineConfig(codec='msgspec', executor='sim')\n"

@@ -14,7 +14,7 @@ import pytest
 from harness.analysis import stats
 from harness.experiment.server import READY_LINE
 from harness.loadgen.arrivals import plan_arrivals
-from harness.wire import prom
+from harness.server_metrics import prometheus
 
 
 def bench_run(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
@@ -143,7 +143,7 @@ def wait_for_completed_requests(server_log: Path, at_least: int, timeout_s: floa
             try:
                 with urllib.request.urlopen(match.group(1) + "/metrics", timeout=5) as resp:
                     text = resp.read().decode()
-                done = prom.parse(text).get((prom.REQUESTS, frozenset({("outcome", "completed")})), 0)
+                done = prometheus.parse(text).get((prometheus.REQUESTS, frozenset({("outcome", "completed")})), 0)
                 if done >= at_least:
                     return True
             except OSError:
@@ -180,7 +180,7 @@ def test_ctrl_c_or_kill_stops_servers_and_saves_what_it_has(tmp_path, sig):
     from serve_process import still_alive
 
     proc, tree = _start_bench_run(tmp_path)
-    proc.send_signal(getattr(signal, sig))  # SIGTERM takes Ctrl-C's path (harness.wire.parent_watch)
+    proc.send_signal(getattr(signal, sig))  # SIGTERM takes Ctrl-C's path (harness.processes.parent_watch)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
     assert not still_alive(tree)

@@ -530,7 +530,7 @@ gc.freeze = _recorded_freeze
 
 
 def test_both_processes_freeze_their_startup_heap_unless_told_not_to(tmp_path, monkeypatch):
-    """The frontend and the engine move their startup heap out of full collections (harness.wire.heap)
+    """The frontend and the engine move their startup heap out of full collections (harness.processes.heap)
     before they say they are ready; --no-gc-freeze leaves both heaps alone."""
     hook, frozen = tmp_path / "hook", tmp_path / "frozen"
     hook.mkdir()

@@ -12,10 +12,10 @@ from PIL import Image
 
 from harness.engine.config import EngineConfig
 from harness.engine.core import make_executor
+from harness.engine.device_thread import sleep_until_ns
 from harness.engine.executor import TorchExecutor
 from harness.engine.scheduler import Scheduler
 from harness.engine.sim_executor import SimExecutor
-from harness.engine.sim_gpu import sleep_until_ns
 from harness.engine.vision import splice_images
 from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, PlaceholderRange, SamplingParams
 

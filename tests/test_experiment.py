@@ -105,9 +105,9 @@ def test_the_flow_runs_two_arms_in_blocks_from_typed_settings(tmp_path: Path) ->
 
 
 def test_the_load_and_plan_settings_that_shape_a_run_are_compared() -> None:
-    from harness.analysis.comparable import PLAN_SETTINGS, run_settings
+    from harness.analysis.like_for_like import PLAN_SETTINGS, run_settings
     from harness.analysis.runs import RunEntry
-    from harness.wire.declare import comparable
+    from harness.settings.declare import comparable
 
     assert comparable(RunPlan) == PLAN_SETTINGS  # named again below the experiment layer: kept equal here
 

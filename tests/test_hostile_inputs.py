@@ -109,7 +109,7 @@ def test_every_content_encoding_but_identity_is_a_415(encoding):
 
     from harness.frontend.app import build_app
     from harness.frontend.settings import FrontendSettings
-    from harness.wire.tokenizer import load_tokenizer
+    from harness.tokenizers.tokenizer import load_tokenizer
 
     from fake_engine import FakeEngine
 
@@ -185,7 +185,7 @@ def test_the_engines_bounds_are_the_ones_serve_was_given():
 def test_an_oversize_request_from_the_peer_fails_alone():
     """Straight onto a real engine's socket: each oversize request gets an error output of its own,
     and a normal request sent after them all completes."""
-    from harness.wire import transport
+    from harness.wire import zmq_link
     from wirecodecs import get_codec
 
     from serve_process import sim_engine
@@ -194,16 +194,16 @@ def test_an_oversize_request_from_the_peer_fails_alone():
     with sim_engine() as (proc, push, pull):
         for name, (fields, _) in OVERSIZE.items():
             req = _engine_request(name, max_tokens=1000, **fields)
-            push.send_multipart([transport.envelope(transport.ADD, name), *codec.encode(req)])
-        push.send_multipart([transport.envelope(transport.ADD, "good"), *codec.encode(_engine_request("good", 20))])
+            push.send_multipart([zmq_link.envelope(zmq_link.ADD, name), *codec.encode(req)])
+        push.send_multipart([zmq_link.envelope(zmq_link.ADD, "good"), *codec.encode(_engine_request("good", 20))])
         errors: dict[str, str] = {}
         good: list[int] = []
         finished = False
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not (len(errors) == len(OVERSIZE) and finished):
             frames = pull.recv_multipart()
-            kind, _ = transport.open_envelope(frames[0])
-            if kind != transport.OUTPUTS:
+            kind, _ = zmq_link.open_envelope(frames[0])
+            if kind != zmq_link.OUTPUTS:
                 continue
             for out in codec.decode(frames[1:], EngineCoreOutputs).outputs:
                 if out.request_id == "good":
@@ -266,7 +266,7 @@ def test_a_body_gets_the_same_answer_on_either_side_of_the_off_loop_threshold(ca
     from harness.frontend import app as app_module
     from harness.frontend.app import PARSE_OFF_LOOP_BYTES, build_app
     from harness.frontend.settings import FrontendSettings
-    from harness.wire.tokenizer import load_tokenizer
+    from harness.tokenizers.tokenizer import load_tokenizer
 
     from fake_engine import FakeEngine
 

@@ -99,7 +99,7 @@ def test_the_graph_is_read_and_a_cycle_would_be_found() -> None:
 # The layers, bottom-up (docs/architecture.md): a package may import its own layer and those below.
 LAYERS = [
     {"wirecodecs"},
-    {"harness.wire"},
+    {"harness.wire", "harness.settings", "harness.tokenizers", "harness.processes", "harness.server_metrics"},
     {"harness.engine", "harness.frontend", "harness.vllm_plugin"},  # the server's processes, ours or vLLM's
     {"harness.workloads", "harness.loadgen"},
     {"harness.micro"},
@@ -192,7 +192,7 @@ def test_no_gc_freeze_reaches_the_engines_config_and_the_servers_flags() -> None
     from harness.cli import build_parser
     from harness.commands.serve import engine_config_from_args
     from harness.experiment.server_flags import server_flags
-    from harness.wire.tokenizer import load_tokenizer
+    from harness.tokenizers.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(None)
     for argv, frozen in ((["serve"], True), (["serve", "--no-gc-freeze"], False)):

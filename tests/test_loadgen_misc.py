@@ -15,7 +15,8 @@ from harness.commands import load as cli
 from harness.loadgen.progress import Progress
 from harness.loadgen.runner import BenchmarkError, LoadSettings, check_endpoint, exposes_codec_counters
 from harness.loadgen.sysinfo import collect_sysinfo
-from harness.wire import declare, prom
+from harness.server_metrics import prometheus
+from harness.settings import declare
 from harness.wire.messages import CodecStats
 
 
@@ -54,7 +55,7 @@ def test_endpoint_checked_in_one_place() -> None:
 
 
 def test_exposes_codec_counters() -> None:
-    wirebench = prom.render(prom.codec_samples(CodecStats(), CodecStats()))
+    wirebench = prometheus.render(prometheus.codec_samples(CodecStats(), CodecStats()))
     assert exposes_codec_counters(wirebench)
     assert not exposes_codec_counters(None) and not exposes_codec_counters("")
     assert not exposes_codec_counters("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n")
@@ -145,12 +146,14 @@ def test_bench_load_parser_with_dataset_flags() -> None:
 
 def test_the_servers_back_to_back_share_is_the_difference_of_two_scrapes() -> None:
     from harness.loadgen.serverstats import outputs_behind_share
-    from harness.wire import prom
+    from harness.server_metrics import prometheus
 
     def scrape(relayed: int, behind: int) -> str:
-        return prom.render({prom.OUTPUTS_RELAYED: [({}, relayed)], prom.OUTPUTS_BEHIND: [({}, behind)]})
+        return prometheus.render(
+            {prometheus.OUTPUTS_RELAYED: [({}, relayed)], prometheus.OUTPUTS_BEHIND: [({}, behind)]}
+        )
 
     assert outputs_behind_share(scrape(100, 10), scrape(300, 60)) == 0.25  # 50 of the run's 200
     assert outputs_behind_share(scrape(100, 10), scrape(100, 10)) is None  # relayed nothing
-    assert outputs_behind_share(prom.render({}), scrape(300, 60)) is None  # a server that does not count them
+    assert outputs_behind_share(prometheus.render({}), scrape(300, 60)) is None  # a server that does not count them
     assert outputs_behind_share(None, scrape(300, 60)) is None

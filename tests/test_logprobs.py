@@ -8,8 +8,8 @@ import torch
 
 from harness.engine.logprobs import sim_logprobs, top_logprobs
 from harness.frontend.logprobs import LogprobsRenderer
+from harness.tokenizers.tokenizer import load_tokenizer
 from harness.wire.messages import Logprobs
-from harness.wire.tokenizer import load_tokenizer
 
 
 def test_top_logprobs_match_a_log_softmax_and_rank_the_sampled_token() -> None:

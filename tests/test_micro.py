@@ -16,8 +16,8 @@ from harness.analysis import documents
 from harness.analysis.documents import MICRO_SCHEMA
 from harness.commands import micro
 from harness.micro import delivery, payloads, timing, token_path
+from harness.tokenizers.tokenizer import load_tokenizer
 from harness.wire.messages import EngineCoreOutputs, EngineCoreRequest
-from harness.wire.tokenizer import load_tokenizer
 
 BASELINE = Path(__file__).resolve().parents[1] / "results" / "baselines" / "micro.json"
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from harness.frontend.mm_senders import StoreSender
-from harness.wire import transport
+from harness.wire import zmq_link
 from harness.wire.mm_store import Entry, MmStore, content_key
 from harness.wire.shm import SHM_DIR
 
@@ -70,13 +70,13 @@ def test_the_sender_names_a_held_frame_and_sends_what_does_not_fit(store):
         return message
 
     first = asyncio.run(send(1))
-    assert first[0][0] == transport.ADD_SHM and first[-1] == b""
+    assert first[0][0] == zmq_link.ADD_SHM and first[-1] == b""
     again = asyncio.run(send(1))
     assert again[1] == first[1] and sender.copied_bytes == FRAME  # the same entry, copied once
     asyncio.run(send(2))
     asyncio.run(send(3))  # three pinned entries fill the store
     full = asyncio.run(send(4))
-    assert full[0][0] == transport.ADD and bytes(full[-1]) == bytes(frame(4))  # the fallback: in the message
+    assert full[0][0] == zmq_link.ADD and bytes(full[-1]) == bytes(frame(4))  # the fallback: in the message
     assert store.counts == {"hit": 1, "miss": 4, "eviction": 0, "fallback": 1}
 
 

@@ -4,7 +4,7 @@
   seeded sampling, stop tokens, EOS, min_tokens, max_tokens, chunked prefills, a request the frontend
   aborts (as it does on a stop string), an id taken again while its old step still runs.
 - A placeholder never reaches an output; a request that finishes in step N sends nothing from N+1.
-- The modelled GPU (``harness.engine.sim_gpu``) counts its busy time exactly and its idle gaps only
+- The modelled GPU (``harness.engine.device_thread``) counts its busy time exactly and its idle gaps only
   while the engine had work; a run's idle share comes from its output batches and is printed.
 """
 
@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from harness.analysis.comparable import run_settings
+from harness.analysis.like_for_like import run_settings
 from harness.analysis.runs import RunEntry
 from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore
+from harness.engine.device_thread import DeviceThread, StepHandle
 from harness.engine.overlap import PLACEHOLDER
-from harness.engine.sim_gpu import DeviceThread, StepHandle
-from harness.wire import prom, runs_on
+from harness.server_metrics import engine_info, prometheus
 from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, SamplingParams
 from harness.wire.spans import device_time, trace_events
 
@@ -204,16 +204,16 @@ def test_a_runs_gpu_idle_share_comes_from_its_batches_and_is_printed():
     device = device_time(batches)
     assert device == {"busy_ms": 40.0, "idle_ms": 1.0}
     assert device_time(batches[2:]) == {}
-    engine = runs_on.with_device_time({"executor": "sim", "sim_step": "llama8b-h100: 4 ms"}, device)
+    engine = engine_info.with_device_time({"executor": "sim", "sim_step": "llama8b-h100: 4 ms"}, device)
     assert engine is not None
-    rows = dict(runs_on.report_rows(engine))
+    rows = dict(engine_info.report_rows(engine))
     assert rows["Modelled GPU idle between steps:"].startswith("2.5% of its busy time")
-    assert runs_on.with_device_time({"executor": "torch"}, {}) == {"executor": "torch"}
+    assert engine_info.with_device_time({"executor": "torch"}, {}) == {"executor": "torch"}
     # torch says how it timed the device; the label survives /metrics and names it.
     for timing, label in (("cuda-events", "GPU (CUDA events)"), ("device-thread", "Engine device thread")):
-        scrape = prom.render(runs_on.metric_samples({"executor": "torch", "device_time": timing}))
-        engine = runs_on.with_device_time(runs_on.from_metrics(scrape), device)
-        assert engine is not None and f"{label} idle between steps:" in dict(runs_on.report_rows(engine))
+        scrape = prometheus.render(engine_info.metric_samples({"executor": "torch", "device_time": timing}))
+        engine = engine_info.with_device_time(engine_info.from_metrics(scrape), device)
+        assert engine is not None and f"{label} idle between steps:" in dict(engine_info.report_rows(engine))
 
 
 @pytest.mark.parametrize("prefix_caching", [False, True])

@@ -24,10 +24,10 @@ from test_e2e_engine import request as engine_request
 from harness.engine import receivers
 from harness.engine.config import EngineConfig
 from harness.engine.process import EngineProcess
-from harness.wire import curve, shm, torch_shm, transport
+from harness.wire import curve, shm, torch_shm, zmq_link
 from harness.wire.cuda_ipc import CudaHandle, CudaIpcError
 from harness.wire.messages import EngineCoreOutputs, FinishReason
-from harness.wire.transport import EngineAddresses
+from harness.wire.zmq_link import EngineAddresses
 from wirecodecs import get_codec
 
 from serve_process import free_port_pair
@@ -52,14 +52,14 @@ def _rogue_adds(marker: Path, body: list) -> dict[str, list]:
     shm_handle = shm.Handle(segment.name, block, 4096, gen)
     pickled = pickle.dumps(Exploit(marker)).hex()
     adds: dict[str, tuple[int, list]] = {
-        "rogue-cuda-pickle": (transport.ADD_CUDA, [[1, 1, pickled]]),
-        "rogue-cuda-row": (transport.ADD_CUDA, [[1, 2, 0, pickled, 1, 0, pickled, 0, None, False, 0, 1]]),
-        "rogue-torch": (transport.ADD_TORCH, [[1, *handle.to_list()]]),
-        "rogue-shm": (transport.ADD_SHM, [[1, *shm_handle.to_list()]]),
+        "rogue-cuda-pickle": (zmq_link.ADD_CUDA, [[1, 1, pickled]]),
+        "rogue-cuda-row": (zmq_link.ADD_CUDA, [[1, 2, 0, pickled, 1, 0, pickled, 0, None, False, 0, 1]]),
+        "rogue-torch": (zmq_link.ADD_TORCH, [[1, *handle.to_list()]]),
+        "rogue-shm": (zmq_link.ADD_SHM, [[1, *shm_handle.to_list()]]),
     }
     messages = {}
     for rid, (kind, rows) in adds.items():
-        messages[rid] = [transport.envelope(kind, rid), json.dumps(rows).encode(), *body, b""]
+        messages[rid] = [zmq_link.envelope(kind, rid), json.dumps(rows).encode(), *body, b""]
     messages["_keep"] = [storage, segment]  # alive until sent
     return messages
 
@@ -95,14 +95,14 @@ def test_a_keyless_peer_runs_nothing_maps_nothing_and_the_engine_serves_on(tmp_p
         keep = messages.pop("_keep")
         for message in messages.values():
             push.send_multipart(message)
-        push.send_multipart([transport.envelope(transport.ADD, "good"), *codec.encode(engine_request("good"))])
+        push.send_multipart([zmq_link.envelope(zmq_link.ADD, "good"), *codec.encode(engine_request("good"))])
         refused: dict[str, str] = {}
         tokens: list[int] = []
         finished = False
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not (len(refused) == len(messages) and finished):
             frames = pull.recv_multipart()
-            if transport.open_envelope(frames[0])[0] != transport.OUTPUTS:
+            if zmq_link.open_envelope(frames[0])[0] != zmq_link.OUTPUTS:
                 continue
             for out in codec.decode(frames[1:], EngineCoreOutputs).outputs:
                 if out.request_id == "good":
@@ -130,7 +130,7 @@ def _send_from_child(address: str, kind: int) -> None:
     ctx: zmq.Context = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
     sock.connect(address)
-    sock.send_multipart([transport.envelope(kind, "r"), b"[]"])
+    sock.send_multipart([zmq_link.envelope(kind, "r"), b"[]"])
     sock.close(linger=2000)
     ctx.term()
 
@@ -145,20 +145,20 @@ def test_over_ipc_the_kernel_names_the_sender_whatever_the_message_says(tmp_path
     pull.setsockopt(zmq.RCVTIMEO, 20_000)
     try:
         child = multiprocessing.get_context("spawn").Process(
-            target=_send_from_child, args=(address, transport.ADD_TORCH)
+            target=_send_from_child, args=(address, zmq_link.ADD_TORCH)
         )
         child.start()
         envelope = pull.recv_multipart(copy=False)[0]
         child.join(timeout=20)
-        assert transport.sender_pid(envelope) == child.pid
+        assert zmq_link.sender_pid(envelope) == child.pid
         link = EngineAddresses(address, address, transport="torch-shm", frontend_pid=child.pid)
-        receivers.check_sender(transport.ADD_TORCH, envelope, link)  # its frontend: taken
+        receivers.check_sender(zmq_link.ADD_TORCH, envelope, link)  # its frontend: taken
         with pytest.raises(receivers.RefusedSender, match=f"sent by process {child.pid}"):
-            receivers.check_sender(transport.ADD_TORCH, envelope, replace(link, frontend_pid=os.getpid()))
+            receivers.check_sender(zmq_link.ADD_TORCH, envelope, replace(link, frontend_pid=os.getpid()))
         with pytest.raises(receivers.RefusedSender, match="serves --transport shm"):
-            receivers.check_sender(transport.ADD_TORCH, envelope, replace(link, transport="shm"))
+            receivers.check_sender(zmq_link.ADD_TORCH, envelope, replace(link, transport="shm"))
         with pytest.raises(receivers.RefusedSender, match="spawned"):
-            receivers.check_sender(transport.ADD_TORCH, envelope, replace(link, frontend_pid=None))
+            receivers.check_sender(zmq_link.ADD_TORCH, envelope, replace(link, frontend_pid=None))
     finally:
         pull.close(linger=0)
         ctx.term()
@@ -171,9 +171,9 @@ def test_over_tcp_only_an_authenticated_link_vouches_for_the_frontend():
         link = replace(link, transport="cuda-ipc", frontend_pid=os.getpid())
         if refused:
             with pytest.raises(receivers.RefusedSender, match="unauthenticated tcp"):
-                receivers.check_sender(transport.ADD_CUDA, b"\x05r", link)
+                receivers.check_sender(zmq_link.ADD_CUDA, b"\x05r", link)
         else:
-            receivers.check_sender(transport.ADD_CUDA, b"\x05r", link)
+            receivers.check_sender(zmq_link.ADD_CUDA, b"\x05r", link)
 
 
 def test_a_torch_shm_handle_into_another_process_is_refused_and_still_reported_taken():
@@ -198,7 +198,7 @@ def test_an_shm_handle_into_a_segment_the_frontend_did_not_name_fails_its_reques
         link = replace(link, transport="shm", frontend_pid=os.getpid(), frontend_segment=shm.segment_name())
         engine = EngineProcess(EngineConfig(codec="msgspec-oob", executor="sim"), link)
         row = [1, *shm.Handle(theirs.name, block, 1024, gen).to_list()]
-        message: list[Any] = [transport.envelope(transport.ADD_SHM, "r1"), json.dumps([row]).encode(), b"body", b""]
+        message: list[Any] = [zmq_link.envelope(zmq_link.ADD_SHM, "r1"), json.dumps([row]).encode(), b"body", b""]
         engine._handle_input(message, time.monotonic_ns())
         (batch,) = [engine.outputs.get_nowait()]
         (out,) = batch.outputs

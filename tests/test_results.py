@@ -18,9 +18,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.analysis.compare import Comparison, compare_document, judged_figures
 from harness.analysis.documents import save_run, write_json
 from harness.analysis.frames import ResultsError, itls_frame, load_compare, load_run, requests_frame, runs_frame
+from harness.analysis.verdicts import Comparison, compare_document, judged_figures
 from harness.experiment.arms import ArmSpec
 from harness.experiment.flow import build_arms
 from harness.experiment.rounds import RunOutcome
@@ -28,7 +28,7 @@ from harness.loadgen.client import RequestRecord
 from harness.loadgen.metrics import compute_metrics
 from harness.loadgen.runner import BenchmarkResult, LoadSettings
 from harness.loadgen.serverstats import CodecFigures, DirectionFigures
-from harness.wire import prom
+from harness.server_metrics import prometheus
 
 # ------------------------------------------------------------------ builders
 
@@ -78,9 +78,9 @@ def _records(scale: float, failed: bool = True, n: int = 4) -> list[RequestRecor
 
 def _direction(
     messages: float, enc_us: float, dec_us: float
-) -> tuple[DirectionFigures, prom.CodecCell, prom.CodecCell]:
-    enc = prom.CodecCell(messages, enc_us * messages / 1e6, 100.0 * messages, messages)
-    dec = prom.CodecCell(messages, dec_us * messages / 1e6, 100.0 * messages, messages)
+) -> tuple[DirectionFigures, prometheus.CodecCell, prometheus.CodecCell]:
+    enc = prometheus.CodecCell(messages, enc_us * messages / 1e6, 100.0 * messages, messages)
+    dec = prometheus.CodecCell(messages, dec_us * messages / 1e6, 100.0 * messages, messages)
     return DirectionFigures(messages, enc_us, dec_us, 100.0, 1.0), enc, dec
 
 
@@ -306,10 +306,10 @@ def test_report_png_draws_one_png_and_no_page_unless_asked(
 def test_a_trace_replayed_at_its_timestamps_has_no_planned_rate_and_no_judged_throughput() -> None:
     """Its recorded --request-rate (inf by default) played no part, so req/s is not judged as at
     rate inf, and the table shows each figure once."""
-    from harness.analysis.compare import figures_table
     from harness.analysis.documents import run_figures
     from harness.analysis.figures import SHOWN_FIGURES, THROUGHPUT_FIGURES
     from harness.analysis.runs import RunEntry
+    from harness.analysis.verdicts import figures_table
 
     def entry(flags: dict[str, str]) -> RunEntry:
         doc = {"request_rate": "inf", "metadata": {"flags": flags}, "request_throughput": 3.8}
@@ -356,9 +356,9 @@ def test_a_run_records_whether_its_requests_went_at_their_own_times(tmp_path: Pa
 
 
 def test_the_ipc_table_shows_the_store_hit_rate_only_where_a_store_ran() -> None:
-    from harness.analysis.compare import Arm
-    from harness.analysis.comparison_text import ipc_lines
     from harness.analysis.runs import RunEntry
+    from harness.analysis.verdict_text import ipc_lines
+    from harness.analysis.verdicts import Arm
 
     def arm(label: str, figures: dict[str, float]) -> Arm:
         return Arm(label, [RunEntry(label, 0, "ok", "", None, None, figures)])
@@ -373,9 +373,9 @@ def test_the_ipc_table_shows_the_store_hit_rate_only_where_a_store_ran() -> None
 
 def test_the_comparison_fits_100_columns_however_long_the_arms_labels() -> None:
     """Arms whose columns would pass 100 characters go on to a table of their own, the rows repeated."""
-    from harness.analysis.compare import Arm
-    from harness.analysis.comparison_text import format_comparison
     from harness.analysis.runs import RunEntry
+    from harness.analysis.verdict_text import format_comparison
+    from harness.analysis.verdicts import Arm
 
     labels = [f"pickle+request-delay={d}us/shm-store" for d in (0, 125, 250, 500, 1000)]
     arms = [

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from harness.analysis.compare import Arm
 from harness.analysis.runs import RunEntry
 from harness.analysis.seed_table import SEED_TABLE, format_seed_table, seed_rows
+from harness.analysis.verdicts import Arm
 from harness.cli import build_parser, flag_value
 from harness.engine.step_time import LLAMA8B_H100, LLAMA8B_H100_FIXED_MS, step_time_model
 from harness.experiment.server_flags import server_flags
@@ -127,7 +127,7 @@ def test_an_abbreviated_preset_flag_is_refused_not_half_applied() -> None:
 
 
 def test_runs_from_before_the_step_models_compare_equal_to_runs_after() -> None:
-    from harness.analysis.comparable import run_settings
+    from harness.analysis.like_for_like import run_settings
 
     def entry(flags: dict) -> RunEntry:
         return RunEntry("pickle", 0, "ok", "", None, {"metadata": {"flags": {"executor": "sim", **flags}}}, None)

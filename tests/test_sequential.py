@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from harness.analysis.blocks import block_values, paired_log_diffs
-from harness.analysis.compare import Arm, compare
 from harness.analysis.runs import RunEntry
 from harness.analysis.sequential import TAUS, critical_t, evaluate, judge_sequential, log_evidence
 from harness.analysis.student_t import t_ppf
+from harness.analysis.verdicts import Arm, compare
 
 
 def test_the_evidence_is_the_closed_form_t_test_bayes_factor():

@@ -21,8 +21,8 @@ from harness.frontend.inputs import Prepared
 from harness.frontend.logprobs import LogprobsRenderer
 from harness.frontend.outputs import StopStringFilter
 from harness.frontend.protocol import StreamOptions
+from harness.tokenizers.tokenizer import load_tokenizer
 from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, Logprobs, SamplingParams
-from harness.wire.tokenizer import load_tokenizer
 
 TOP = 20
 IDS = range(300)  # a few hundred distinct ids: the shared token-text cache is warm early on

@@ -21,9 +21,9 @@ from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy  # noqa: E4
 from harness.engine.config import EngineConfig  # noqa: E402
 from harness.frontend.app import build_app  # noqa: E402
 from harness.frontend.settings import FrontendSettings  # noqa: E402
-from harness.wire import runs_on  # noqa: E402
-from harness.wire.tekken import TekkenTokenizer  # noqa: E402
-from harness.wire.tokenizer import load_tokenizer  # noqa: E402
+from harness.server_metrics import engine_info  # noqa: E402
+from harness.tokenizers.tekken import TekkenTokenizer  # noqa: E402
+from harness.tokenizers.tokenizer import load_tokenizer  # noqa: E402
 
 from fake_engine import FakeEngine  # noqa: E402
 
@@ -181,15 +181,15 @@ def test_the_engine_vocabulary_follows_the_tokenizer_and_is_recorded(tok: Tekken
     assert info["vocab_size"] == 131_072
     text = "\n".join(
         f"{name}{{{','.join(f'{k}={json.dumps(v)}' for k, v in labels.items())}}} {value}"
-        for name, samples in runs_on.metric_samples({"executor": "sim", **info}).items()
+        for name, samples in engine_info.metric_samples({"executor": "sim", **info}).items()
         for labels, value in samples
     )
-    engine = runs_on.from_metrics(text)
+    engine = engine_info.from_metrics(text)
     assert engine is not None and engine["vocab_size"] == 131_072
 
 
 def test_the_embedded_default_does_not_import_mistral_common() -> None:
-    code = "import sys, harness.cli; from harness.wire.tokenizer import load_tokenizer; load_tokenizer()\n"
+    code = "import sys, harness.cli; from harness.tokenizers.tokenizer import load_tokenizer; load_tokenizer()\n"
     code += "assert 'mistral_common' not in sys.modules, 'imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 

@@ -12,7 +12,7 @@ import pytest
 import tokenizers
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from harness.wire.tokenizer import (
+from harness.tokenizers.tokenizer import (
     EMBEDDED_TOKENIZER,
     IncrementalDetokenizer,
     TextTokenizer,

@@ -21,9 +21,9 @@ from PIL import Image
 from test_overlap import Stream, make_core, request, serve, workload
 
 from harness.engine.core import EngineCore
+from harness.engine.device_thread import Pending
 from harness.engine.executor import TorchExecutor
 from harness.engine.read_back import ReadBack
-from harness.engine.sim_gpu import Pending
 from harness.wire.messages import EngineCoreRequest, PlaceholderRange, SamplingParams
 
 

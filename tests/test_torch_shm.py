@@ -14,7 +14,7 @@ import torch
 
 from harness.engine import receivers
 from harness.frontend.mm_senders import TorchShmSender
-from harness.wire import transport
+from harness.wire import zmq_link
 from harness.wire.torch_shm import TAKEN
 
 
@@ -34,7 +34,7 @@ def test_a_tensor_built_in_shared_memory_travels_without_a_copy_and_is_dropped_o
     (pixels,) = sender.tensors([(1, 3, 32, 32)], torch.float16)
     pixels.copy_(torch.rand(1, 3, 32, 32).half())
     message = send(sender, pixels.numpy())
-    assert message[0][0] == transport.ADD_TORCH and sender.zero_copy_bytes == pixels.nbytes
+    assert message[0][0] == zmq_link.ADD_TORCH and sender.zero_copy_bytes == pixels.nbytes
     assert sender.copied_bytes == 0 and sender.held_count == 1
     view, taken = receive(message)
     assert bytes(view) == pixels.numpy().tobytes()
@@ -70,7 +70,7 @@ def test_cuda_ipc_holds_each_tensor_by_serial_until_taken(monkeypatch: pytest.Mo
     sender = CudaIpcSender(threshold=1024)
     frames = [b"body", np.zeros(5000, np.uint8), b"small", np.ones(2000, np.uint8)]
     message, held = asyncio.run(sender.message("r", frames))
-    assert message[0][0] == transport.ADD_CUDA
+    assert message[0][0] == zmq_link.ADD_CUDA
     rows = json.loads(message[1])
     assert [row[:3] for row in rows] == [[1, 1, 0], [3, 2, 0]] and sender.held_count == 2
     assert [cuda_ipc.CudaHandle.from_row(row[2:]).length for row in rows] == [5000, 2000]

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.wire import curve, policy, transport
+from harness.wire import curve, policy, zmq_link
 from harness.wire.policy import LinkSettings, check_shm, check_transport_safety, insecure_warnings
-from harness.wire.transport import EngineAddresses
+from harness.wire.zmq_link import EngineAddresses
 
 
 def test_private_ipc_dir_is_owner_only_and_removed():
@@ -35,7 +35,7 @@ def test_private_ipc_dir_is_owner_only_and_removed():
     ],
 )
 def test_is_loopback(address, expected):
-    assert transport.is_loopback(address) is expected
+    assert zmq_link.is_loopback(address) is expected
 
 
 def _args(codec, allow=False, no_auth=False, remote_ok=False, output_codec=None):
@@ -88,10 +88,10 @@ def test_tcp_output_port_follows_input():
 
 
 def test_envelope_round_trip():
-    assert transport.open_envelope(transport.envelope(transport.ADD, "cmpl-é1")) == (transport.ADD, "cmpl-é1")
-    assert transport.open_envelope(transport.envelope(transport.ABORT)) == (transport.ABORT, None)
+    assert zmq_link.open_envelope(zmq_link.envelope(zmq_link.ADD, "cmpl-é1")) == (zmq_link.ADD, "cmpl-é1")
+    assert zmq_link.open_envelope(zmq_link.envelope(zmq_link.ABORT)) == (zmq_link.ABORT, None)
     with pytest.raises(ValueError):
-        transport.open_envelope(b"")
+        zmq_link.open_envelope(b"")
 
 
 # --- CURVE key folders: only this user's private ones are trusted (not another local user's) -------

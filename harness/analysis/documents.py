@@ -20,7 +20,7 @@ Schema history (``schema_version`` in every document):
 - compare 2: adds ``kind: "compare"``, each run's ``figures`` (so a compare
   document stands alone as a compact baseline, without run files; its
   ``result_file`` may be null), ``comparison`` (the verdicts of
-  ``harness.analysis.compare``), ``metadata``; drops ``changes_vs_first``. Version 1
+  ``harness.analysis.verdicts``), ``metadata``; drops ``changes_vs_first``. Version 1
   files still load: their figures are read from their run files.
 - micro 2: a JSON list, one object per codec × payload cell, each with the
   run's metadata (``micro_document``); with ``--transport``, then one object

@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.analysis.compare import Arm
 from harness.analysis.documents import write_json
 from harness.analysis.figures import (
     Figure,
 )
+from harness.analysis.verdicts import Arm
 
 
 def unit_of(figure: Figure) -> str:

@@ -11,7 +11,7 @@ another session is not judged: session-to-session swings read as regressions
 that way). Deterministic figures (instruction counts) are what a committed
 baseline gates: ``bench micro --count instructions --baseline``.
 
-The verdicts are ``harness.analysis.compare``'s, with gatekeeping: the primary
+The verdicts are ``harness.analysis.verdicts``'s, with gatekeeping: the primary
 figure (TTFT mean by default) of every arm is tested first (Holm across the
 arms), and only it decides. A regression is a "slower" verdict on it whose
 estimated change exceeds ``--threshold-pct``. The other figures are tested once
@@ -23,7 +23,7 @@ Exit status:
   1  regression
   2  unusable or incomparable input: an unreadable file, fewer than two arms, a primary
      figure not measured, arms that did not run interleaved, or arms whose runs differ in
-     the settings that shape latency (each named, ``harness.analysis.comparable``)
+     the settings that shape latency (each named, ``harness.analysis.like_for_like``)
   3  the gate cannot say: the primary too noisy to rule out a regression above the
      threshold, too few rounds, an arm with no clean run, or runs left out because they
      had failed requests or were interrupted
@@ -38,7 +38,8 @@ from typing import Any
 
 from harness.analysis import stats
 from harness.analysis import table as text_table
-from harness.analysis.compare import (
+from harness.analysis.documents import ResultsError, jsonable
+from harness.analysis.verdicts import (
     DEFAULT_PRIMARY,
     Arm,
     Comparison,
@@ -49,7 +50,6 @@ from harness.analysis.compare import (
     method_line,
     verdict_dict,
 )
-from harness.analysis.documents import ResultsError, jsonable
 
 EXIT_PASS, EXIT_REGRESSION, EXIT_UNUSABLE, EXIT_NOISY = 0, 1, 2, 3
 REGRESSION, NOISY, OK, MISSING = "REGRESSION", "noisy", "ok", "missing"

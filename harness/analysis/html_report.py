@@ -10,8 +10,8 @@ Sections, and how each is made:
 
 - **Comparison** (per compare file; runs given directly form one more): the
   side-by-side table (median over rounds ± half the range,
-  ``harness.analysis.compare.median_cell``) and the verdicts of every arm against the
-  first (``harness.analysis.compare.compare``: paired log ratios over rounds, 95% CI,
+  ``harness.analysis.verdicts.median_cell``) and the verdicts of every arm against the
+  first (``harness.analysis.verdicts.compare``: paired log ratios over rounds, 95% CI,
   the primary figure first, the others once it is resolved; ``method_line``).
 - **Latency distributions**: the empirical CDF of per-request TTFT and TPOT per
   codec, every round pooled (``harness.analysis.frames.requests_frame``).
@@ -47,8 +47,6 @@ from pathlib import Path
 from typing import Any
 
 from harness.analysis import stats
-from harness.analysis.compare import Arm, arms_by_label, median_cell, method_line, summary_line
-from harness.analysis.comparison_text import judge_arms
 from harness.analysis.documents import ResultsError, is_compare, read_json
 from harness.analysis.figures import (
     IPC_FIGURES,
@@ -59,6 +57,8 @@ from harness.analysis.report_plots import budget_figure, cdf_figure, figure_uri,
 from harness.analysis.runs import RunEntry, collect_runs, entries_of
 from harness.analysis.sweep_plots import draw_e2e, draw_micro
 from harness.analysis.sweep_stats import all_crossings
+from harness.analysis.verdict_text import judge_arms
+from harness.analysis.verdicts import Arm, arms_by_label, median_cell, method_line, summary_line
 
 IMAGE_FORMATS = ("png", "svg")
 VERDICT_CLASS = {

@@ -7,7 +7,7 @@ import re
 import statistics
 from collections.abc import Mapping, Sequence
 
-from harness.analysis.compare import Arm
+from harness.analysis.verdicts import Arm
 
 # The seed's published figures (ms; req/s and tok/s for throughput), from the PR's thread: main
 # (msgspec) and the PR's branch (pickle). None: not published for that arm.

@@ -10,7 +10,7 @@ Pure functions, no I/O:
 1. ``compare_arms``: on log values (noise and effects are multiplicative). Paired:
    d_r = ln(B_r / A_r), ratio = exp(mean d), CI and p from Student t with n-1 df.
    Unpaired (different round counts, runs made at different times): Welch t on the ln values.
-2. ``holm``: Holm step-down over one family (harness.analysis.compare makes two: the primary
+2. ``holm``: Holm step-down over one family (harness.analysis.verdicts makes two: the primary
    figure across arms, then the other figures of the arms whose primary was resolved).
 3. ``judge``, first match wins: "not comparable", "too few rounds", "slower"/"faster"
    (Holm-adjusted p < alpha), "equivalent" (the 1-alpha CI inside [1/(1+m), 1+m]), "inconclusive";

@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.analysis import stats
-from harness.analysis.compare import verdict_dict
 from harness.analysis.figures import E2E_FIGURES, MICRO_FIGURES, Figure
 from harness.analysis.student_t import CONFIDENCE
 from harness.analysis.sweep_grid import PAYLOAD_AXES, Axis, axes_of, payload_axis, x_axis
+from harness.analysis.verdicts import verdict_dict
 
 
 def judge_family(

@@ -26,9 +26,9 @@ from functools import partial
 from typing import Any
 
 from harness.analysis import stats
-from harness.analysis.compare import Comparison
-from harness.analysis.comparison_text import format_comparison
 from harness.analysis.figures import DETECTION_FIGURE
+from harness.analysis.verdict_text import format_comparison
+from harness.analysis.verdicts import Comparison
 from harness.experiment.arms import parse_codecs
 from harness.experiment.flags import add_experiment_arguments, experiment_from_args
 from harness.experiment.flow import UntilResolved, judged, pin_client, prepare

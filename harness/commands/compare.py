@@ -4,7 +4,7 @@
     bench compare main=results/main/ branch=results/branch/   two sets of bench load rounds
     bench compare results/compare-X.json --gate               base (first arm) against head, one job
 
-The comparison is ``harness.analysis.compare``'s, the gate ``harness.analysis.gate``'s (exit
+The comparison is ``harness.analysis.verdicts``'s, the gate ``harness.analysis.gate``'s (exit
 codes there). Both can also write Markdown (a CI job summary, a pull-request
 comment) and JSON.
 """
@@ -15,8 +15,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.analysis import comparable, gate, stats
-from harness.analysis.compare import (
+from harness.analysis import gate, like_for_like, stats
+from harness.analysis.documents import ResultsError, write_json
+from harness.analysis.exports import write_exports
+from harness.analysis.verdicts import (
     DEFAULT_PRIMARY,
     Arm,
     arms_from_sources,
@@ -26,8 +28,6 @@ from harness.analysis.compare import (
     judged_figures,
     to_markdown,
 )
-from harness.analysis.documents import ResultsError, write_json
-from harness.analysis.exports import write_exports
 
 DESCRIPTION = """\
 Judge saved results against each other. The arms are those of a compare file,
@@ -145,7 +145,7 @@ def main(args: argparse.Namespace) -> int:
 def run_gate_command(args: argparse.Namespace, arms: list[Arm], prog: str = "bench compare") -> int:
     """--gate: the CI regression gate over the arms of one job (harness.analysis.gate)."""
     try:
-        differ = comparable.arm_differences(arms)
+        differ = like_for_like.arm_differences(arms)
         if differ:
             raise ResultsError("the arms ran with different settings: " + "; ".join(differ))
         result = gate.run_gate(arms, threshold_pct=args.threshold_pct, primary=args.primary, margin_pct=args.margin_pct)

@@ -8,7 +8,7 @@ for the round and the arms take turns N requests at a time, or send them side
 by side (``--duet``; ``harness.experiment.rounds``). ``--until-resolved MINUTES``
 adds rounds until the answer is known (``harness.analysis.sequential``). The table
 shows each figure's median over rounds; the verdicts judge every arm against
-the first from the paired per-round ratios (``harness.analysis.compare``).
+the first from the paired per-round ratios (``harness.analysis.verdicts``).
 
 The same codec may appear twice (an A/A run): the second is labelled
 ``NAME#2``. A codec name may carry calibration options
@@ -20,8 +20,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harness.analysis.comparison_text import format_comparison
 from harness.analysis.seed_table import format_seed_table
+from harness.analysis.verdict_text import format_comparison
 from harness.experiment import presets
 from harness.experiment.flags import add_experiment_arguments, experiment_from_args
 from harness.experiment.flow import prepare, run_experiment

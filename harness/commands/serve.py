@@ -29,11 +29,13 @@ from harness.frontend.engine_client import REQUEST_TIMEOUT_S, ZmqEngineClient
 from harness.frontend.mm_senders import frame_sender
 from harness.frontend.served import ServedSettings
 from harness.frontend.settings import FrontendSettings
-from harness.wire import curve, declare, parent_watch, shm, torch_shm, transport
-from harness.wire.heap import freeze_heap
+from harness.processes import parent_watch
+from harness.processes.heap import freeze_heap
+from harness.settings import declare
+from harness.wire import curve, shm, torch_shm, zmq_link
 from harness.wire.policy import LinkSettings, check_shm, check_transport_safety, insecure_warnings
 from harness.wire.spans import trace_events
-from harness.wire.transport import EngineAddresses
+from harness.wire.zmq_link import EngineAddresses
 from wirecodecs import codec_listing
 
 log = logging.getLogger("wirebench.serve")
@@ -104,10 +106,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument(
         "--engine-stall-timeout",
         type=float,
-        default=transport.STALL_TIMEOUT_S,
+        default=zmq_link.STALL_TIMEOUT_S,
         metavar="S",
         help=f"seconds without a message before the engine counts as stalled (its requests fail, /health 503); "
-        f"it is taken back when it answers again (default {transport.STALL_TIMEOUT_S:g})",
+        f"it is taken back when it answers again (default {zmq_link.STALL_TIMEOUT_S:g})",
     )
     t.add_argument(
         "--request-timeout",
@@ -197,12 +199,12 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
     from harness.engine.cuda_graphs import refusal as graphs_refusal
     from harness.engine.process import run_engine
     from harness.frontend.app import build_app
-    from harness.wire.tokenizer import load_tokenizer
+    from harness.tokenizers.tokenizer import load_tokenizer
 
     served = declare.from_args(ServedSettings, args)
     tokenizer = load_tokenizer(served.tokenizer)
     config = engine_config_from_args(args, tokenizer)
-    for stale, pid in transport.remove_stale_ipc_dirs():
+    for stale, pid in zmq_link.remove_stale_ipc_dirs():
         log.warning("removed %s, left by a process that is gone", stale)
         for name in torch_shm.remove_leftovers(pid):  # a frontend killed while torch created a storage
             log.warning("removed shared memory %s, left by the same process", name)
@@ -338,7 +340,7 @@ def main(args: argparse.Namespace) -> int:
     if args.engine_only:
         from harness.engine.cuda_graphs import refusal as graphs_refusal
         from harness.engine.process import run_engine
-        from harness.wire.tokenizer import load_tokenizer
+        from harness.tokenizers.tokenizer import load_tokenizer
 
         addresses = _addresses(args)
         config = engine_config_from_args(args, load_tokenizer(args.tokenizer))

@@ -27,7 +27,7 @@ TPOT mean against the request rate (the saturation knee) or the payload bytes.
 Statistics: each absolute figure is the mean over rounds with a 95% t-interval
 of the per-round values (``harness.analysis.sweep_stats.interval``). Each codec is judged against the
 reference at every point with ``harness.analysis.stats`` (paired log ratios over rounds,
-Holm over the point's table: for e2e, ``harness.analysis.compare.compare``'s whole
+Holm over the point's table: for e2e, ``harness.analysis.verdicts.compare``'s whole
 table as ``bench run`` judges it; for micro, codec cost and delivery of every
 codec). A *crossing* is the first grid point (in axis order) where a codec's
 verdict becomes "slower" or "faster" than the reference (Holm-adjusted); the
@@ -57,7 +57,7 @@ Sweep document (``kind: "sweep"``, its schema version in ``harness.analysis.docu
 INTERVAL = ``{"values", "n", "mean", "median", "sd", "ci_low", "ci_high", "gmean", "gci_low", "gci_high",
 "confidence"}`` (``interval``: the t-interval of the per-round values, and of their logs around the geometric
 mean, which the log–log plots draw);
-VERDICT = ``harness.analysis.compare.verdict_dict``. ``--quick`` is a tiny preset for the
+VERDICT = ``harness.analysis.verdicts.verdict_dict``. ``--quick`` is a tiny preset for the
 test suite (2 image sides x 2 codecs, sim executor, 6 requests, 2 e2e rounds).
 """
 

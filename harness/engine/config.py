@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from harness.engine.step_time import STEP_MODELS
-from harness.wire.declare import flag_type, setting
+from harness.settings.declare import flag_type, setting
 from harness.wire.limits import DEFAULT_LIMITS, RequestLimits
 from wirecodecs import UnknownCodecError, check_codec_spec
 
@@ -24,7 +24,7 @@ MODEL_PRESETS = ("tiny", "small", "medium", "llama-1b", "llama-8b")
 
 @dataclass
 class EngineConfig:
-    """Every field with a ``setting`` is a ``bench serve`` flag (harness.wire.declare): its flag,
+    """Every field with a ``setting`` is a ``bench serve`` flag (harness.settings.declare): its flag,
     help and default are written here only. The others are filled in by the program."""
 
     codec: str = "pickle"  # of requests, and of outputs unless output_codec is set (bench serve --codec)
@@ -175,7 +175,7 @@ class EngineConfig:
         "vLLM does with stats logging on (its default): outputs as heavy as a real server's, for every codec",
         comparable=True,
     )
-    # Freeze the heap once the model is loaded (harness.wire.heap), as vLLM's engine does; the frontend
+    # Freeze the heap once the model is loaded (harness.processes.heap), as vLLM's engine does; the frontend
     # freezes its own by the same setting.
     gc_freeze: bool = setting(
         True,

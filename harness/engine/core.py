@@ -12,10 +12,10 @@ import contextlib
 
 from harness.engine import overlap
 from harness.engine.config import EngineConfig
+from harness.engine.device_thread import DeviceStats
 from harness.engine.executor import Executor, TorchExecutor
 from harness.engine.scheduler import Scheduler
 from harness.engine.sim_executor import SimExecutor
-from harness.engine.sim_gpu import DeviceStats
 from harness.engine.step import SchedulerOutput
 from harness.wire.messages import EngineCoreOutput, EngineCoreRequest, FinishReason, SchedulerStats
 

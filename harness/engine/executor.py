@@ -41,13 +41,13 @@ from harness.engine.device import (
     synchronize,
     workspace_bytes,
 )
+from harness.engine.device_thread import DeviceStats, DeviceThread, Pending, StepHandle
 from harness.engine.input_batch import InputBatch, SampledIds
 from harness.engine.logprobs import top_logprobs
 from harness.engine.model import StepBatch, build_model, get_model_config
 from harness.engine.overlap import PLACEHOLDER
 from harness.engine.read_back import ReadBack, StepMarks
 from harness.engine.sampler import SampleColumns, Sampler, SampleRow, uses_penalties
-from harness.engine.sim_gpu import DeviceStats, DeviceThread, Pending, StepHandle
 from harness.engine.staging import Stager, StepBuffers, step_token_ids
 from harness.engine.step import ModelRunnerOutput, NewRequest, ScheduledChunk, SchedulerOutput
 from harness.engine.step_plan import Chunk, StepPlan, blocks_for

@@ -394,7 +394,7 @@ class Transformer(nn.Module):
         kernel = self.attention_kernel
         out = attention.sdpa_backends(first.attn.k_cache, self.cfg.n_heads)
         out |= {"attention": kernel.name, "attention_calls_per_layer": str(kernel.calls_per_layer)}
-        if kernel.note:  # a label value elsewhere: no ',' or '=' (harness.wire.runs_on splits on them)
+        if kernel.note:  # a label value elsewhere: no ',' or '=' (harness.server_metrics.engine_info splits on them)
             out["attention_note"] = kernel.note.replace(",", ";").replace("=", ":")
         return out
 

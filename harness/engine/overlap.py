@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from harness.engine.device_thread import StepHandle
 from harness.engine.scheduler import Scheduler
-from harness.engine.sim_gpu import StepHandle
 from harness.engine.step import ModelRunnerOutput, SchedulerOutput
 from harness.wire.messages import EngineCoreOutput
 

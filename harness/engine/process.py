@@ -31,8 +31,8 @@ from harness.engine import receivers
 from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore, error_output
 from harness.engine.timings import EngineTimings
-from harness.wire import curve, shm, torch_shm, transport
-from harness.wire.heap import freeze_heap
+from harness.processes.heap import freeze_heap
+from harness.wire import curve, shm, torch_shm, zmq_link
 from harness.wire.integrity import outputs_check, request_digest
 from harness.wire.messages import (
     EngineCoreAbort,
@@ -44,14 +44,14 @@ from harness.wire.messages import (
 from harness.wire.shm import Handle, Mappings, ShmError
 from harness.wire.spans import host_clock_id
 from harness.wire.torch_shm import TorchShmError
-from harness.wire.transport import CodecClock, CodecCounters, EngineAddresses
+from harness.wire.zmq_link import CodecClock, CodecCounters, EngineAddresses
 from wirecodecs import CodecCalls, CodecError, get_codec
 
 log = logging.getLogger("wirebench.engine")
 
 _STOP = object()  # sentinel through the queues
 # The kinds that add a request: its frames in the message, or its big ones apart (shm, torch-shm, cuda-ipc).
-_ADDS = (transport.ADD, transport.ADD_SHM, transport.ADD_TORCH, transport.ADD_CUDA)
+_ADDS = (zmq_link.ADD, zmq_link.ADD_SHM, zmq_link.ADD_TORCH, zmq_link.ADD_CUDA)
 
 
 class _Release(NamedTuple):
@@ -116,18 +116,18 @@ class EngineProcess:
             sock.close()  # closed by the thread that owns it: zmq sockets aren't thread-safe
 
     def _handle_input(self, frames: list[zmq.Frame], received_ns: int) -> None:
-        kind, request_id = transport.open_envelope(frames[0])
+        kind, request_id = zmq_link.open_envelope(frames[0])
         body = frames[1:]
         digest = None
-        if kind & transport.VERIFIED and kind & ~transport.VERIFIED in _ADDS:
-            kind &= ~transport.VERIFIED
-            body, digest = body[:-1], transport.frame_bytes(body[-1]) if body else b""
+        if kind & zmq_link.VERIFIED and kind & ~zmq_link.VERIFIED in _ADDS:
+            kind &= ~zmq_link.VERIFIED
+            body, digest = body[:-1], zmq_link.frame_bytes(body[-1]) if body else b""
             self.verify_outputs = True
-        if kind == transport.SHUTDOWN:
+        if kind == zmq_link.SHUTDOWN:
             self.stopping.set()
             self.inputs.put(_STOP)
             return
-        if kind in _ADDS and kind != transport.ADD:
+        if kind in _ADDS and kind != zmq_link.ADD:
             try:
                 receivers.check_sender(kind, frames[0], self.addresses)
                 body = self._out_of_band(kind, body)
@@ -136,8 +136,8 @@ class EngineProcess:
                     raise
                 self._send_outputs([error_output(request_id, f"request could not be received: {exc}")])
                 return
-            kind, received_ns = transport.ADD, time.monotonic_ns()  # received once its views exist
-        msg_type: type | None = {transport.ADD: EngineCoreRequest, transport.ABORT: EngineCoreAbort}.get(kind)
+            kind, received_ns = zmq_link.ADD, time.monotonic_ns()  # received once its views exist
+        msg_type: type | None = {zmq_link.ADD: EngineCoreRequest, zmq_link.ABORT: EngineCoreAbort}.get(kind)
         if msg_type is None:
             raise ValueError(f"unknown message kind {kind:#x}")
         clock = CodecClock().start()
@@ -168,9 +168,9 @@ class EngineProcess:
 
     def _out_of_band(self, kind: int, frames: list[Any]) -> list[Any]:
         """The codec frames of an ADD whose big frames travel apart, by the transport's kind."""
-        if kind == transport.ADD_SHM:
+        if kind == zmq_link.ADD_SHM:
             return self._from_shm(frames)
-        if kind == transport.ADD_TORCH:
+        if kind == zmq_link.ADD_TORCH:
             assert self.addresses.frontend_pid is not None  # check_sender refused the message otherwise
             return receivers.from_torch_shm(frames, self._taken, self.addresses.frontend_pid)
         return receivers.from_cuda_ipc(frames, self._taken)
@@ -215,7 +215,7 @@ class EngineProcess:
             self._send(sock, ready)
             while True:
                 try:
-                    item = self.outputs.get(timeout=transport.HEARTBEAT_INTERVAL_S)
+                    item = self.outputs.get(timeout=zmq_link.HEARTBEAT_INTERVAL_S)
                 except queue.Empty:
                     self._flush_held(sock)
                     # The engine's codec counters travel in heartbeats (JSON, not
@@ -224,13 +224,13 @@ class EngineProcess:
                     # The status frame: requests held, and the scheduler's step counters, read here
                     # (only heartbeats need them; their keys are fixed, so reading across threads is safe).
                     status = json.dumps({**json.loads(ready[1]), **self.load, **core.step_counts()}).encode()
-                    self._send(sock, [transport.envelope(transport.HEARTBEAT), stats, status])
+                    self._send(sock, [zmq_link.envelope(zmq_link.HEARTBEAT), stats, status])
                     self._send_spans(sock, force=True)
                     continue
                 if item is _STOP:
                     return
                 if isinstance(item, _Release):
-                    self._send(sock, [transport.envelope(transport.RELEASE), json.dumps([list(item)]).encode()])
+                    self._send(sock, [zmq_link.envelope(zmq_link.RELEASE), json.dumps([list(item)]).encode()])
                     continue
                 self._send_batch(sock, item)
                 self._send_spans(sock)
@@ -242,7 +242,7 @@ class EngineProcess:
         self._out_seq += 1
         check = outputs_check(batch) if self.verify_outputs else None  # what the engine meant to send
         frames, clock, adapt_ns = self._encode_outputs(batch)
-        message = [transport.output_envelope(seq, check is not None), *frames, *([check] if check else [])]
+        message = [zmq_link.output_envelope(seq, check is not None), *frames, *([check] if check else [])]
         if self._reused is not None:
             self._send_reusing_buffer(sock, message)
         else:
@@ -258,7 +258,7 @@ class EngineProcess:
                 "encode_cpu": clock.cpu_ns,
                 "adapt": adapt_ns,
                 "sent": sent,
-                "bytes": transport.frames_nbytes(frames),
+                "bytes": zmq_link.frames_nbytes(frames),
             }
             self.timings.batch_sent(record, [o.request_id for o in batch.outputs])
 
@@ -283,7 +283,7 @@ class EngineProcess:
     def _send_spans(self, sock: zmq.Socket, force: bool = False) -> None:
         ready = self.timings.take(force) if self.timings is not None else None
         if ready is not None:
-            self._send(sock, [transport.envelope(transport.SPANS), msgspec.json.encode(ready)])
+            self._send(sock, [zmq_link.envelope(zmq_link.SPANS), msgspec.json.encode(ready)])
 
     def _encode_outputs(self, batch: EngineCoreOutputs) -> tuple[list[Any], CodecClock, int]:
         """The batch's codec frames, the encode's clock and the adapter's ns; a batch the codec cannot
@@ -407,7 +407,7 @@ class EngineProcess:
         auth = curve.start_authenticator(self.ctx, keys) if keys is not None else None
         for sock, address in ((in_sock, self.addresses.input), (out_sock, self.addresses.output)):
             sock.setsockopt(zmq.LINGER, 0)
-            transport.prepare_socket(sock, address)
+            zmq_link.prepare_socket(sock, address)
             if keys is not None:
                 curve.secure_server(sock, keys)
         # Sends time out instead of blocking while no frontend is connected,
@@ -443,7 +443,7 @@ class EngineProcess:
         except Exception as exc:
             log.exception("engine failed to start")
             error = json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode()
-            self._send(out_sock, [transport.envelope(transport.READY), error], give_up_s=10)
+            self._send(out_sock, [zmq_link.envelope(zmq_link.READY), error], give_up_s=10)
             in_sock.close()
             out_sock.close()
             raise SystemExit(1) from exc
@@ -460,7 +460,7 @@ class EngineProcess:
             "overlapped": core.overlapped,  # one step of overlap ran (async scheduling)
             **core.executor.info(),
         }
-        ready = [transport.envelope(transport.READY), json.dumps(info).encode()]
+        ready = [zmq_link.envelope(zmq_link.READY), json.dumps(info).encode()]
         threads = [
             threading.Thread(target=self._input_loop, args=(in_sock,), name="engine-input", daemon=True),
             threading.Thread(target=self._output_loop, args=(out_sock, ready, core), name="engine-output", daemon=True),

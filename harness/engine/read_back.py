@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from harness.engine.sim_gpu import DeviceStats, Pending
+from harness.engine.device_thread import DeviceStats, Pending
 
 log = logging.getLogger("wirebench.engine")
 

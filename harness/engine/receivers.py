@@ -17,13 +17,13 @@ from typing import Any
 
 import zmq
 
-from harness.wire import transport
+from harness.wire import zmq_link
 from harness.wire.cuda_ipc import CudaHandle
 from harness.wire.torch_shm import TorchHandle, TorchShmError, open_handle
-from harness.wire.transport import EngineAddresses
+from harness.wire.zmq_link import EngineAddresses
 
 Taken = Callable[[int, int], None]
-_KIND_NAMES = {transport.ADD_SHM: "shm", transport.ADD_TORCH: "torch-shm", transport.ADD_CUDA: "cuda-ipc"}
+_KIND_NAMES = {zmq_link.ADD_SHM: "shm", zmq_link.ADD_TORCH: "torch-shm", zmq_link.ADD_CUDA: "cuda-ipc"}
 
 
 class RefusedSender(ValueError):
@@ -33,14 +33,14 @@ class RefusedSender(ValueError):
 def check_sender(kind: int, envelope: Any, link: EngineAddresses) -> None:
     """Refuse (RefusedSender) an out-of-band ADD of a kind this engine's transport does not send, or from
     any process but the frontend that spawned it: its handles name memory this engine would map."""
-    if transport.OUT_OF_BAND_KIND.get(link.transport) != kind:
+    if zmq_link.OUT_OF_BAND_KIND.get(link.transport) != kind:
         raise RefusedSender(
             f"a {_KIND_NAMES.get(kind, hex(kind))} message, but this engine serves --transport {link.transport}"
         )
     if link.frontend_pid is None:
         raise RefusedSender("only an engine its frontend spawned maps the frontend's memory")
     if link.input.startswith("ipc://"):
-        pid = transport.sender_pid(envelope) if isinstance(envelope, zmq.Frame) else None
+        pid = zmq_link.sender_pid(envelope) if isinstance(envelope, zmq.Frame) else None
         if pid != link.frontend_pid:
             raise RefusedSender(f"sent by process {pid}, not by this engine's frontend ({link.frontend_pid})")
     elif not link.authenticated:  # refused at start (harness.wire.policy); never trusted here either

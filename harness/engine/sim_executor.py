@@ -1,6 +1,6 @@
 """The ``sim`` executor: no model, each step only takes the time it is modelled to take.
 
-Its steps run on a modelled GPU of their own (``harness.engine.sim_gpu``), so the engine loop
+Its steps run on a modelled GPU of their own (``harness.engine.device_thread``), so the engine loop
 overlaps with them as it would with a real device (``harness.engine.overlap``).
 """
 
@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.engine.config import EngineConfig, limits_info
+from harness.engine.device_thread import DeviceStats, DeviceThread, StepHandle
 from harness.engine.executor import error_text
 from harness.engine.logprobs import sim_logprobs
-from harness.engine.sim_gpu import DeviceStats, DeviceThread, StepHandle
 from harness.engine.step import ModelRunnerOutput, NewRequest, SchedulerOutput
 from harness.engine.step_time import step_time_model
 from harness.engine.vision import to_pixels
@@ -37,7 +37,7 @@ class _SimState:
 class SimExecutor:
     """No model: a step takes the time ``harness.engine.step_time`` models for it (``sim_step_model``;
     the default, ``linear``, is ``sim_step_fixed_ms + sim_step_per_token_ms * tokens``), on a modelled
-    GPU of its own, a thread (``harness.engine.sim_gpu``): ``launch`` returns at once with a handle.
+    GPU of its own, a thread (``harness.engine.device_thread``): ``launch`` returns at once with a handle.
 
     Tokens are a deterministic hash of (seed, request id, image checksums,
     position) in [0, vocab_size), never the request's EOS id (nor, before
@@ -88,7 +88,7 @@ class SimExecutor:
         return self.launch(sched).wait()
 
     def launch(self, sched: SchedulerOutput, continuous: bool = False) -> StepHandle[ModelRunnerOutput]:
-        """Hand the step to the modelled GPU (``harness.engine.sim_gpu``) and return at once.
+        """Hand the step to the modelled GPU (``harness.engine.device_thread``) and return at once.
 
         The host does what a real executor's host does before a launch (per-request state, the
         step's shape); the tokens are drawn on the device thread and known only through the

@@ -19,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import asdict
 from typing import Any
 
-from harness.engine.sim_gpu import DeviceStats
+from harness.engine.device_thread import DeviceStats
 from harness.engine.step import SchedulerOutput
 from harness.wire.spans import EnginePoints
 
@@ -36,7 +36,7 @@ class EngineTimings:
         self._batches: list[dict[str, Any]] = []
         self._steps: list[dict[str, Any]] = []
         self._last_flush = time.monotonic()
-        # The executor's device thread (harness.engine.sim_gpu), set once the engine core exists.
+        # The executor's device thread (harness.engine.device_thread), set once the engine core exists.
         self.device: DeviceStats | None = None
 
     # input thread

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from harness.wire.policy import transport_refusal
-from harness.wire.transport import TRANSPORTS
+from harness.wire.zmq_link import TRANSPORTS
 from wirecodecs import UnknownCodecError, available_codecs, check_codec_spec
 
 T = TypeVar("T")

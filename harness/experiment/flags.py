@@ -16,7 +16,7 @@ from harness.frontend.settings import default_model_name
 from harness.loadgen.arrivals import positive_rate
 from harness.loadgen.flags import add_load_arguments, flags_dict
 from harness.loadgen.settings import LoadSettings
-from harness.wire.declare import add_arguments, from_args
+from harness.settings.declare import add_arguments, from_args
 from harness.workloads.datasets import add_dataset_arguments
 from harness.workloads.spec import WorkloadSpec
 

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.analysis.blocks import block_values
-from harness.analysis.compare import Arm, Comparison, compare_document
-from harness.analysis.comparison_text import WIDTH, judge_arms
 from harness.analysis.documents import label_prefix, run_document, run_figures, user_metadata, write_json
 from harness.analysis.runs import RunEntry, until_resolved_of
 from harness.analysis.stats import RESOLVED
+from harness.analysis.verdict_text import WIDTH, judge_arms
+from harness.analysis.verdicts import Arm, Comparison, compare_document
 from harness.experiment.arms import ArmSpec
 from harness.experiment.probe import resolve_rate
 from harness.experiment.rounds import RunOutcome, Workload, run_rounds
@@ -99,7 +99,7 @@ class ExperimentResult:
 
 @functools.cache
 def machine() -> dict[str, Any]:
-    """What the gate compares across documents (harness.analysis.comparable): the machine's kind."""
+    """What the gate compares across documents (harness.analysis.like_for_like): the machine's kind."""
     info = collect_sysinfo(probe_torch=False)
     return {key: info.get(key) for key in ("machine", "cpu_model", "cpu_usable")}
 

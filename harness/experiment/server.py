@@ -20,7 +20,7 @@ import time
 import urllib.request
 from typing import IO
 
-from harness.wire import parent_watch
+from harness.processes import parent_watch
 
 READY_LINE = re.compile(r"wirebench serving codec=\S+ on (http://\S+)")
 

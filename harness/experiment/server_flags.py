@@ -10,7 +10,7 @@ from typing import Any
 
 from harness.engine.config import EngineConfig
 from harness.frontend.served import ServedSettings
-from harness.wire.declare import add_arguments, flag_defaults, from_values, to_flags
+from harness.settings.declare import add_arguments, flag_defaults, from_values, to_flags
 
 # What is served, declared once each: the frontend's settings, then the engine's.
 SERVED = (ServedSettings, EngineConfig)
@@ -25,7 +25,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 def server_flags(values: Mapping[str, Any], seed: int) -> list[str]:
     """The `bench serve` flags that reproduce ``values`` (parsed flags): ``--seed`` and every
-    model/engine setting whose value differs from its default (harness.wire.declare.to_flags)."""
+    model/engine setting whose value differs from its default (harness.settings.declare.to_flags)."""
     return ["--seed", str(seed), *(flag for cls in SERVED for flag in to_flags(from_values(cls, values)))]
 
 

@@ -18,7 +18,7 @@ from harness.experiment.server_flags import engine_of
 from harness.experiment.vllm_server import VllmServer
 from harness.loadgen.client import CHAT_COMPLETIONS, COMPLETIONS
 from harness.loadgen.settings import LoadSettings
-from harness.wire.declare import setting
+from harness.settings.declare import setting
 from harness.workloads.spec import WorkloadSpec
 
 DEFAULT_BLOCK_SIZE = 20  # requests an arm sends before the next arm's turn, when runs are in blocks
@@ -60,7 +60,7 @@ def parse_cpus(text: str) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class RunPlan:
     """How the arms are run and judged: rounds, blocks, whether a probe fixes the rate, where results go.
-    A field declared with ``setting`` is its own flag (harness.wire.declare); the others are read by
+    A field declared with ``setting`` is its own flag (harness.settings.declare); the others are read by
     ``experiment_from_args``."""
 
     repeat: int = 1

@@ -12,12 +12,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from harness.analysis.compare import comparison_dict
-from harness.analysis.comparison_text import format_comparison
 from harness.analysis.figures import CODEC_FIGURES, E2E_FIGURES, MICRO_FIGURES
 from harness.analysis.student_t import interval
 from harness.analysis.sweep_grid import IMAGE_SIDE, PROMPT_LEN, REQUEST_RATE, Axis, point_label, point_slug
 from harness.analysis.sweep_stats import judge_family
+from harness.analysis.verdict_text import format_comparison
+from harness.analysis.verdicts import comparison_dict
 from harness.experiment.flow import prepare, run_experiment
 from harness.experiment.settings import Experiment
 from harness.loadgen.runner import BenchmarkError

@@ -23,8 +23,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.settings.declare import setting
 from harness.vllm_plugin import ENV_CODEC, ENV_SPANS
-from harness.wire.declare import setting
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"

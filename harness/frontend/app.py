@@ -59,10 +59,10 @@ from harness.frontend.inputs import Prepared, prepare_chat, prepare_completion
 from harness.frontend.metrics import FrontendMetrics
 from harness.frontend.protocol import ProtocolError, error_body
 from harness.frontend.settings import FrontendSettings
-from harness.wire import prom
+from harness.server_metrics import prometheus
+from harness.tokenizers.tokenizer import TextTokenizer
 from harness.wire.messages import EngineCoreOutput
 from harness.wire.spans import FrontPoints
-from harness.wire.tokenizer import TextTokenizer
 
 log = logging.getLogger("wirebench.frontend")
 
@@ -424,7 +424,7 @@ async def _watch_loop_lag(app: web.Application) -> AsyncIterator[None]:
 
 async def metrics_handler(request: web.Request) -> web.Response:
     app = request.app
-    text = prom.render(app[METRICS].samples(app[ENGINE]))
+    text = prometheus.render(app[METRICS].samples(app[ENGINE]))
     text += "\n".join(line for h in app[ENGINE].timelines.histograms() for line in h.render()) + "\n"
     return web.Response(text=text, content_type="text/plain", charset="utf-8", headers={"X-Prometheus-Format": "0.0.4"})
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from harness.frontend.shm_sender import add_message
 from harness.frontend.taken_holds import HeldUntilTaken
-from harness.wire import cuda_ipc, transport
+from harness.wire import cuda_ipc, zmq_link
 from harness.wire.shm import DEFAULT_THRESHOLD
 
 
@@ -37,4 +37,4 @@ class CudaIpcSender(HeldUntilTaken):
         except BaseException:
             self.unsent(held)
             raise
-        return add_message(transport.ADD_CUDA, rid, table, frames, out), held
+        return add_message(zmq_link.ADD_CUDA, rid, table, frames, out), held

@@ -35,7 +35,8 @@ from harness.frontend.extra_cpu import spend_cpu
 from harness.frontend.mm_senders import FrameSender
 from harness.frontend.output_queue import OutputQueue
 from harness.frontend.timeline import Timelines
-from harness.wire import curve, runs_on, transport
+from harness.server_metrics import engine_info
+from harness.wire import curve, zmq_link
 from harness.wire.integrity import outputs_digest, read_outputs_check, request_digest
 from harness.wire.messages import (
     CodecStats,
@@ -48,7 +49,7 @@ from harness.wire.messages import (
 )
 from harness.wire.shm import ShmError
 from harness.wire.spans import FrontPoints, host_clock_id
-from harness.wire.transport import CodecClock, CodecCounters, EngineAddresses
+from harness.wire.zmq_link import CodecClock, CodecCounters, EngineAddresses
 from wirecodecs import CodecCalls, CodecError, EncodeError, get_codec, packs_token_ids
 
 log = logging.getLogger("wirebench.frontend")
@@ -60,7 +61,7 @@ OK, STALLED, DEAD = "ok", "stalled", "dead"
 REQUEST_TIMEOUT_S = 300.0  # seconds without an output for one request before it fails
 
 # The counters a heartbeat carries besides blocked_<cause> (EngineCore.step_counts).
-STEP_COUNTERS = ("steps", *runs_on.KV_COUNTERS, *runs_on.GRAPH_COUNTERS)
+STEP_COUNTERS = ("steps", *engine_info.KV_COUNTERS, *engine_info.GRAPH_COUNTERS)
 
 
 class EngineClient(Protocol):
@@ -112,7 +113,7 @@ class ZmqEngineClient:
         codec_name: str,
         addresses: EngineAddresses,
         is_process_alive: Callable[[], bool] | None = None,
-        heartbeat_timeout_s: float = transport.STALL_TIMEOUT_S,
+        heartbeat_timeout_s: float = zmq_link.STALL_TIMEOUT_S,
         owns_engine: bool = True,
         spans: bool = True,
         shm: FrameSender | None = None,
@@ -142,7 +143,7 @@ class ZmqEngineClient:
         for sock in (self._input, self._output):
             sock.setsockopt(zmq.LINGER, 0)
         for sock, address in ((self._input, addresses.input), (self._output, addresses.output)):
-            transport.prepare_socket(sock, address)
+            zmq_link.prepare_socket(sock, address)
             if addresses.curve is not None:
                 curve.secure_client(sock, addresses.curve)
         self._input.connect(addresses.input)
@@ -190,8 +191,8 @@ class ZmqEngineClient:
                 raise EngineDeadError(f"engine not ready after {timeout_s:.0f} s")
             if await self._output.poll(timeout=min(left, 0.2) * 1000):
                 frames = await self._output.recv_multipart()
-                kind, _ = transport.open_envelope(frames[0])
-                if kind == transport.READY:
+                kind, _ = zmq_link.open_envelope(frames[0])
+                if kind == zmq_link.READY:
                     info = json.loads(frames[1]) if len(frames) > 1 else {}
                     if "error" in info:
                         raise EngineDeadError(f"engine failed to start: {info['error']}")
@@ -200,7 +201,7 @@ class ZmqEngineClient:
                     self._check_clock(info)
                     self._last_message = time.monotonic()
                     return info
-                if kind == transport.HEARTBEAT and accept_heartbeat:
+                if kind == zmq_link.HEARTBEAT and accept_heartbeat:
                     # Heartbeats repeat the engine's info (frame 2) for a frontend that missed READY.
                     info = json.loads(frames[2]) if len(frames) > 2 else {}
                     self._check_codecs(info)
@@ -237,7 +238,7 @@ class ZmqEngineClient:
             self._declare_dead("the server is shutting down", expected=True)
         if self._owns_engine:
             with contextlib.suppress(zmq.ZMQError):
-                await self._input.send(transport.envelope(transport.SHUTDOWN), zmq.NOBLOCK)
+                await self._input.send(zmq_link.envelope(zmq_link.SHUTDOWN), zmq.NOBLOCK)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -298,7 +299,7 @@ class ZmqEngineClient:
         except EncodeError as exc:
             raise RequestRejectedError(str(exc), code=exc.code) from exc
         self._counters.add_encode(clock.stop(), frames, adapt_ns)
-        message: list[Any] = [transport.envelope(transport.ADD, rid), *frames]
+        message: list[Any] = [zmq_link.envelope(zmq_link.ADD, rid), *frames]
         held: list[Any] = []
         if self._shm is not None:
             try:
@@ -309,7 +310,7 @@ class ZmqEngineClient:
                 self._shm.unsent(held)
                 raise EngineDeadError(self._dead_reason or "the engine is not available")
         if self._verify:  # the digest travels outside the codec: flagged kind, one last frame
-            message[0] = bytes((message[0][0] | transport.VERIFIED,)) + message[0][1:]
+            message[0] = bytes((message[0][0] | zmq_link.VERIFIED,)) + message[0][1:]
             big = bool(request.mm_inputs)  # hashing megabytes of pixels leaves the event loop
             message.append(await asyncio.to_thread(request_digest, request) if big else request_digest(request))
         q: OutputQueue = OutputQueue(self._request_timeout_s)
@@ -365,7 +366,7 @@ class ZmqEngineClient:
 
     async def _send_abort(self, request_ids: list[str]) -> None:
         frames = self._encoder.encode(EngineCoreAbort(request_ids=list(request_ids)))
-        await self._input.send_multipart([transport.envelope(transport.ABORT), *frames])
+        await self._input.send_multipart([zmq_link.envelope(zmq_link.ABORT), *frames])
 
     # --- background tasks ---------------------------------------------------
     async def _read_outputs(self) -> None:
@@ -378,8 +379,8 @@ class ZmqEngineClient:
             kind = None
             try:
                 check = None
-                kind, _ = transport.open_envelope(frames[0])
-                if kind == transport.HEARTBEAT and len(frames) > 1:
+                kind, _ = zmq_link.open_envelope(frames[0])
+                if kind == zmq_link.HEARTBEAT and len(frames) > 1:
                     self._engine_stats = msgspec.json.decode(frames[1].buffer, type=CodecStats)
                     if len(frames) > 2:
                         status = json.loads(frames[2].bytes)
@@ -387,13 +388,13 @@ class ZmqEngineClient:
                         self.engine_steps = {
                             k: int(v) for k, v in status.items() if k in STEP_COUNTERS or k.startswith("blocked_")
                         }
-                elif kind == transport.SPANS and len(frames) > 1:
+                elif kind == zmq_link.SPANS and len(frames) > 1:
                     self.timelines.engine_spans(json.loads(frames[1].bytes))
-                elif kind == transport.RELEASE and len(frames) > 1 and self._shm is not None:
+                elif kind == zmq_link.RELEASE and len(frames) > 1 and self._shm is not None:
                     self._shm.released(json.loads(frames[1].bytes))
-                if kind == transport.OUTPUTS | transport.VERIFIED:  # --verify: the batch's check frame is last
-                    kind, body, check = transport.OUTPUTS, frames[1:-1], frames[-1]
-                elif kind == transport.OUTPUTS:
+                if kind == zmq_link.OUTPUTS | zmq_link.VERIFIED:  # --verify: the batch's check frame is last
+                    kind, body, check = zmq_link.OUTPUTS, frames[1:-1], frames[-1]
+                elif kind == zmq_link.OUTPUTS:
                     body = frames[1:]
                 else:
                     continue
@@ -406,15 +407,15 @@ class ZmqEngineClient:
                 self._counters.add_decode(clock, body, adapt_ns)
             except (CodecError, ValueError, msgspec.DecodeError) as exc:
                 log.error("undecodable message from the engine: %s", exc)
-                if kind == transport.OUTPUTS and check is not None:  # --verify names the batch's requests
+                if kind == zmq_link.OUTPUTS and check is not None:  # --verify names the batch's requests
                     self._fail_requests(read_outputs_check(check.bytes)[0], f"could not be decoded ({exc})")
-                elif kind == transport.OUTPUTS:
+                elif kind == zmq_link.OUTPUTS:
                     self._fail_in_flight(f"an output batch from the engine could not be decoded: {exc}")
                 continue
             if check is not None and not self._outputs_intact(batch, check.bytes):
                 continue
             if self.timelines.enabled:
-                self._stamp_first_outputs(batch, transport.output_seq(frames[0]), received, clock, adapt_ns)
+                self._stamp_first_outputs(batch, zmq_link.output_seq(frames[0]), received, clock, adapt_ns)
             if self._extra_cpu_us_per_token:
                 spend_cpu(self._extra_cpu_us_per_token * sum(len(o.new_token_ids) for o in batch.outputs))
             for output in batch.outputs:
@@ -509,7 +510,7 @@ class ZmqEngineClient:
             return
         frames = self._encoder.encode(EngineCoreAbort(request_ids=sorted(self._abandoned)))
         try:
-            self._input.send_multipart([transport.envelope(transport.ABORT), *frames], flags=zmq.NOBLOCK)
+            self._input.send_multipart([zmq_link.envelope(zmq_link.ABORT), *frames], flags=zmq.NOBLOCK)
             self._abandoned.clear()
         except zmq.ZMQError:  # no peer to queue it for: retried when the engine answers again
             pass

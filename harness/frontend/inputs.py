@@ -27,9 +27,9 @@ from harness.frontend.images import (
 )
 from harness.frontend.protocol import ProtocolError, StreamOptions
 from harness.frontend.settings import FrontendSettings
+from harness.tokenizers.tokenizer import DEFAULT_IMAGE_MARKER, TextTokenizer, TokenArray
 from harness.wire.messages import EngineCoreRequest, PlaceholderRange, SamplingParams, pack_token_ids
 from harness.wire.shm import ShmError
-from harness.wire.tokenizer import DEFAULT_IMAGE_MARKER, TextTokenizer, TokenArray
 
 # Placeholder token id when the tokenizer has no image token (user tokenizers):
 # the engine only needs *some* id at the placeholder positions, it replaces

@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Any
 from weakref import WeakKeyDictionary
 
+from harness.tokenizers.tokenizer import TextTokenizer
 from harness.wire.messages import Logprobs
-from harness.wire.tokenizer import TextTokenizer
 
 # Token id -> its text, per tokenizer: bounded by the vocabulary, shared by every request.
 _TOKEN_TEXTS: WeakKeyDictionary[TextTokenizer, dict[int, str]] = WeakKeyDictionary()

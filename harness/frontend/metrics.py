@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from harness.frontend.engine_client import EngineClient
-from harness.wire import prom, runs_on
+from harness.server_metrics import engine_info, prometheus
 
 OUTCOMES = ("completed", "failed", "aborted", "rejected")
 
@@ -21,32 +21,32 @@ class FrontendMetrics:
 
     def samples(self, engine: EngineClient) -> Samples:
         out: Samples = {
-            prom.REQUESTS: [({"outcome": k}, v) for k, v in self.requests.items()],
-            prom.PROMPT_TOKENS: [({}, self.prompt_tokens)],
-            prom.GENERATION_TOKENS: [({}, self.generation_tokens)],
-            prom.REQUESTS_RUNNING: [({}, self.running)],
-            prom.ENGINE_HEALTHY: [({}, 1.0 if engine.is_healthy else 0.0)],
-            prom.CODEC_INFO: [({"codec": engine.codec_name, "output_codec": engine.output_codec_name}, 1.0)],
+            prometheus.REQUESTS: [({"outcome": k}, v) for k, v in self.requests.items()],
+            prometheus.PROMPT_TOKENS: [({}, self.prompt_tokens)],
+            prometheus.GENERATION_TOKENS: [({}, self.generation_tokens)],
+            prometheus.REQUESTS_RUNNING: [({}, self.running)],
+            prometheus.ENGINE_HEALTHY: [({}, 1.0 if engine.is_healthy else 0.0)],
+            prometheus.CODEC_INFO: [({"codec": engine.codec_name, "output_codec": engine.output_codec_name}, 1.0)],
         }
-        out.update(prom.codec_samples(engine.frontend_codec_stats(), engine.engine_codec_stats()))
+        out.update(prometheus.codec_samples(engine.frontend_codec_stats(), engine.engine_codec_stats()))
         load = getattr(engine, "engine_load", None)  # the ZeroMQ client's, from the engine's heartbeats
         if load:
-            out[prom.ENGINE_REQUESTS] = [({"state": k}, v) for k, v in load.items()]
+            out[prometheus.ENGINE_REQUESTS] = [({"state": k}, v) for k, v in load.items()]
         steps = getattr(engine, "engine_steps", None)
         if steps:
-            out[prom.ENGINE_STEPS] = [({}, steps.get("steps", 0))]
-            out[prom.ENGINE_WAITING_STEPS] = [
+            out[prometheus.ENGINE_STEPS] = [({}, steps.get("steps", 0))]
+            out[prometheus.ENGINE_WAITING_STEPS] = [
                 ({"blocked_by": k.removeprefix("blocked_")}, v) for k, v in steps.items() if k.startswith("blocked_")
             ]
-            for key, name in (runs_on.KV_COUNTERS | runs_on.GRAPH_COUNTERS).items():
+            for key, name in (engine_info.KV_COUNTERS | engine_info.GRAPH_COUNTERS).items():
                 if key in steps:
                     out[name] = [({}, steps[key])]
         relayed = getattr(engine, "outputs_relayed", None)  # the ZeroMQ client's
         if relayed is not None:
-            out[prom.OUTPUTS_RELAYED] = [({}, relayed)]
-            out[prom.OUTPUTS_BEHIND] = [({}, getattr(engine, "outputs_behind", 0))]
+            out[prometheus.OUTPUTS_RELAYED] = [({}, relayed)]
+            out[prometheus.OUTPUTS_BEHIND] = [({}, getattr(engine, "outputs_behind", 0))]
         store = getattr(engine, "mm_store_counts", None)  # --transport shm-store's hits, misses, ...
         if store:
-            out[prom.MM_STORE] = [({"event": k}, v) for k, v in store.items()]
-        out.update(runs_on.metric_samples(getattr(engine, "engine_info", None) or {}))  # from READY
+            out[prometheus.MM_STORE] = [({"event": k}, v) for k, v in store.items()]
+        out.update(engine_info.metric_samples(getattr(engine, "engine_info", None) or {}))  # from READY
         return out

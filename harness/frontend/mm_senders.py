@@ -17,7 +17,7 @@ import numpy as np
 
 from harness.frontend.shm_sender import ShmSender, add_message, copy_frame
 from harness.frontend.taken_holds import HeldUntilTaken
-from harness.wire import mm_store, torch_shm, transport
+from harness.wire import mm_store, torch_shm, zmq_link
 from harness.wire.mm_store import MmStore
 from harness.wire.policy import LinkSettings
 from harness.wire.shm import DEFAULT_THRESHOLD, Arena, address_of
@@ -126,7 +126,7 @@ class TorchShmSender(HeldUntilTaken):
         except BaseException:
             self.unsent(held)
             raise
-        return add_message(transport.ADD_TORCH, rid, table, frames, out), held
+        return add_message(zmq_link.ADD_TORCH, rid, table, frames, out), held
 
 
 class StoreSender:
@@ -190,7 +190,7 @@ class StoreSender:
         except BaseException:
             self.unsent(held)
             raise
-        return add_message(transport.ADD_SHM, rid, table, frames, out), held
+        return add_message(zmq_link.ADD_SHM, rid, table, frames, out), held
 
     def released(self, entries: Sequence[Sequence[Any]]) -> None:
         for segment, block, generation in entries:

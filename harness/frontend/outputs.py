@@ -23,8 +23,8 @@ from typing import Any
 from harness.frontend.errors import EngineRequestError, RequestRejectedError
 from harness.frontend.inputs import Prepared
 from harness.frontend.logprobs import LogprobsRenderer
+from harness.tokenizers.tokenizer import TextTokenizer
 from harness.wire.messages import EngineCoreOutput, FinishReason
-from harness.wire.tokenizer import TextTokenizer
 
 
 class IncompleteOutputError(EngineRequestError):

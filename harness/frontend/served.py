@@ -1,6 +1,6 @@
 """The ``bench serve`` flags of what the frontend serves beyond the engine's config: the model's name,
 its tokenizer, how images travel, request digests, extra API-server work. Declared once
-(harness.wire.declare); ``bench run`` forwards them to every arm's server with the engine's.
+(harness.settings.declare); ``bench run`` forwards them to every arm's server with the engine's.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from harness.frontend.images import MM_PAYLOADS, MmPayload
 from harness.frontend.settings import FrontendSettings
-from harness.wire.declare import flag_type, setting
+from harness.settings.declare import flag_type, setting
 
 
 def _non_negative_float(text: str) -> float:

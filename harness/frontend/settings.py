@@ -7,7 +7,7 @@ from typing import Any
 
 from harness.engine.config import EngineConfig
 from harness.frontend.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_PIXELS, MM_PAYLOADS, TENSOR_DTYPES, MmPayload
-from harness.wire.declare import setting
+from harness.settings.declare import setting
 from harness.wire.limits import DEFAULT_LIMITS, RequestLimits
 
 
@@ -27,7 +27,7 @@ class FrontendSettings:
     mm_tensor_size: int = 336
     mm_tensor_dtype: str = "float16"
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES  # decoded bytes of one image file
-    # The request limits are `bench serve` flags, declared here once (harness.wire.declare). Each is
+    # The request limits are `bench serve` flags, declared here once (harness.settings.declare). Each is
     # checked before the work it bounds and its refusal names its flag.
     max_images_per_request: int = setting(
         8, flag="--max-images-per-request", help="images of a request (default %(default)s)"

@@ -17,7 +17,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from harness.wire import transport
+from harness.wire import zmq_link
 from harness.wire.shm import DEFAULT_THRESHOLD, Arena, Handle, ShmError, copy_into
 
 COPY_IN_THREAD_BYTES = 1 << 20  # bigger copies leave the event loop
@@ -66,7 +66,7 @@ class ShmSender:
         except BaseException:
             self.unsent(held)
             raise
-        return add_message(transport.ADD_SHM, rid, table, frames, out), held
+        return add_message(zmq_link.ADD_SHM, rid, table, frames, out), held
 
     async def _copy(self, view: memoryview, dst: memoryview) -> None:
         await copy_frame(dst, view)
@@ -122,5 +122,5 @@ def add_message(kind: int, rid: str, table: list[list[Any]], frames: Sequence[An
     ``table``), else ``kind`` with the JSON table of the frames that did and ``out`` (an empty frame
     in each one's place)."""
     if not table:
-        return [transport.envelope(transport.ADD, rid), *frames]
-    return [transport.envelope(kind, rid), json.dumps(table).encode(), *out]
+        return [zmq_link.envelope(zmq_link.ADD, rid), *frames]
+    return [zmq_link.envelope(kind, rid), json.dumps(table).encode(), *out]

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from harness.wire import prom
+from harness.server_metrics import prometheus
 from harness.wire.spans import CPU_SPANS, REQUEST_SPANS, BatchPoints, EnginePoints, FrontPoints, RequestTimeline
 
 KEEP_REQUESTS = 100_000
@@ -67,10 +67,10 @@ class Timelines:
         self.batches = Ring(KEEP_BATCHES)
         self.steps = Ring(KEEP_STEPS)
         self.loop_lag = Ring(KEEP_LAG_SAMPLES)
-        self.hist_ipc = prom.Histogram(prom.IPC_SECONDS)
-        self.hist_cpu = prom.Histogram(prom.CODEC_CPU_SECONDS)
-        self.hist_first_token = prom.Histogram(prom.FIRST_TOKEN_IPC_SECONDS)
-        self.hist_loop_lag = prom.Histogram(prom.LOOP_LAG_SECONDS)
+        self.hist_ipc = prometheus.Histogram(prometheus.IPC_SECONDS)
+        self.hist_cpu = prometheus.Histogram(prometheus.CODEC_CPU_SECONDS)
+        self.hist_first_token = prometheus.Histogram(prometheus.FIRST_TOKEN_IPC_SECONDS)
+        self.hist_loop_lag = prometheus.Histogram(prometheus.LOOP_LAG_SECONDS)
 
     def disable(self, why: str) -> None:
         self.enabled, self.unavailable = False, why
@@ -200,7 +200,7 @@ class Timelines:
             "loop_lag_ms": _lag_summary(lags),
         }
 
-    def histograms(self) -> list[prom.Histogram]:
+    def histograms(self) -> list[prometheus.Histogram]:
         return [self.hist_ipc, self.hist_cpu, self.hist_first_token, self.hist_loop_lag]
 
 

@@ -15,7 +15,7 @@ from harness.loadgen.arrivals import positive_rate
 from harness.loadgen.metrics import METRICS
 from harness.loadgen.runner import DEFAULT_RESULT_DIR
 from harness.loadgen.settings import LoadSettings
-from harness.wire.declare import add_arguments, declared
+from harness.settings.declare import add_arguments, declared
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 

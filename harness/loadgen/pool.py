@@ -44,7 +44,7 @@ from harness.loadgen.workers import (
     new_session,
     uncancel_current_task,
 )
-from harness.wire.heap import freeze_heap
+from harness.processes.heap import freeze_heap
 
 # Between the last "ready" and the start: enough for every child to get "go".
 START_DELAY_S = 0.05

@@ -48,7 +48,7 @@ from harness.loadgen.workers import (
     new_session,
     uncancel_current_task,
 )
-from harness.wire.heap import freeze_heap
+from harness.processes.heap import freeze_heap
 
 INSTALL_HINT = "pip install 'wirebench[distributed]'"
 START_DELAY_S = 0.25

@@ -22,7 +22,7 @@ from harness.loadgen.ipc import report_lines as ipc_report_lines
 from harness.loadgen.metrics import METRICS, MetricStats, percentile_key
 from harness.loadgen.runner import BenchmarkResult
 from harness.loadgen.serverstats import CodecFigures, DirectionFigures
-from harness.wire import runs_on
+from harness.server_metrics import engine_info
 
 WIDTH = 50
 
@@ -105,7 +105,7 @@ def format_report(result: BenchmarkResult) -> str:
     ]
     lines += _codec_rows(result.codec_figures, m.ttft.mean)
     reserve = [r.prompt_len + r.expected_output_len for r in result.records]  # KV each request reserves
-    lines += [_row(k, v) for k, v in runs_on.report_rows(result.engine, sum(reserve) / max(len(reserve), 1))]
+    lines += [_row(k, v) for k, v in engine_info.report_rows(result.engine, sum(reserve) / max(len(reserve), 1))]
     lines += ipc_report_lines(result.ipc, m.ttft.mean, WIDTH)
     lag = m.schedule_lag
     lines += [

@@ -48,9 +48,9 @@ from harness.loadgen.workers import (
     send_within,
     uncancel_current_task,
 )
+from harness.processes.heap import freeze_heap
+from harness.server_metrics import engine_info, prometheus
 from harness.vllm_plugin.records import FLUSH_S
-from harness.wire import prom, runs_on
-from harness.wire.heap import freeze_heap
 from harness.wire.spans import IpcBudget
 from harness.workloads.sample import SampleRequest
 
@@ -83,7 +83,9 @@ class BenchmarkResult:
     client_health: guard.ClientHealth | None = None
     # Where IPC time went (harness.loadgen.ipc); None for a server without request timelines.
     ipc: IpcBudget | None = None
-    engine: dict[str, Any] | None = None  # the engine's account of itself from /metrics (harness.wire.runs_on)
+    engine: dict[str, Any] | None = (
+        None  # the engine's account of itself from /metrics (harness.server_metrics.engine_info)
+    )
     # CPU of the client, frontend and engine over the run (harness.loadgen.process_cpu.usage); None when
     # the server's processes were not known (bench load against a URL).
     process_cpu: dict[str, Any] | None = None
@@ -308,9 +310,9 @@ class ServerLoad:
                 load, settings.request_rate, settings.max_concurrency, outputs_behind_share(self.before, after)
             ),
             ipc=budget,
-            engine=runs_on.with_device_time(
-                runs_on.with_step_counts(
-                    runs_on.from_metrics(after) or runs_on.from_metrics(self.before), self.before, after
+            engine=engine_info.with_device_time(
+                engine_info.with_step_counts(
+                    engine_info.from_metrics(after) or engine_info.from_metrics(self.before), self.before, after
                 ),
                 budget.device if budget is not None else None,
             ),
@@ -319,7 +321,9 @@ class ServerLoad:
 
 def exposes_codec_counters(metrics_text: str | None) -> bool:
     """True when a /metrics scrape carries wirebench's codec counters."""
-    return metrics_text is not None and any(name == prom.CODEC_MESSAGES for name, _ in prom.parse(metrics_text))
+    return metrics_text is not None and any(
+        name == prometheus.CODEC_MESSAGES for name, _ in prometheus.parse(metrics_text)
+    )
 
 
 async def _settle() -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from harness.wire import prom
+from harness.server_metrics import prometheus
 
 _PROBE_TIMEOUT = aiohttp.ClientTimeout(total=10)
 
@@ -83,7 +83,7 @@ class CodecFigures:
     codec: str | None
     request: DirectionFigures
     output: DirectionFigures
-    cells: dict[tuple[str, str], prom.CodecCell]
+    cells: dict[tuple[str, str], prometheus.CodecCell]
     # --transport shm-store: the run's hits, misses, evictions and fallbacks; None for other transports.
     mm_store: dict[str, float] | None = None
 
@@ -120,8 +120,8 @@ def codec_name(text: str | None) -> str | None:
     """The codec label of wirebench_codec_info, if the server exposes it."""
     if not text:
         return None
-    for (name, labels), value in prom.parse(text).items():
-        if name == prom.CODEC_INFO and value:
+    for (name, labels), value in prometheus.parse(text).items():
+        if name == prometheus.CODEC_INFO and value:
             codec = dict(labels).get("codec")
             if codec:
                 return codec
@@ -129,7 +129,7 @@ def codec_name(text: str | None) -> str | None:
 
 
 def _has_codec_counters(values: dict) -> bool:
-    names = {prom.CODEC_MESSAGES, prom.CODEC_SECONDS, prom.CODEC_BYTES, prom.CODEC_FRAMES}
+    names = {prometheus.CODEC_MESSAGES, prometheus.CODEC_SECONDS, prometheus.CODEC_BYTES, prometheus.CODEC_FRAMES}
     return any(name in names for name, _ in values)
 
 
@@ -140,10 +140,10 @@ def outputs_behind_share(before: str | None, after: str | None) -> float | None:
         return None
     counts = []
     for text in (before, after):
-        values = prom.parse(text)
+        values = prometheus.parse(text)
         relayed, behind = (
-            values.get((prom.OUTPUTS_RELAYED, frozenset())),
-            values.get((prom.OUTPUTS_BEHIND, frozenset())),
+            values.get((prometheus.OUTPUTS_RELAYED, frozenset())),
+            values.get((prometheus.OUTPUTS_BEHIND, frozenset())),
         )
         if relayed is None or behind is None:
             return None
@@ -158,16 +158,16 @@ def codec_figures(before: str | None, after: str | None) -> CodecFigures | None:
     """Figures from two scrapes, or None when either is missing or has no codec counters."""
     if before is None or after is None:
         return None
-    v_before, v_after = prom.parse(before), prom.parse(after)
+    v_before, v_after = prometheus.parse(before), prometheus.parse(after)
     if not _has_codec_counters(v_after):
         return None
-    c_before, c_after = prom.codec_cells(v_before), prom.codec_cells(v_after)
+    c_before, c_after = prometheus.codec_cells(v_before), prometheus.codec_cells(v_after)
     cells = {key: c_after[key].minus(c_before[key]) for key in c_after}
     return figures_of(codec_name(after), cells, mm_store_counts(v_before, v_after))
 
 
 def figures_of(
-    codec: str | None, cells: dict[tuple[str, str], prom.CodecCell], mm_store: dict[str, float] | None = None
+    codec: str | None, cells: dict[tuple[str, str], prometheus.CodecCell], mm_store: dict[str, float] | None = None
 ) -> CodecFigures:
     """The figures of a run's counters, one cell per direction × operation (from /metrics, or from the
     timings a real vLLM's plugin wrote)."""
@@ -189,8 +189,8 @@ def figures_of(
 
 def mm_store_counts(before: dict, after: dict) -> dict[str, float] | None:
     """The store's events between two parsed scrapes; None when the server has no store."""
-    events = {dict(labels).get("event"): v for (name, labels), v in after.items() if name == prom.MM_STORE}
+    events = {dict(labels).get("event"): v for (name, labels), v in after.items() if name == prometheus.MM_STORE}
     if not events:
         return None
-    start = {dict(labels).get("event"): v for (name, labels), v in before.items() if name == prom.MM_STORE}
+    start = {dict(labels).get("event"): v for (name, labels), v in before.items() if name == prometheus.MM_STORE}
     return {str(k): v - start.get(k, 0.0) for k, v in events.items()}

@@ -1,6 +1,6 @@
 """The load's settings, validated once: ``LoadSettings`` and the error a load that cannot run raises.
 
-A field declared with ``setting`` is its own flag (harness.wire.declare; harness.loadgen.flags adds
+A field declared with ``setting`` is its own flag (harness.settings.declare; harness.loadgen.flags adds
 the flags); ``from_args`` reads the rest from flags that transform their value.
 """
 
@@ -16,8 +16,8 @@ from harness.loadgen import metrics as M
 from harness.loadgen.arrivals import positive_float
 from harness.loadgen.client import CHAT_COMPLETIONS, COMPLETIONS, ENDPOINTS, RequestRecord
 from harness.loadgen.workers import WorkerCount, parse_workers
-from harness.wire import declare
-from harness.wire.declare import setting
+from harness.settings import declare
+from harness.settings.declare import setting
 from harness.wire.messages import MAX_LOGPROBS
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
@@ -39,7 +39,7 @@ class BenchmarkError(Exception):
 @dataclass(frozen=True)
 class LoadSettings:
     """The load flags, validated; built from an argparse namespace. A field declared with ``setting``
-    is its own flag (harness.wire.declare, added by harness.loadgen.flags); the others are read from
+    is its own flag (harness.settings.declare, added by harness.loadgen.flags); the others are read from
     flags that transform their value (--request-timeout, --percentile-metrics, ...) by ``from_args``.
     """
 

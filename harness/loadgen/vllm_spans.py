@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.loadgen.serverstats import CodecFigures, figures_of
+from harness.server_metrics.prometheus import CodecCell
 from harness.vllm_plugin.records import (
     OUTPUT_DECODE,
     OUTPUT_ENCODE,
@@ -29,7 +30,6 @@ from harness.vllm_plugin.records import (
     REQUEST_ENCODE,
     read_rows,
 )
-from harness.wire.prom import CodecCell
 from harness.wire.spans import IpcBudget, budget, span_stats
 
 KINDS = (REQUEST_ENCODE, REQUEST_DECODE, OUTPUT_ENCODE, OUTPUT_DECODE)

@@ -242,7 +242,7 @@ async def drive(
     """Wait for ``origin`` (a perf_counter value shared by the workers), then send the job's records.
 
     Cancelling the task that runs it stops the load (see send_on_schedule).
-    The caller freezes its heap (harness.wire.heap.freeze_heap) before the barrier, so no collection
+    The caller freezes its heap (harness.processes.heap.freeze_heap) before the barrier, so no collection
     delays the start; worker processes end after the run, so nothing unfreezes it.
     """
     records = job.records

@@ -68,7 +68,7 @@ import zmq
 import wirecodecs
 from harness.engine import receivers
 from harness.frontend.mm_senders import StoreSender, TorchShmSender
-from harness.wire import transport
+from harness.wire import zmq_link
 from harness.wire.integrity import request_digest
 from harness.wire.messages import EngineCoreRequest
 from harness.wire.mm_store import MmStore
@@ -170,15 +170,15 @@ def _receiver(address: str, codec_name: str, msg_type_name: str, conn: Connectio
         while True:
             frames = sock.recv_multipart(copy=False)
             received = time.monotonic_ns()
-            kind, rid = transport.open_envelope(frames[0])
-            if kind == transport.SHUTDOWN:
+            kind, rid = zmq_link.open_envelope(frames[0])
+            if kind == zmq_link.SHUTDOWN:
                 return
             body: list[Any] = list(frames[1:])
-            if kind == transport.ADD_TORCH:
+            if kind == zmq_link.ADD_TORCH:
                 take = lambda fd, serial: released.append([TAKEN, fd, serial])  # noqa: E731
                 body = receivers.from_torch_shm(body, take, os.getppid())  # the sender spawned this process
-            elif kind == transport.ADD_SHM:
-                table = json.loads(transport.frame_bytes(body[0]))
+            elif kind == zmq_link.ADD_SHM:
+                table = json.loads(zmq_link.frame_bytes(body[0]))
                 body = body[1:]
                 for index, *handle in table:
                     body[index] = maps.view(Handle.from_list(handle))
@@ -291,7 +291,7 @@ def measure(
                     arena.free(block, gen)
                 if transport_name == "shm-inplace":  # its block went back with the release
                     native = calls.to_native(_place_in_arena(msg, arena))
-        sock.send(bytes((transport.SHUTDOWN,)))
+        sock.send(bytes((zmq_link.SHUTDOWN,)))
         first = stamps[0]
         ns = np.array(stamps[WARMUP_SENDS:], dtype=np.int64)
         parts = np.diff(ns, axis=1) / 1e3  # encode, copy, notify, decode per send, µs
@@ -352,12 +352,12 @@ def _place_in_torch_shm(msg: Any, sender: TorchShmSender) -> Any:
 
 
 def _payload_bytes(codec: Any, msg: Any) -> int:
-    return transport.frames_nbytes(codec.encode(msg))
+    return zmq_link.frames_nbytes(codec.encode(msg))
 
 
 def _message(frames: list[Any], arena: Arena | None, threshold: int, rid: str) -> list[Any]:
     if arena is None:
-        return [transport.envelope(transport.ADD, rid), *frames]
+        return [zmq_link.envelope(zmq_link.ADD, rid), *frames]
     table, out = [], [frames[0]]
     for i, frame in enumerate(frames[1:], start=1):
         view = memoryview(frame).cast("B")
@@ -372,5 +372,5 @@ def _message(frames: list[Any], arena: Arena | None, threshold: int, rid: str) -
         table.append([i, *handle.to_list()])
         out.append(b"")
     if not table:
-        return [transport.envelope(transport.ADD, rid), *frames]
-    return [transport.envelope(transport.ADD_SHM, rid), json.dumps(table).encode(), *out]
+        return [zmq_link.envelope(zmq_link.ADD, rid), *frames]
+    return [zmq_link.envelope(zmq_link.ADD_SHM, rid), json.dumps(table).encode(), *out]

@@ -260,19 +260,19 @@ def _path_call(codec: Any, msg: Any, msg_type: Any) -> Any:
     """The "path" op's call: encode, send over an inproc pair as the frontend does, receive, decode."""
     import zmq
 
-    from harness.wire import transport
+    from harness.wire import zmq_link
 
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     pull.bind("inproc://wirebench-path")
     push.connect("inproc://wirebench-path")
     is_request = msg_type.__name__ == "EngineCoreRequest"
-    head = transport.envelope(transport.ADD, "r0") if is_request else transport.output_envelope(0)
+    head = zmq_link.envelope(zmq_link.ADD, "r0") if is_request else zmq_link.output_envelope(0)
 
     def call(_acc: Any, _i: int) -> Any:
         push.send_multipart([head, *codec.encode(msg)], copy=False)
         frames = pull.recv_multipart(copy=False)
-        transport.open_envelope(frames[0])
+        zmq_link.open_envelope(frames[0])
         return codec.decode(frames[1:], msg_type)
 
     return call

@@ -36,8 +36,8 @@ from tokenizers import Encoding
 import wirecodecs
 from harness.engine.staging import Stager, step_token_ids
 from harness.micro.payloads import PROMPT_TOKENS, SEED, prompt_text, text_request
+from harness.tokenizers.tokenizer import TextTokenizer, ids_array, load_tokenizer
 from harness.wire.messages import EngineCoreRequest
-from harness.wire.tokenizer import TextTokenizer, ids_array, load_tokenizer
 
 # The stager of a CPU engine: its staged buffer is the model's input tensor.
 _CPU = torch.device("cpu")

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.wire.tokenizer import BOS_NAMES, EMBEDDED_TOKENIZER, EOS_NAMES, load_tokenizer
+from harness.tokenizers.tokenizer import BOS_NAMES, EMBEDDED_TOKENIZER, EOS_NAMES, load_tokenizer
 
 MADE_WITH = "wirebench.json"
 
@@ -48,7 +48,7 @@ MAX_POSITIONS = 4096
 
 
 def _chat_template(bos: str) -> str:
-    """The template of harness.wire.tokenizer (its docstring), in Jinja for vLLM's chat endpoint."""
+    """The template of harness.tokenizers.tokenizer (its docstring), in Jinja for vLLM's chat endpoint."""
     return (
         bos + "{% for m in messages %}<|{{ m['role'] }}|>\n"
         "{% if m['content'] is string %}{{ m['content'] }}"
@@ -83,7 +83,7 @@ def _wirebench_tokenizer(out: Path) -> dict[str, Any]:
 
 def _tekken_tokenizer(out: Path) -> dict[str, Any]:
     """Mistral's tekken file as vLLM's mistral tokenizer mode finds it (``tekken.json`` in the folder)."""
-    from harness.wire.tekken import TEKKEN_FILE, load_tekken
+    from harness.tokenizers.tekken import TEKKEN_FILE, load_tekken
 
     shutil.copyfile(TEKKEN_FILE, out / "tekken.json")
     tok = load_tekken()

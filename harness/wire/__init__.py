@@ -1,2 +1,2 @@
-"""What both processes share: messages and the sampling contract, transport, the shm arena,
-CURVE keys, integrity digests, span definitions, metric names, the tokenizer, parent watching."""
+"""What travels between the two processes: the messages and the sampling contract, the ZeroMQ link's
+envelopes and addresses, its CURVE keys, the link's rules, integrity digests, limits and spans."""

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.wire.declare import setting
-from harness.wire.transport import TRANSPORTS, EngineAddresses, is_loopback
+from harness.settings.declare import setting
+from harness.wire.zmq_link import TRANSPORTS, EngineAddresses, is_loopback
 from wirecodecs import codecs_out_of_band, sends_out_of_band, unpickles_peer_data
 
 _LOCAL = ("ipc://", "inproc://")
@@ -17,7 +17,7 @@ _LOCAL = ("ipc://", "inproc://")
 @dataclass(frozen=True)
 class LinkSettings:
     """What the rules judge: the codecs, the transport and the security switches of one engine link.
-    The switches and --transport are ``bench serve`` flags (harness.wire.declare)."""
+    The switches and --transport are ``bench serve`` flags (harness.settings.declare)."""
 
     codec: str = "pickle"  # of requests (bench serve --codec)
     output_codec: str | None = None  # of outputs; None: ``codec``

@@ -9,7 +9,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from harness.wire.tokenizer import TextTokenizer
+from harness.tokenizers.tokenizer import TextTokenizer
 from harness.workloads.images import ImageSpec
 from harness.workloads.sample import SampleRequest
 
@@ -31,7 +31,7 @@ class Dataset(Protocol):
     """One workload to replay.
 
     ``options`` is a frozen dataclass of the dataset's own settings, each declared with
-    ``harness.wire.declare.setting``: its flags (named after the dataset, e.g. ``--sonnet-input-len``),
+    ``harness.settings.declare.setting``: its flags (named after the dataset, e.g. ``--sonnet-input-len``),
     defaults and help, the keys a run file records, and which make two runs incomparable. An options
     class may inherit another dataset's (random-mm's inherits random's) to share its flags. A dataset
     that draws images of its own, not by ``--images-per-request``, gives its options a ``has_images``

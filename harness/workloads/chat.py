@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from harness.wire.tokenizer import TextTokenizer
+from harness.tokenizers.tokenizer import TextTokenizer
 from harness.workloads.sample import SampleRequest
 
 

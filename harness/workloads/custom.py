@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.wire.declare import setting
-from harness.wire.tokenizer import TextTokenizer
+from harness.settings.declare import setting
+from harness.tokenizers.tokenizer import TextTokenizer
 from harness.workloads.base import Sampling, token_count
 from harness.workloads.chat import user_message
 from harness.workloads.files import DatasetFileError, count_field, dataset_file, field, read_jsonl

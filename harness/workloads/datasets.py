@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from harness.wire.declare import add_arguments, declared
-from harness.wire.tokenizer import TextTokenizer
+from harness.settings.declare import add_arguments, declared
+from harness.tokenizers.tokenizer import TextTokenizer
 from harness.workloads.chat import chat_prompt_len, user_message
 from harness.workloads.registry import datasets
 from harness.workloads.sample import SampleRequest
@@ -47,7 +47,7 @@ def build_workload(spec: WorkloadSpec, tokenizer: TextTokenizer) -> list[SampleR
 
 def load_workload(spec: WorkloadSpec) -> tuple[list[SampleRequest], str]:
     """The workload and the tokenizer's name, built before any clock starts."""
-    from harness.wire.tokenizer import load_tokenizer
+    from harness.tokenizers.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(spec.tokenizer)
     return build_workload(spec, tokenizer), tokenizer.name

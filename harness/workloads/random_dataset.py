@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.wire.declare import setting
-from harness.wire.tokenizer import TextTokenizer
+from harness.settings.declare import setting
+from harness.tokenizers.tokenizer import TextTokenizer
 from harness.workloads.base import Sampling, check_counts, token_count
 from harness.workloads.sample import SampleRequest
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.wire.declare import flag_type, setting
-from harness.wire.tokenizer import TextTokenizer
+from harness.settings.declare import flag_type, setting
+from harness.tokenizers.tokenizer import TextTokenizer
 from harness.workloads.base import Sampling, non_negative_int, unit_interval
 from harness.workloads.chat import chat_requests
 from harness.workloads.images import Size, check_format, check_reuse, draw_image_urls

@@ -3,7 +3,7 @@
 A dataset is one module (``harness.workloads.base.Dataset``: a name, a frozen dataclass of its own
 settings, whether it takes images, and ``sample``). Its flags appear in every parser built after it
 is registered, ``build_workload`` samples it by ``--dataset-name``, its settings are recorded in run
-files and compared by ``harness.analysis.comparable``. Register in code::
+files and compared by ``harness.analysis.like_for_like``. Register in code::
 
     register_dataset(MyDataset())
 
@@ -19,7 +19,7 @@ import warnings
 from importlib.metadata import entry_points
 from typing import TypeVar
 
-from harness.wire.declare import declared
+from harness.settings.declare import declared
 from harness.workloads.base import Dataset
 from harness.workloads.custom import CUSTOM
 from harness.workloads.random_dataset import RANDOM

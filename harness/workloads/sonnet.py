@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.wire.declare import setting
-from harness.wire.tokenizer import TextTokenizer
+from harness.settings.declare import setting
+from harness.tokenizers.tokenizer import TextTokenizer
 from harness.workloads.base import Sampling, check_counts, non_negative_int, token_count
 from harness.workloads.chat import chat_prompt_len, chat_requests
 from harness.workloads.images import ImageSpec, make_image_urls

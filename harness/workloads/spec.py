@@ -2,7 +2,7 @@
 
 The common settings (which dataset, how many prompts, images, the seed) are declared here; each
 dataset's own (``--sonnet-input-len``, ``--random-range-ratio``, ...) are its ``options``, declared in
-its module (harness.wire.declare). A sweep point is ``dataclasses.replace`` of the spec (or
+its module (harness.settings.declare). A sweep point is ``dataclasses.replace`` of the spec (or
 ``with_options``), not a copied namespace.
 """
 
@@ -12,8 +12,8 @@ import argparse
 from dataclasses import dataclass, replace
 from typing import Any
 
-from harness.wire import declare
-from harness.wire.declare import setting
+from harness.settings import declare
+from harness.settings.declare import setting
 from harness.workloads.base import Dataset, Sampling, non_negative_int, positive_int, unit_interval
 from harness.workloads.images import ImageSpec
 from harness.workloads.registry import dataset_names, get_dataset

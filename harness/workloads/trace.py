@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.engine.step_plan import blocks_for
-from harness.wire.declare import setting
-from harness.wire.tokenizer import TextTokenizer
+from harness.settings.declare import setting
+from harness.tokenizers.tokenizer import TextTokenizer
 from harness.workloads.base import Sampling, token_count
 from harness.workloads.files import DatasetFileError, count_field, dataset_file, field, read_jsonl
 from harness.workloads.sample import SampleRequest

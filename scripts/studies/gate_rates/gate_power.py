@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from harness.analysis import gate, stats
-from harness.analysis.compare import VerdictCell, common_rounds, load_any_compare
 from harness.analysis.figures import DETECTION_FIGURE
+from harness.analysis.verdicts import VerdictCell, common_rounds, load_any_compare
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository (this file is in scripts/studies/NAME/)
 DEFAULT_FILES = sorted((ROOT / "results" / "baselines").glob("calibrate-sim-blocks*.json")) + sorted(

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.engine import sim_gpu
+from harness.engine import device_thread
 from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore
 from harness.wire.messages import EngineCoreRequest, SamplingParams
@@ -39,7 +39,7 @@ class _Probe:
 
     @classmethod
     def install(cls) -> None:
-        plain_wait, plain_finish = sim_gpu.StepHandle.wait, sim_gpu.StepHandle._finish
+        plain_wait, plain_finish = device_thread.StepHandle.wait, device_thread.StepHandle._finish
 
         def wait(self: Any) -> Any:
             t0 = time.perf_counter_ns()
@@ -52,8 +52,8 @@ class _Probe:
             cls.spans.append((start_ns, end_ns))
             plain_finish(self, result, error, start_ns, end_ns)
 
-        sim_gpu.StepHandle.wait = wait  # type: ignore[method-assign]
-        sim_gpu.StepHandle._finish = finish  # type: ignore[method-assign]
+        device_thread.StepHandle.wait = wait  # type: ignore[method-assign]
+        device_thread.StepHandle._finish = finish  # type: ignore[method-assign]
 
 
 def decode(batch: int, steps: int, prompt_len: int, overlapped: bool) -> dict[str, Any]:

@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 
 from harness.analysis.blocks import paired_log_diffs
-from harness.analysis.compare import load_any_compare
 from harness.analysis.sequential import critical_t
 from harness.analysis.stats import ALPHA
 from harness.analysis.student_t import t_ppf
+from harness.analysis.verdicts import load_any_compare
 
 
 def crossings(diffs: np.ndarray, looks: np.ndarray, fixed: bool) -> np.ndarray:

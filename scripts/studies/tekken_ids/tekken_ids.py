@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from harness.micro import payloads, timing  # noqa: E402
-from harness.wire.tokenizer import TextTokenizer, load_tokenizer  # noqa: E402
+from harness.tokenizers.tokenizer import TextTokenizer, load_tokenizer  # noqa: E402
 
 CODECS = ("pickle", "msgspec", "msgspec-packed")
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from harness.tokenizers.tokenizer import load_tokenizer
 from harness.wire.spans import EnginePoints, FrontPoints, RequestTimeline, trace_events
-from harness.wire.tokenizer import load_tokenizer
 
 SCRIPT = Path(__file__).resolve().parent / "vllm_client_check.py"
 

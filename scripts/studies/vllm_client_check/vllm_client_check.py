@@ -56,8 +56,8 @@ from harness.experiment.presets import PRESETS, SEED_10245  # noqa: E402
 from harness.experiment.server import ServerProcess  # noqa: E402
 from harness.experiment.server_flags import server_flags  # noqa: E402
 from harness.loadgen.sysinfo import git_revision  # noqa: E402
+from harness.tokenizers.tokenizer import EMBEDDED_TOKENIZER, GENERATION_PROMPT, ROLE_MARKERS, load_tokenizer  # noqa: E402
 from harness.wire.spans import FIRST_CHUNK_SLICE, PREPARE_SLICE, STEP_SLICE  # noqa: E402
-from harness.wire.tokenizer import EMBEDDED_TOKENIZER, GENERATION_PROMPT, ROLE_MARKERS, load_tokenizer  # noqa: E402
 from harness.workloads.datasets import EMBEDDED_SONNETS  # noqa: E402
 
 VLLM_FILES = ("benchmark_serving.py", "backend_request_func.py")

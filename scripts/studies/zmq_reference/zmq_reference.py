@@ -29,7 +29,7 @@ import zmq
 
 import wirecodecs
 from harness.micro.payloads import PAYLOADS
-from harness.wire.transport import frames_nbytes
+from harness.wire.zmq_link import frames_nbytes
 
 
 def receiver(address: str, iterations: int, conn: Connection) -> None:

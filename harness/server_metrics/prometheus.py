@@ -30,7 +30,9 @@ GENERATION_TOKENS = PREFIX + "generation_tokens_total"
 REQUESTS_RUNNING = PREFIX + "requests_running"  # gauge
 ENGINE_HEALTHY = PREFIX + "engine_healthy"  # gauge 1/0
 CODEC_INFO = PREFIX + "codec_info"  # gauge 1 with label codec=NAME
-ENGINE_INFO = PREFIX + "engine_info"  # gauge 1 with labels device, dtype, preset, params, ... (harness.wire.runs_on)
+ENGINE_INFO = (
+    PREFIX + "engine_info"
+)  # gauge 1 with labels device, dtype, preset, params, ... (harness.server_metrics.engine_info)
 ENGINE_REQUESTS = PREFIX + "engine_requests"  # gauge, label state=running|waiting
 ENGINE_STEPS = PREFIX + "engine_steps_total"  # counter: engine steps run
 # counter, label blocked_by=kv_cache|max_num_seqs|token_budget: steps after which requests still waited

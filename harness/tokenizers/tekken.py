@@ -43,8 +43,8 @@ from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
 from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 
+from harness.tokenizers.tokenizer import IncrementalDetokenizer, TextTokenizer, TokenArray, content_pieces
 from harness.wire.messages import pack_token_ids
-from harness.wire.tokenizer import IncrementalDetokenizer, TextTokenizer, TokenArray, content_pieces
 
 TEKKEN_NAME = "tekken"
 TEKKEN_FILE = Path(mistral_common.__file__).resolve().parent / "data" / "tekken_240911.json"

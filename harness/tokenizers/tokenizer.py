@@ -40,7 +40,7 @@ EMBEDDED_NAME = "wirebench-bpe"
 # this one (a subclass of TextTokenizer) without an import cycle.
 NAMED_TOKENIZERS = {
     # Mistral's 131,072-token tekken, through mistral-common.
-    "tekken": "harness.wire.tekken:load_tekken",
+    "tekken": "harness.tokenizers.tekken:load_tekken",
 }
 
 # Looked up in this order; the first present wins.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.wire import prom
+from harness.server_metrics import prometheus
 
 # label -> key of the engine's info dict
 _FIELDS = {
@@ -42,7 +42,7 @@ _INTS = ("params", "kv_cache_tokens", "max_num_seqs", "vocab_size", "max_model_l
 
 
 def _clean(value: Any) -> str:
-    """A label value the text format and ``prom.parse`` both keep intact."""
+    """A label value the text format and ``prometheus.parse`` both keep intact."""
     text = str(value).replace("\\", "/").replace('"', "'").replace("\n", " ")
     return text.replace("{", "(").replace("}", ")")
 
@@ -68,15 +68,15 @@ def metric_labels(info: dict[str, Any]) -> dict[str, str]:
 
 def metric_samples(info: dict[str, Any]) -> dict[str, list[tuple[dict[str, str], float]]]:
     """``{ENGINE_INFO: [(labels, 1)]}``, or nothing before the engine has said anything."""
-    return {prom.ENGINE_INFO: [(metric_labels(info), 1.0)]} if info else {}
+    return {prometheus.ENGINE_INFO: [(metric_labels(info), 1.0)]} if info else {}
 
 
 def from_metrics(text: str | None) -> dict[str, Any] | None:
     """The engine's account of itself from a /metrics scrape; None when the server has none."""
     if not text:
         return None
-    for (name, labels), value in prom.parse(text).items():
-        if name != prom.ENGINE_INFO or not value:
+    for (name, labels), value in prometheus.parse(text).items():
+        if name != prometheus.ENGINE_INFO or not value:
             continue
         out: dict[str, Any] = dict(labels)
         for key in _INTS:
@@ -102,13 +102,13 @@ def with_step_counts(engine: dict[str, Any] | None, before: str | None, after: s
     counts = []
     scrapes = []
     for text in (before, after):
-        values = prom.parse(text)
+        values = prometheus.parse(text)
         scrapes.append(values)
-        steps = values.get((prom.ENGINE_STEPS, frozenset()))
+        steps = values.get((prometheus.ENGINE_STEPS, frozenset()))
         waiting = {
             dict(labels).get("blocked_by", "?"): v
             for (name, labels), v in values.items()
-            if name == prom.ENGINE_WAITING_STEPS
+            if name == prometheus.ENGINE_WAITING_STEPS
         }
         if steps is None:
             return engine
@@ -146,14 +146,14 @@ def _deltas(
 
 # The scheduler's KV counters (Scheduler.step_counts) and their /metrics names.
 KV_COUNTERS = {
-    "preemptions": prom.ENGINE_PREEMPTIONS,
-    "prefix_cache_hit_tokens": prom.ENGINE_PREFIX_HITS,
-    "prefix_cache_query_tokens": prom.ENGINE_PREFIX_QUERIES,
+    "preemptions": prometheus.ENGINE_PREEMPTIONS,
+    "prefix_cache_hit_tokens": prometheus.ENGINE_PREFIX_HITS,
+    "prefix_cache_query_tokens": prometheus.ENGINE_PREFIX_QUERIES,
 }
 # The executor's CUDA-graph counters (TorchExecutor.step_counts), only with --cuda-graphs.
 GRAPH_COUNTERS = {
-    "cuda_graph_replays": prom.ENGINE_GRAPH_REPLAYS,
-    "cuda_graph_eager_steps": prom.ENGINE_GRAPH_EAGER,
+    "cuda_graph_replays": prometheus.ENGINE_GRAPH_REPLAYS,
+    "cuda_graph_eager_steps": prometheus.ENGINE_GRAPH_EAGER,
 }
 
 

@@ -54,7 +54,7 @@ def setting(
     aliases: tuple[str, ...] = (),
 ) -> Any:
     """A dataclass field with a flag. ``type`` defaults to ``int``/``float`` for such defaults, else str;
-    ``comparable``: two runs that differ in it measured different things (harness.analysis.comparable)."""
+    ``comparable``: two runs that differ in it measured different things (harness.analysis.like_for_like)."""
     if type is None and isinstance(default, int | float) and not isinstance(default, bool):
         type = int if isinstance(default, int) else float
     spec = Flag(flag, help, type, choices, metavar, comparable, aliases)

@@ -12,8 +12,8 @@ import textwrap
 from collections.abc import Sequence
 
 from harness.analysis import table as text_table
-from harness.analysis.compare import Arm, Comparison, compare, median_cell, verdict_lines
 from harness.analysis.figures import CODEC_FIGURES, IPC_FIGURES, LATENCY_FIGURES, SHOWN_FIGURES, Figure
+from harness.analysis.verdicts import Arm, Comparison, compare, median_cell, verdict_lines
 
 WIDTH = 100  # the widest line printed (a terminal's); a verdict longer than this wraps
 

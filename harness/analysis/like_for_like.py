@@ -13,14 +13,14 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from harness.analysis.compare import Arm
 from harness.analysis.documents import own_send_times
 from harness.analysis.runs import RunEntry
+from harness.analysis.verdicts import Arm
 from harness.engine.config import EngineConfig
 from harness.engine.step_time import LINEAR, fixed_ms_of, step_time_model
 from harness.frontend.served import ServedSettings
 from harness.loadgen.settings import LoadSettings
-from harness.wire.declare import comparable
+from harness.settings.declare import comparable
 from harness.workloads.registry import datasets
 from harness.workloads.spec import WorkloadSpec
 
@@ -31,7 +31,7 @@ PLAN_SETTINGS = ("block_size", "duet", "pin_servers")
 
 def compared_settings() -> tuple[str, ...]:
     """The flags of a run that change what it measures: the workload's and every registered dataset's,
-    what is served, the load's (each declared with its setting, harness.wire.declare) and the plan's.
+    what is served, the load's (each declared with its setting, harness.settings.declare) and the plan's.
     A flag missing from an older document is not compared, except those in DEFAULTS."""
     workload = comparable(WorkloadSpec, *(d.options for d in datasets()))
     return (*workload, *comparable(ServedSettings, EngineConfig, LoadSettings), *PLAN_SETTINGS)

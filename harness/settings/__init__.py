@@ -1,0 +1,1 @@
+"""How a setting is declared once: its field carries its flag, help, default and comparability."""

@@ -1,0 +1,1 @@
+"""The tokenizers shared by the frontend, the load generator and the datasets (tekken among them)."""
