@@ -60,7 +60,7 @@ def ipc_dirs() -> set[str]:
 
 
 def shm_segments() -> set[str]:
-    from harness.wire.shm import SHM_DIR
+    from harness.transports.shm import SHM_DIR
 
     return {p.name for p in SHM_DIR.glob("wirebench-*")}
 

@@ -13,7 +13,7 @@ import sys
 import aiohttp
 import pytest
 
-from harness.wire.shm import SHM_DIR
+from harness.transports.shm import SHM_DIR
 
 from serve_process import chat_with_images, shm_segments, start_serve, still_alive
 

@@ -12,7 +12,7 @@ import time
 import aiohttp
 import pytest
 
-from harness.wire.shm import SHM_DIR
+from harness.transports.shm import SHM_DIR
 from harness.workloads.images import synthetic_image, to_data_url
 
 from serve_process import MODEL, shm_segments, start_serve

@@ -99,7 +99,14 @@ def test_the_graph_is_read_and_a_cycle_would_be_found() -> None:
 # The layers, bottom-up (docs/architecture.md): a package may import its own layer and those below.
 LAYERS = [
     {"wirecodecs"},
-    {"harness.wire", "harness.settings", "harness.tokenizers", "harness.processes", "harness.server_metrics"},
+    {
+        "harness.wire",
+        "harness.transports",
+        "harness.settings",
+        "harness.tokenizers",
+        "harness.processes",
+        "harness.server_metrics",
+    },
     {"harness.engine", "harness.frontend", "harness.vllm_plugin"},  # the server's processes, ours or vLLM's
     {"harness.workloads", "harness.loadgen"},
     {"harness.micro"},

@@ -169,6 +169,7 @@ def test_micro_document_has_the_committed_keys() -> None:
     doc = documents.micro_document([ok, missing], [timing.DeliveryMeasurement(sent, t)], {}, {})
     # A delivery cell's later keys (the first send, the parts) come after the committed ones.
     later = ["first_us", "encode_p50_us", "copy_p50_us", "notify_p50_us", "decode_p50_us", "memcpy_cold_p50_us"]
+    later.append("variant")
     assert [list(r) for r in doc] == [cell_keys, cell_keys, [*delivery_keys, *later]]
     assert doc[0]["ratio"] == 2.0 and doc[1]["ratio"] is None
     assert doc[2]["p50_us"] is None  # NaN is written as null: strict JSON
@@ -304,10 +305,13 @@ def test_copies_after_a_pause_run_the_pause_outside_the_clock_and_warm_up_once()
 
 
 @pytest.mark.slow  # a receiver process per transport
-@pytest.mark.parametrize("transport", ["torch-shm", "torch-shm-inplace", "shm-store", "shm-store-miss"])
-def test_the_multimodal_transports_deliver_intact_bytes_in_parts(transport: str) -> None:
+@pytest.mark.parametrize(
+    ("transport", "variant"),
+    [("torch-shm", ""), ("torch-shm", "in-place"), ("shm-store", ""), ("shm-store", "store-miss")],
+)
+def test_the_multimodal_transports_deliver_intact_bytes_in_parts(transport: str, variant: str) -> None:
     """The warm-up sends are digested by the receiver: an ok cell got the bytes that were sent."""
     msg = payloads.tensor_request(torch.float16, 336)
-    got = delivery.measure("msgspec-oob", transport, "tensor-fp16-336", msg, iterations=3)
+    got = delivery.measure("msgspec-oob", transport, "tensor-fp16-336", msg, iterations=3, variant=variant)
     assert got.status == "ok", got.reason
     assert all(v >= 0 for v in got.parts_p50_us.values()) and got.copy_p50_us > 0

@@ -21,11 +21,12 @@ import torch
 import zmq
 from test_e2e_engine import request as engine_request
 
-from harness.engine import receivers
 from harness.engine.config import EngineConfig
 from harness.engine.process import EngineProcess
-from harness.wire import curve, shm, torch_shm, zmq_link
-from harness.wire.cuda_ipc import CudaHandle, CudaIpcError
+from harness.transports import Peer, RefusedSender, get_transport, shm, torch_shm
+from harness.transports.base import check_sender
+from harness.transports.cuda_ipc import ADD_CUDA, CudaHandle, CudaIpcError
+from harness.wire import curve, zmq_link
 from harness.wire.messages import EngineCoreOutputs, FinishReason
 from harness.wire.zmq_link import EngineAddresses
 from wirecodecs import get_codec
@@ -52,10 +53,10 @@ def _rogue_adds(marker: Path, body: list) -> dict[str, list]:
     shm_handle = shm.Handle(segment.name, block, 4096, gen)
     pickled = pickle.dumps(Exploit(marker)).hex()
     adds: dict[str, tuple[int, list]] = {
-        "rogue-cuda-pickle": (zmq_link.ADD_CUDA, [[1, 1, pickled]]),
-        "rogue-cuda-row": (zmq_link.ADD_CUDA, [[1, 2, 0, pickled, 1, 0, pickled, 0, None, False, 0, 1]]),
-        "rogue-torch": (zmq_link.ADD_TORCH, [[1, *handle.to_list()]]),
-        "rogue-shm": (zmq_link.ADD_SHM, [[1, *shm_handle.to_list()]]),
+        "rogue-cuda-pickle": (ADD_CUDA, [[1, 1, pickled]]),
+        "rogue-cuda-row": (ADD_CUDA, [[1, 2, 0, pickled, 1, 0, pickled, 0, None, False, 0, 1]]),
+        "rogue-torch": (torch_shm.ADD_TORCH, [[1, *handle.to_list()]]),
+        "rogue-shm": (shm.ADD_SHM, [[1, *shm_handle.to_list()]]),
     }
     messages = {}
     for rid, (kind, rows) in adds.items():
@@ -145,20 +146,22 @@ def test_over_ipc_the_kernel_names_the_sender_whatever_the_message_says(tmp_path
     pull.setsockopt(zmq.RCVTIMEO, 20_000)
     try:
         child = multiprocessing.get_context("spawn").Process(
-            target=_send_from_child, args=(address, zmq_link.ADD_TORCH)
+            target=_send_from_child, args=(address, torch_shm.ADD_TORCH)
         )
         child.start()
         envelope = pull.recv_multipart(copy=False)[0]
         child.join(timeout=20)
         assert zmq_link.sender_pid(envelope) == child.pid
         link = EngineAddresses(address, address, transport="torch-shm", frontend_pid=child.pid)
-        receivers.check_sender(zmq_link.ADD_TORCH, envelope, link)  # its frontend: taken
-        with pytest.raises(receivers.RefusedSender, match=f"sent by process {child.pid}"):
-            receivers.check_sender(zmq_link.ADD_TORCH, envelope, replace(link, frontend_pid=os.getpid()))
-        with pytest.raises(receivers.RefusedSender, match="serves --transport shm"):
-            receivers.check_sender(zmq_link.ADD_TORCH, envelope, replace(link, transport="shm"))
-        with pytest.raises(receivers.RefusedSender, match="spawned"):
-            receivers.check_sender(zmq_link.ADD_TORCH, envelope, replace(link, frontend_pid=None))
+        check_sender(torch_shm.ADD_TORCH, envelope, link, get_transport("torch-shm"))  # its frontend: taken
+        with pytest.raises(RefusedSender, match=f"sent by process {child.pid}"):
+            check_sender(
+                torch_shm.ADD_TORCH, envelope, replace(link, frontend_pid=os.getpid()), get_transport("torch-shm")
+            )
+        with pytest.raises(RefusedSender, match="serves --transport shm"):
+            check_sender(torch_shm.ADD_TORCH, envelope, link, get_transport("shm"))
+        with pytest.raises(RefusedSender, match="spawned"):
+            check_sender(torch_shm.ADD_TORCH, envelope, replace(link, frontend_pid=None), get_transport("torch-shm"))
     finally:
         pull.close(linger=0)
         ctx.term()
@@ -170,10 +173,10 @@ def test_over_tcp_only_an_authenticated_link_vouches_for_the_frontend():
         link = EngineAddresses.tcp("127.0.0.1", 6000, authenticated)
         link = replace(link, transport="cuda-ipc", frontend_pid=os.getpid())
         if refused:
-            with pytest.raises(receivers.RefusedSender, match="unauthenticated tcp"):
-                receivers.check_sender(zmq_link.ADD_CUDA, b"\x05r", link)
+            with pytest.raises(RefusedSender, match="unauthenticated tcp"):
+                check_sender(ADD_CUDA, b"\x05r", link, get_transport("cuda-ipc"))
         else:
-            receivers.check_sender(zmq_link.ADD_CUDA, b"\x05r", link)
+            check_sender(ADD_CUDA, b"\x05r", link, get_transport("cuda-ipc"))
 
 
 def test_a_torch_shm_handle_into_another_process_is_refused_and_still_reported_taken():
@@ -182,9 +185,9 @@ def test_a_torch_shm_handle_into_another_process_is_refused_and_still_reported_t
     frames = [json.dumps([[1, *handle.to_list()]]).encode(), b"body", b""]
     taken: list = []
     with pytest.raises(torch_shm.TorchShmError, match=f"names process {os.getpid()}"):
-        receivers.from_torch_shm(frames, lambda fd, serial: taken.append((fd, serial)), owner=os.getpid() + 1)
-    assert taken == [(handle.fd, 7)]  # its sender may drop it: nothing of it was mapped
-    body = receivers.from_torch_shm(frames, lambda fd, serial: None, owner=os.getpid())
+        torch_shm.TorchShmReceiver(Peer(os.getpid() + 1, release=taken.append)).open(frames)
+    assert taken == [[torch_shm.TAKEN, handle.fd, 7]]  # its sender may drop it: nothing of it was mapped
+    body = torch_shm.TorchShmReceiver(Peer(os.getpid())).open(frames)
     assert len(body) == 2 and memoryview(body[1]).nbytes == 4096
 
 
@@ -198,13 +201,13 @@ def test_an_shm_handle_into_a_segment_the_frontend_did_not_name_fails_its_reques
         link = replace(link, transport="shm", frontend_pid=os.getpid(), frontend_segment=shm.segment_name())
         engine = EngineProcess(EngineConfig(codec="msgspec-oob", executor="sim"), link)
         row = [1, *shm.Handle(theirs.name, block, 1024, gen).to_list()]
-        message: list[Any] = [zmq_link.envelope(zmq_link.ADD_SHM, "r1"), json.dumps([row]).encode(), b"body", b""]
+        message: list[Any] = [zmq_link.envelope(shm.ADD_SHM, "r1"), json.dumps([row]).encode(), b"body", b""]
         engine._handle_input(message, time.monotonic_ns())
         (batch,) = [engine.outputs.get_nowait()]
         (out,) = batch.outputs
         assert out.request_id == "r1" and out.finish_reason == FinishReason.REJECTED
         assert "is not the one this engine's frontend named" in (out.error or "")
-        assert engine.mappings._maps == {}  # nothing was mapped
+        assert isinstance(engine.receiver, shm.ShmReceiver) and engine.receiver.mappings._maps == {}  # nothing mapped
         engine.ctx.term()
     finally:
         theirs.close()

@@ -26,7 +26,7 @@ import pytest
 import zmq
 from PIL import Image
 
-from harness.wire.shm import SHM_DIR
+from harness.transports.shm import SHM_DIR
 
 from serve_process import free_port_pair, shm_segments, start_serve, still_alive
 

@@ -27,11 +27,11 @@ def test_a_frontend_only_host_leaves_the_cuda_graphs_refusal_to_the_engines_host
 ) -> None:
     """A CPU-only frontend host given --cuda-graphs (passed to both sides) starts: it runs no engine."""
 
-    def started() -> list[str]:
+    def started(name: str) -> None:  # the first step past the refusals: the transport's sender
         raise Started
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(serve_command.shm, "remove_stale_segments", started)
+    monkeypatch.setattr(serve_command, "get_transport", started)
     curve.create_or_load(tmp_path / "keys")  # as the engine's host would have made them
     frontend_only = ["serve", "--cuda-graphs", "--frontend-only", "--engine-port", "5555"]
     with pytest.raises(Started):

@@ -26,7 +26,11 @@ Schema history (``schema_version`` in every document):
   run's metadata (``micro_document``); with ``--transport``, then one object
   per delivery cell (``kind: "delivery"``). Delivery cells later gained, after their
   other keys, ``first_us`` (the first, untimed send) and ``encode_p50_us``,
-  ``copy_p50_us``, ``notify_p50_us``, ``decode_p50_us`` (``harness.micro.delivery.PARTS``).
+  ``copy_p50_us``, ``notify_p50_us``, ``decode_p50_us`` (``harness.micro.delivery.PARTS``),
+  then ``variant`` ("" or one of ``harness.transports.base.VARIANTS``): a cell's ``transport`` is
+  now always a name ``bench serve`` takes. Older cells spelt a variant into it: ``shm-inplace``,
+  ``torch-shm-inplace`` (variant ``in-place``), ``shm-bell`` (``bell``), ``shm-store-miss``
+  (``store-miss``).
 - calibrate: a compare 2 document (written by ``bench calibrate``) with a
   ``calibration`` summary beside it.
 - instructions 2: ``kind: "instructions"``, ``calls``, ``layout_shifts`` (each cell the median over
@@ -264,6 +268,7 @@ def micro_document(
         later = {k: fields.pop(k) for k in ("first_us", *(f"{p}_p50_us" for p in DELIVERY_PARTS))}
         row = {"kind": "delivery", **fields, "memcpy_p50_us": d.memcpy.p50_us, "schema_version": MICRO_SCHEMA}
         later["memcpy_cold_p50_us"] = d.memcpy_cold.p50_us if d.memcpy_cold else None
+        later["variant"] = row.pop("variant")
         doc.append({**row, **later})
     return jsonable(doc)
 

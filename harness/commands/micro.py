@@ -11,7 +11,9 @@ bytes are ``harness.micro.payloads``'s.
 dec column ends at the engine's model-input tensor; the output's legend says so in one line.
 
 ``--transport zmq,shm`` adds the delivery table (``harness.micro.delivery``):
-encode, send to another process, receive, decode, against the same memcpy.
+encode, send to another process, receive, decode, against the same memcpy, over
+the transports ``bench serve`` offers, by the same names; ``--in-place``,
+``--bell`` and ``--store-miss`` add the variants of those that have them.
 
 ``--count instructions`` counts instead of timing: each codec call's instructions under
 valgrind's callgrind (``harness.micro.instructions``), repeatable on a shared machine;
@@ -47,6 +49,9 @@ from harness.micro.timing import (
     run_metadata,
 )
 from harness.micro.token_path import PATH_PAYLOADS
+from harness.transports import get_transport, transport_names
+from harness.transports.base import VARIANTS
+from harness.transports.registry import loaded_transports
 
 # --- the tables --------------------------------------------------------------
 
@@ -64,7 +69,7 @@ EPILOG = """\
 examples:
   bench micro
   bench micro --codec pickle,msgspec --payload text-550,outputs-64
-  bench micro --payload image-1024 --transport zmq,shm
+  bench micro --payload image-1024 --transport zmq,shm --in-place
   bench micro --count instructions --json counts.json
 
 exit codes: 0 measured; 2 bad flags. With --baseline: 1 a count rose by more
@@ -155,7 +160,7 @@ _DELIVERY_WIDTHS = [w for _, w in DELIVERY_COLUMNS]
 
 def format_delivery_row(dm: DeliveryMeasurement) -> str:
     d, memcpy = dm.delivery, dm.memcpy
-    row = [d.codec, d.payload, d.transport]
+    row = [d.codec, d.payload, d.label]
     if d.status != "ok":
         row.append(f"{d.status}: {d.reason}")
     else:
@@ -214,8 +219,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--transport",
         metavar="X,Y",
         default=None,
-        help=f"also time delivery to another process over these transports ({', '.join(delivery.TRANSPORTS)})",
+        help=f"also time delivery to another process over these transports ({', '.join(transport_names())})",
     )
+    for variant, meaning in VARIANTS.items():
+        having = [t.name for t in loaded_transports() if variant in t.variants]
+        parser.add_argument(
+            f"--{variant}",
+            action="store_true",
+            help=f"with --transport, also time {' and '.join(having) or 'no transport'} this way: {meaning}",
+        )
     parser.add_argument("--delivery-iterations", type=int, default=50, help="sends per delivery cell (default 50)")
     g = parser.add_argument_group("instruction counts (valgrind's callgrind)")
     g.add_argument(
@@ -253,7 +265,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         codecs = parse_names(args.codec, wirecodecs.available_codecs(), "codec")
         payloads = parse_names(args.payload, ALL_PAYLOADS, "payload")
-        transports = parse_names(args.transport, list(delivery.TRANSPORTS), "transport") if args.transport else []
+        names = parse_names(args.transport, list(transport_names()), "transport") if args.transport else []
+        transports = _with_variants(names, [v for v in VARIANTS if getattr(args, v.replace("-", "_"))])
         if args.min_iterations < 1:
             raise ValueError(f"--min-iterations must be at least 1, got {args.min_iterations}")
         if not args.min_time >= 0:
@@ -286,6 +299,17 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _with_variants(names: list[str], variants: list[str]) -> list[tuple[str, str]]:
+    """Each transport as served (variant ""), then each asked variant it has."""
+    if variants and not names:
+        raise ValueError(f"--{variants[0]} needs --transport")
+    cells = []
+    for name in names:
+        cells.append((name, ""))
+        cells += [(name, v) for v in variants if v in get_transport(name).variants]
+    return cells
+
+
 def _print_cells(
     codecs: list[str], payloads: list[str], min_iterations: int, min_time_s: float, meta: dict[str, Any]
 ) -> list[Measurement]:
@@ -307,7 +331,7 @@ def _print_cells(
 
 
 def _print_deliveries(
-    codecs: list[str], payloads: list[str], transports: list[str], iterations: int
+    codecs: list[str], payloads: list[str], transports: list[tuple[str, str]], iterations: int
 ) -> list[DeliveryMeasurement]:
     print(
         f"\ndelivery: encode → send → receive in another process → decode, {iterations} one-at-a-time sends "

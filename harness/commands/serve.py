@@ -26,13 +26,15 @@ from harness.engine.config import EngineConfig, codec_spec
 from harness.experiment.server import ready_line
 from harness.experiment.server_flags import add_model_arguments
 from harness.frontend.engine_client import REQUEST_TIMEOUT_S, ZmqEngineClient
-from harness.frontend.mm_senders import frame_sender
 from harness.frontend.served import ServedSettings
 from harness.frontend.settings import FrontendSettings
 from harness.processes import parent_watch
 from harness.processes.heap import freeze_heap
 from harness.settings import declare
-from harness.wire import curve, shm, torch_shm, zmq_link
+from harness.transports import SenderSettings, get_transport
+from harness.transports.base import DEFAULT_ARENA_MIB, DEFAULT_THRESHOLD
+from harness.transports.registry import loaded_transports
+from harness.wire import curve, zmq_link
 from harness.wire.policy import LinkSettings, check_shm, check_transport_safety, insecure_warnings
 from harness.wire.spans import trace_events
 from harness.wire.zmq_link import EngineAddresses
@@ -92,16 +94,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument(
         "--shm-size",
         type=int,
-        default=shm.DEFAULT_SIZE_MIB,
+        default=DEFAULT_ARENA_MIB,
         metavar="MIB",
-        help=f"shm: the arena's size; a full arena makes requests wait, then fail (default {shm.DEFAULT_SIZE_MIB})",
+        help=f"shm: the arena's size; a full arena makes requests wait, then fail (default {DEFAULT_ARENA_MIB})",
     )
     t.add_argument(
         "--shm-threshold",
         type=int,
-        default=shm.DEFAULT_THRESHOLD,
+        default=DEFAULT_THRESHOLD,
         metavar="BYTES",
-        help=f"every transport but zmq: smaller frames stay in the message (default {shm.DEFAULT_THRESHOLD})",
+        help=f"every transport but zmq: smaller frames stay in the message (default {DEFAULT_THRESHOLD})",
     )
     t.add_argument(
         "--engine-stall-timeout",
@@ -206,7 +208,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
     config = engine_config_from_args(args, tokenizer)
     for stale, pid in zmq_link.remove_stale_ipc_dirs():
         log.warning("removed %s, left by a process that is gone", stale)
-        for name in torch_shm.remove_leftovers(pid):  # a frontend killed while torch created a storage
+        for name in _remove_leftovers(pid):  # e.g. a frontend killed while torch created a storage
             log.warning("removed shared memory %s, left by the same process", name)
     try:
         addresses = _addresses(args)
@@ -223,8 +225,10 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
         print(f"bench serve: {error}", file=sys.stderr)
         addresses.cleanup()
         return 2
-    for stale in shm.remove_stale_segments():
-        log.warning("removed shared memory %s, left by a process that is gone", stale)
+    for each in loaded_transports():
+        for stale in each.remove_stale():
+            log.warning("removed shared memory %s, left by a process that is gone", stale)
+    transport = get_transport(link.transport)
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -235,7 +239,8 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
     runner: web.AppRunner | None = None
     sender = None
     try:
-        sender, segment = frame_sender(link, args.shm_size << 20, args.shm_threshold)
+        sender = transport.sender(SenderSettings(args.shm_threshold, args.shm_size << 20, link.mm_store_bytes))
+        segment = sender.segment if sender is not None else None
         if not args.frontend_only:
             ctx = multiprocessing.get_context("spawn")
             engine_addresses = (
@@ -260,7 +265,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
             heartbeat_timeout_s=args.engine_stall_timeout,
             request_timeout_s=args.request_timeout,
             verify=served.verify,
-            shm=sender,
+            sender=sender,
             is_process_alive=(process.is_alive if process else None),
             owns_engine=not args.frontend_only,
             spans=config.spans,
@@ -329,9 +334,14 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
             if process.is_alive():
                 process.kill()
                 process.join()
-            if process.pid is not None:  # an engine killed while torch created a storage
-                torch_shm.remove_leftovers(process.pid)
+            if process.pid is not None:  # e.g. an engine killed while torch created a storage
+                _remove_leftovers(process.pid)
         addresses.cleanup()
+
+
+def _remove_leftovers(pid: int) -> list[str]:
+    """What process ``pid``, known to be gone, left behind under any transport, removed."""
+    return [name for transport in loaded_transports() for name in transport.remove_leftovers(pid)]
 
 
 def main(args: argparse.Namespace) -> int:

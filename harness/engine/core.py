@@ -148,7 +148,7 @@ class EngineCore:
     def _drop_images(scheduled: SchedulerOutput) -> None:
         for new in scheduled.new_requests:
             # The executor has encoded its images: drop the payload now, not when the request ends,
-            # so its memory (shared memory included, harness.wire.shm) is given back early.
+            # so its memory (shared memory included, harness.transports.shm) is given back early.
             new.request.mm_inputs = None
 
     def fail_all(self, message: str) -> list[EngineCoreOutput]:

@@ -22,17 +22,18 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 import zmq
 
-from harness.engine import receivers
 from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore, error_output
 from harness.engine.timings import EngineTimings
 from harness.processes.heap import freeze_heap
-from harness.wire import curve, shm, torch_shm, zmq_link
+from harness.transports import Peer, TransportError, get_transport
+from harness.transports.base import check_sender
+from harness.wire import curve, zmq_link
 from harness.wire.integrity import outputs_check, request_digest
 from harness.wire.messages import (
     EngineCoreAbort,
@@ -41,25 +42,22 @@ from harness.wire.messages import (
     EngineCoreRequest,
     SchedulerStats,
 )
-from harness.wire.shm import Handle, Mappings, ShmError
 from harness.wire.spans import host_clock_id
-from harness.wire.torch_shm import TorchShmError
 from harness.wire.zmq_link import CodecClock, CodecCounters, EngineAddresses
 from wirecodecs import CodecCalls, CodecError, get_codec
 
 log = logging.getLogger("wirebench.engine")
 
 _STOP = object()  # sentinel through the queues
-# The kinds that add a request: its frames in the message, or its big ones apart (shm, torch-shm, cuda-ipc).
-_ADDS = (zmq_link.ADD, zmq_link.ADD_SHM, zmq_link.ADD_TORCH, zmq_link.ADD_CUDA)
 
 
-class _Release(NamedTuple):
-    """A shared-memory block the engine no longer views, on its way back to the sender."""
+def _adds(kind: int) -> bool:
+    """A kind that adds a request: its frames in the message, or its big ones apart (a transport's)."""
+    return kind == zmq_link.ADD or kind in zmq_link.OUT_OF_BAND_ADDS
 
-    segment: str
-    block: int
-    generation: int
+
+class _Release(list):
+    """An entry of the engine's transport receiver on its way back to the sender, in a RELEASE message."""
 
 
 class EngineProcess:
@@ -81,12 +79,11 @@ class EngineProcess:
         # The engine's half of the request timelines; None with --no-spans.
         self.timings: EngineTimings | None = EngineTimings() if config.spans else None
         self._out_seq = 0
-        # Maps of the frontend's shared-memory arena (--transport shm); views release themselves.
-        self.mappings = Mappings(on_release=self._released)
-        # Tests only: WIREBENCH_FAULT=swap-shm-buffers hands each request the previous one's buffer,
-        # the race --verify exists to catch. Never set in normal use.
-        self._fault_swap = os.environ.get("WIREBENCH_FAULT") == "swap-shm-buffers"
-        self._previous_handle: Handle | None = None
+        # The engine's half of its transport (None for zmq): opens the frontend's out-of-band ADDs; what
+        # it is done with goes back to the frontend in RELEASE messages.
+        self.transport = get_transport(addresses.transport)
+        peer = Peer(addresses.frontend_pid or 0, addresses.frontend_segment, self._release)
+        self.receiver = self.transport.receiver(peer) if addresses.frontend_pid is not None else None
         # Tests only: WIREBENCH_FAULT=reuse-output-buffer writes each output body into one reused buffer and
         # writes the next batch into it before the previous one is handed to ZeroMQ (vLLM #45730's bug class).
         self._reused: bytearray | None = (
@@ -119,7 +116,7 @@ class EngineProcess:
         kind, request_id = zmq_link.open_envelope(frames[0])
         body = frames[1:]
         digest = None
-        if kind & zmq_link.VERIFIED and kind & ~zmq_link.VERIFIED in _ADDS:
+        if kind & zmq_link.VERIFIED and _adds(kind & ~zmq_link.VERIFIED):
             kind &= ~zmq_link.VERIFIED
             body, digest = body[:-1], zmq_link.frame_bytes(body[-1]) if body else b""
             self.verify_outputs = True
@@ -127,11 +124,12 @@ class EngineProcess:
             self.stopping.set()
             self.inputs.put(_STOP)
             return
-        if kind in _ADDS and kind != zmq_link.ADD:
+        if _adds(kind) and kind != zmq_link.ADD:
             try:
-                receivers.check_sender(kind, frames[0], self.addresses)
-                body = self._out_of_band(kind, body)
-            except (ShmError, TorchShmError, ValueError) as exc:
+                check_sender(kind, frames[0], self.addresses, self.transport)
+                assert self.receiver is not None  # check_sender refused the message otherwise
+                body = self.receiver.open(body)
+            except (TransportError, ValueError) as exc:
                 if request_id is None:
                     raise
                 self._send_outputs([error_output(request_id, f"request could not be received: {exc}")])
@@ -166,36 +164,10 @@ class EngineProcess:
                 return
         self.inputs.put(msg)
 
-    def _out_of_band(self, kind: int, frames: list[Any]) -> list[Any]:
-        """The codec frames of an ADD whose big frames travel apart, by the transport's kind."""
-        if kind == zmq_link.ADD_SHM:
-            return self._from_shm(frames)
-        if kind == zmq_link.ADD_TORCH:
-            assert self.addresses.frontend_pid is not None  # check_sender refused the message otherwise
-            return receivers.from_torch_shm(frames, self._taken, self.addresses.frontend_pid)
-        return receivers.from_cuda_ipc(frames, self._taken)
-
-    def _taken(self, fd: int, serial: int) -> None:
-        """torch-shm, cuda-ipc: a storage is mapped here (or could not be): its sender may drop it."""
-        self.outputs.put(_Release(torch_shm.TAKEN, fd, serial))
-
-    def _from_shm(self, frames: list[Any]) -> list[Any]:
-        """An ADD_SHM's codec frames: the table's frames become views on the sender's shared memory."""
-        rows, body = receivers.table(frames, "shared-memory")
-        for index, *raw in rows:
-            handle = Handle.from_list(raw)
-            if handle.segment != self.addresses.frontend_segment:
-                raise ShmError(f"segment {handle.segment} is not the one this engine's frontend named at spawn")
-            if self._fault_swap:  # a deliberately broken transport, for tests (WIREBENCH_FAULT)
-                handle, self._previous_handle = self._previous_handle or handle, handle
-                if handle.length != self._previous_handle.length:
-                    handle = self._previous_handle
-            body[index] = self.mappings.view(handle)
-        return body
-
-    def _released(self, segment: str, block: int, generation: int) -> None:
-        """A shared-memory view died (its request's tensors are gone): tell the sender (output thread)."""
-        self.outputs.put(_Release(segment, block, generation))
+    def _release(self, entry: list[Any]) -> None:
+        """The receiver is done with a handle (a view died, a storage is mapped): tell the sender, from the
+        output thread."""
+        self.outputs.put(_Release(entry))
 
     # --- output thread ------------------------------------------------------
     def _send(self, sock: zmq.Socket, frames: list[Any], copy: bool = True, give_up_s: float | None = None) -> bool:
@@ -351,14 +323,11 @@ class EngineProcess:
         return parent is not None and not parent.is_alive()
 
     def _remove_frontend_leftovers(self) -> None:
-        """What a killed frontend could not remove and nobody else will: its shared memory (segments
-        mapped here, the one it named at spawn, torch's files it was killed before unlinking) and the
-        sockets' private ipc directory."""
-        self.mappings.unlink_all()
-        if self.addresses.frontend_segment:
-            shm.unlink_segment(self.addresses.frontend_segment)
-        if self.addresses.frontend_pid is not None:
-            torch_shm.remove_leftovers(self.addresses.frontend_pid)
+        """What a killed frontend could not remove and nobody else will: what its transport left (e.g. its
+        shared-memory segment, torch's files it was killed before unlinking) and the sockets' private ipc
+        directory."""
+        if self.receiver is not None:
+            self.receiver.peer_gone()
         self.addresses.cleanup()
 
     def _busy_loop(self, core: EngineCore) -> None:

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from harness.transports import transport_names
 from harness.wire.policy import transport_refusal
-from harness.wire.zmq_link import TRANSPORTS
 from wirecodecs import UnknownCodecError, available_codecs, check_codec_spec
 
 T = TypeVar("T")
@@ -45,10 +45,10 @@ class ArmSpec:
 def parse_arms(codec_spec: str, transport_spec: str = "zmq") -> list[ArmSpec]:
     """Every codec × transport (codec-major); labels carry the transport when several are compared."""
     transports = [t.strip() for t in transport_spec.split(",") if t.strip()]
-    bad = [t for t in transports if t not in TRANSPORTS]
+    bad = [t for t in transports if t not in transport_names()]
     if bad or not transports:
         raise ValueError(
-            f"unknown transport(s) {', '.join(bad) or '(none given)'}; choose from {', '.join(TRANSPORTS)}"
+            f"unknown transport(s) {', '.join(bad) or '(none given)'}; choose from {', '.join(transport_names())}"
         )
     transports = list(dict.fromkeys(transports))
     arms = []
@@ -165,8 +165,10 @@ def parse_build_arms(
                 raise ValueError(
                     f"--arm {label}: unknown codec {codec!r}; available: {', '.join(available_codecs())}"
                 ) from None
-            if transport not in TRANSPORTS:
-                raise ValueError(f"--arm {label}: unknown transport {transport!r}; choose from {', '.join(TRANSPORTS)}")
+            if transport not in transport_names():
+                raise ValueError(
+                    f"--arm {label}: unknown transport {transport!r}; choose from {', '.join(transport_names())}"
+                )
         arms.append(ArmSpec(label, codec, transport, options.get("python"), options.get("command")))
         if extra:
             flags[label] = tuple(extra)

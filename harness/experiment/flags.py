@@ -17,6 +17,7 @@ from harness.loadgen.arrivals import positive_rate
 from harness.loadgen.flags import add_load_arguments, flags_dict
 from harness.loadgen.settings import LoadSettings
 from harness.settings.declare import add_arguments, from_args
+from harness.transports import transport_names
 from harness.workloads.datasets import add_dataset_arguments
 from harness.workloads.spec import WorkloadSpec
 
@@ -47,7 +48,7 @@ def add_experiment_arguments(
     p.add_argument(
         "--transport",
         default="zmq",
-        help="zmq, shm, torch-shm, shm-store, cuda-ipc, or a comma list: every codec runs on every transport "
+        help=f"{', '.join(transport_names())}, or a comma list: every codec runs on every transport "
         "(interleaved in one table); all but zmq need a codec with out-of-band frames (see bench serve --help)",
     )
     p.add_argument(

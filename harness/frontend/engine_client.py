@@ -32,10 +32,10 @@ import zmq.asyncio
 
 from harness.frontend.errors import EngineDeadError, EngineRequestError, OverloadedError, RequestRejectedError
 from harness.frontend.extra_cpu import spend_cpu
-from harness.frontend.mm_senders import FrameSender
 from harness.frontend.output_queue import OutputQueue
 from harness.frontend.timeline import Timelines
 from harness.server_metrics import engine_info
+from harness.transports import FrameSender, TransportError
 from harness.wire import curve, zmq_link
 from harness.wire.integrity import outputs_digest, read_outputs_check, request_digest
 from harness.wire.messages import (
@@ -47,7 +47,6 @@ from harness.wire.messages import (
     FinishReason,
     pack_token_ids,
 )
-from harness.wire.shm import ShmError
 from harness.wire.spans import FrontPoints, host_clock_id
 from harness.wire.zmq_link import CodecClock, CodecCounters, EngineAddresses
 from wirecodecs import CodecCalls, CodecError, EncodeError, get_codec, packs_token_ids
@@ -116,7 +115,7 @@ class ZmqEngineClient:
         heartbeat_timeout_s: float = zmq_link.STALL_TIMEOUT_S,
         owns_engine: bool = True,
         spans: bool = True,
-        shm: FrameSender | None = None,
+        sender: FrameSender | None = None,
         verify: bool = False,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
         output_codec: str | None = None,
@@ -167,13 +166,13 @@ class ZmqEngineClient:
         self.outputs_relayed = 0
         self.outputs_behind = 0
         self.timelines = Timelines(enabled=spans)
-        # Every --transport but zmq: big frames travel through this sender (harness.frontend.mm_senders).
-        self._shm = shm
+        # Every --transport but zmq: big frames travel through its sender (harness.transports).
+        self._sender = sender
         self.packed_token_ids = packs_token_ids(codec_name)  # the app then tokenizes to int32 arrays
         # --verify: each request carries its digest (harness.wire.integrity), checked by the engine.
         self._verify = verify
-        # Pixel tensors built straight into the arena travel without a copy.
-        self.tensor_alloc = getattr(shm, "tensors", None)
+        # Pixel tensors built straight into the transport's memory travel without a copy.
+        self.tensor_alloc = sender.tensors if sender is not None and sender.builds_in_place else None
 
     # --- lifecycle ----------------------------------------------------------
     async def wait_ready(self, timeout_s: float, accept_heartbeat: bool = False) -> dict:
@@ -246,8 +245,8 @@ class ZmqEngineClient:
         self._input.close(linger=1000)
         self._output.close()
         self._ctx.term()
-        if self._shm is not None:
-            self._shm.close()
+        if self._sender is not None:
+            self._sender.close()
 
     # --- EngineClient -------------------------------------------------------
     def on_unavailable(self, callback: Callable[[str], None]) -> None:
@@ -275,8 +274,7 @@ class ZmqEngineClient:
     @property
     def mm_store_counts(self) -> dict[str, int] | None:
         """--transport shm-store: the store's hits, misses, evictions and fallbacks; None otherwise."""
-        counts = getattr(self._shm, "counts", None)
-        return counts() if counts is not None else None
+        return self._sender.counts() if self._sender is not None else None
 
     async def generate(
         self, request: EngineCoreRequest, points: FrontPoints | None = None
@@ -301,13 +299,13 @@ class ZmqEngineClient:
         self._counters.add_encode(clock.stop(), frames, adapt_ns)
         message: list[Any] = [zmq_link.envelope(zmq_link.ADD, rid), *frames]
         held: list[Any] = []
-        if self._shm is not None:
+        if self._sender is not None:
             try:
-                message, held = await self._shm.message(rid, frames, request)
-            except ShmError as exc:
+                message, held = await self._sender.message(rid, frames, request)
+            except TransportError as exc:
                 raise OverloadedError(str(exc)) from exc
             if self._state != OK:  # the engine went while the frames were copied out: send nothing
-                self._shm.unsent(held)
+                self._sender.unsent(held)
                 raise EngineDeadError(self._dead_reason or "the engine is not available")
         if self._verify:  # the digest travels outside the codec: flagged kind, one last frame
             message[0] = bytes((message[0][0] | zmq_link.VERIFIED,)) + message[0][1:]
@@ -320,8 +318,8 @@ class ZmqEngineClient:
             try:
                 await self._input.send_multipart(message, copy=False)
             except BaseException:
-                if self._shm is not None:
-                    self._shm.unsent(held)  # the engine never saw these blocks
+                if self._sender is not None:
+                    self._sender.unsent(held)  # the engine never saw these blocks
                 raise
             # ZeroMQ holds what it still sends; this generator lives as long as the request, and must not
             # keep a request's images, decoded or encoded (tens of MB), to the end.
@@ -390,8 +388,8 @@ class ZmqEngineClient:
                         }
                 elif kind == zmq_link.SPANS and len(frames) > 1:
                     self.timelines.engine_spans(json.loads(frames[1].bytes))
-                elif kind == zmq_link.RELEASE and len(frames) > 1 and self._shm is not None:
-                    self._shm.released(json.loads(frames[1].bytes))
+                elif kind == zmq_link.RELEASE and len(frames) > 1 and self._sender is not None:
+                    self._sender.released(json.loads(frames[1].bytes))
                 if kind == zmq_link.OUTPUTS | zmq_link.VERIFIED:  # --verify: the batch's check frame is last
                     kind, body, check = zmq_link.OUTPUTS, frames[1:-1], frames[-1]
                 elif kind == zmq_link.OUTPUTS:

@@ -28,8 +28,8 @@ from harness.frontend.images import (
 from harness.frontend.protocol import ProtocolError, StreamOptions
 from harness.frontend.settings import FrontendSettings
 from harness.tokenizers.tokenizer import DEFAULT_IMAGE_MARKER, TextTokenizer, TokenArray
+from harness.transports import TransportError
 from harness.wire.messages import EngineCoreRequest, PlaceholderRange, SamplingParams, pack_token_ids
-from harness.wire.shm import ShmError
 
 # Placeholder token id when the tokenizer has no image token (user tokenizers):
 # the engine only needs *some* id at the placeholder positions, it replaces
@@ -340,7 +340,7 @@ async def _process_images(
             size = settings.mm_tensor_size
             try:
                 targets = alloc([(1, 3, size, size)] * len(opened), torch_dtype(settings.mm_tensor_dtype))
-            except ShmError as exc:  # no room now: the client may retry (503), the message says what holds it
+            except TransportError as exc:  # no room now: the client may retry (503), the message says what holds it
                 raise ProtocolError(str(exc), status=503) from exc
         out = []
         for i, img in enumerate(opened):

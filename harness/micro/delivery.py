@@ -1,56 +1,44 @@
 """Delivery: encode, send, receive in another process, decode — until the receiver holds the message.
 
-``bench micro --transport zmq,shm`` times, for each codec × transport ×
-payload, what the serving loop pays to move one request between its two
-processes, against one memcpy of the payload's bytes:
+``bench micro --transport zmq,shm`` times, for each codec × transport × payload, what the serving
+loop pays to move one request between its two processes, against one memcpy of the payload's bytes:
 
-  sender     t0 → codec.encode → (shm: copy big frames into the arena, or none when the
-             frame was built there) → send_multipart(copy=False)
-  receiver   recv_multipart(copy=False) → (shm: views on the arena) → codec.decode → t1
+  sender     t0 → codec.encode → the transport's sender builds the message (its big frames copied
+             into the transport's memory, or none when built there) → send_multipart(copy=False)
+  receiver   recv_multipart(copy=False) → the transport's receiver opens its handles → codec.decode → t1
 
-delivery = t1 − t0 on CLOCK_MONOTONIC (one clock for both processes on a
-host). The receiver then drops the message (releasing its shared-memory
-views, whose RELEASE returns with the reply) and answers; one message is in
-flight at a time, so no queueing enters the figure. Transports:
+delivery = t1 − t0 on CLOCK_MONOTONIC (one clock for both processes on a host). Both halves are the
+serving loop's own (harness.transports: the sender on an event loop, as in the frontend; the
+receiver as in the engine), so a transport ``bench serve`` offers is measured here by the same
+name, and one added by entry point is measured too. The receiver then drops the message (releasing
+what its transport holds for it: the RELEASE entries return with the reply) and answers; one message
+is in flight at a time, so no queueing enters the figure.
 
-- ``zmq``: every frame through the ipc socket (ZeroMQ copies big frames);
-- ``shm``: frames of at least the threshold through the arena (``harness.wire.shm``);
-- ``shm-inplace``: the same, with the payload's tensor already built in the
-  arena (as ``--mm-payload tensor`` does on the shm transport): nothing is copied;
-- ``torch-shm``: big frames copied into torch shared storages, one per frame and send
-  (``harness.wire.torch_shm``), through the serving loop's sender (its event loop included);
-  ``torch-shm-inplace``: the payload's tensor built in a shared storage in the first place (as
-  ``--mm-payload tensor`` does on torch-shm): nothing is copied;
-- ``shm-store``: through the content-addressed store (``harness.wire.mm_store``), the same
-  payload every send: after the first, each send is a hit (not copied); a pixel tensor is keyed by
-  the request's ``mm_hashes``, as in serving, other big frames are hashed;
-  ``shm-store-miss``: the store forgets it after each send, so each is a miss (copied);
-- ``shm-bell``: ``shm``'s arena and message, the message sent as one packet on
-  a Unix SOCK_SEQPACKET socket instead of ZeroMQ: what the notify would cost
-  without ZeroMQ's I/O threads (four thread hand-overs per message: sender →
-  its I/O thread → the receiver's I/O thread → receiver). The serving loop does
-  not use it: a measurement of what a lighter notify would save, not a transport.
+A transport's *variants* (``harness.transports.base.VARIANTS``, one flag each) are other ways of
+serving it, measured beside the plain one: ``in-place`` builds the payload's tensors in the
+transport's memory first (as ``--mm-payload tensor`` does), ``bell`` sends the small message as one
+Unix SOCK_SEQPACKET packet instead of through ZeroMQ (four thread hand-overs fewer: what a lighter
+notify would save; the serving loop does not use it), ``store-miss`` makes the store forget each
+frame after its send (every send a miss, copied).
 
-Each send is also cut into four parts (``PARTS``) by timestamps on the same
-clock, so the parts of one send add up to its delivery exactly; each part is
-reported by its own p50 (p50s need not add up to the total's p50).
+Each send is also cut into four parts (``PARTS``) by timestamps on the same clock, so the parts of
+one send add up to its delivery exactly; each part is reported by its own p50 (p50s need not add
+up to the total's p50).
 
-The first ``WARMUP_SENDS`` sends are not in p50/p99: the first one pays one-time
-costs the serving loop pays once per process — the receiver's lazy imports on
-its first decode (torch: ≈1 s on the development VM, which made the p99 of a
-50-send cell) and page faults of arena blocks used for the first time
-(≈10 ms for 12.6 MB). The first send's delivery is reported apart (``first_us``).
-On the warm-up sends the receiver also digests what it decoded (``request_digest``:
-token ids and every multimodal buffer), outside the clock, and a cell whose
-bytes did not arrive intact is an error, not a figure.
-The arena is pre-faulted (``Arena(prefault=True)``): blocks are reused first-fit
-one message at a time, so a serving arena's hot blocks are resident too.
+The first ``WARMUP_SENDS`` sends are not in p50/p99: the first one pays one-time costs the serving
+loop pays once per process — the receiver's lazy imports on its first decode (torch: ≈1 s on the
+development VM, which made the p99 of a 50-send cell) and page faults of shared memory used for the
+first time (≈10 ms for 12.6 MB). The first send's delivery is reported apart (``first_us``). On the
+warm-up sends the receiver also digests what it decoded (``request_digest``: token ids and every
+multimodal buffer), outside the clock, and a cell whose bytes did not arrive intact is an error,
+not a figure. Senders with shared memory of their own pre-fault it (``SenderSettings.prefault``):
+blocks are reused first-fit one message at a time, so a serving arena's hot blocks are resident too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import copy
 import multiprocessing as mp
 import os
 import shutil
@@ -66,30 +54,24 @@ import numpy as np
 import zmq
 
 import wirecodecs
-from harness.engine import receivers
-from harness.frontend.mm_senders import StoreSender, TorchShmSender
+from harness.transports import FrameSender, Peer, SenderSettings, get_transport
+from harness.transports.base import DEFAULT_THRESHOLD, VARIANTS
 from harness.wire import zmq_link
 from harness.wire.integrity import request_digest
 from harness.wire.messages import EngineCoreRequest
-from harness.wire.mm_store import MmStore
-from harness.wire.shm import DEFAULT_THRESHOLD, Arena, Handle, Mappings, copy_into
-from harness.wire.torch_shm import TAKEN
 
-TRANSPORTS = ("zmq", "shm", "shm-inplace", "shm-bell", "torch-shm", "torch-shm-inplace", "shm-store", "shm-store-miss")
-# Measured through the serving loop's senders.
-_SENDERS = ("torch-shm", "torch-shm-inplace", "shm-store", "shm-store-miss")
 WARMUP_SENDS = 3  # untimed; the first of them is reported as first_us
 CHECK_ID = "check"  # the request id of warm-up sends: the receiver digests what it decoded
 
 # The parts of one send, in order; their one-line definitions are printed with the table.
 PARTS: dict[str, str] = {
     "encode": "codec.encode in the sender",
-    "copy": "the sender's copy of big frames into the arena, its block and handle table (zmq, shm-inplace: the "
-    "message's assembly only; torch-shm: a new shared storage per frame and the copy; shm-store: the hash, and "
-    "on a miss the copy)",
+    "copy": "the transport's sender: its copy of big frames into its memory and its handle table (zmq, in-place: "
+    "the message's assembly only; torch-shm: a new shared storage per frame and the copy; shm-store: the hash, "
+    "and on a miss the copy)",
     "notify": "send_multipart → recv_multipart returns in the receiver: ZeroMQ's hand-over (zmq: with its copies of "
-    "the big frames; shm-bell: the socket's) and the receiver's wake-up",
-    "decode": "the receiver's handle table, views on the arena (torch-shm: opening and mapping each storage) and "
+    "the big frames; bell: the socket's) and the receiver's wake-up",
+    "decode": "the transport's receiver opening its handles (views on shared memory, mapped storages) and "
     "codec.decode, until it holds the message",
 }
 
@@ -109,10 +91,16 @@ class Delivery:
     copy_p50_us: float = float("nan")
     notify_p50_us: float = float("nan")
     decode_p50_us: float = float("nan")
+    variant: str = ""  # a name in VARIANTS, or "" for the transport as bench serve serves it
 
     @property
     def parts_p50_us(self) -> dict[str, float]:
         return {name: getattr(self, f"{name}_p50_us") for name in PARTS}
+
+    @property
+    def label(self) -> str:
+        """The transport as a table names it: ``shm``, ``shm in-place``."""
+        return f"{self.transport} {self.variant}" if self.variant else self.transport
 
 
 class _Bell:
@@ -146,20 +134,23 @@ class _Bell:
         self.sock.close()
 
 
-def _receiver(address: str, codec_name: str, msg_type_name: str, conn: Connection) -> None:
+def _receiver(
+    address: str, codec_name: str, msg_type_name: str, transport_name: str, segment: str | None, conn: Connection
+) -> None:
     from harness.wire import messages
 
     msg_type = getattr(messages, msg_type_name)
     calls = wirecodecs.CodecCalls(wirecodecs.get_codec(codec_name))
     released: list[list[Any]] = []
-    maps = Mappings(lambda seg, block, gen: released.append([seg, block, gen]))
+    # The engine's half of the transport, as the engine builds it: the sender spawned this process.
+    receiver = get_transport(transport_name).receiver(Peer(os.getppid(), segment, released.append))
     ctx: zmq.Context = zmq.Context()
     sock: Any
     if address.startswith("ipc://"):
         sock = ctx.socket(zmq.PULL)
         sock.bind(address)
         conn.send("ready")
-    else:  # shm-bell: a socket path
+    else:  # bell: a socket path
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         listener.bind(address)
         listener.listen(1)
@@ -174,20 +165,14 @@ def _receiver(address: str, codec_name: str, msg_type_name: str, conn: Connectio
             if kind == zmq_link.SHUTDOWN:
                 return
             body: list[Any] = list(frames[1:])
-            if kind == zmq_link.ADD_TORCH:
-                take = lambda fd, serial: released.append([TAKEN, fd, serial])  # noqa: E731
-                body = receivers.from_torch_shm(body, take, os.getppid())  # the sender spawned this process
-            elif kind == zmq_link.ADD_SHM:
-                table = json.loads(zmq_link.frame_bytes(body[0]))
-                body = body[1:]
-                for index, *handle in table:
-                    body[index] = maps.view(Handle.from_list(handle))
+            if kind != zmq_link.ADD and receiver is not None:
+                body = receiver.open(body)
             msg = calls.decode(body, msg_type)  # the codec's native message: its adapter is not delivery
             done = time.monotonic_ns()
             digest = None
             if rid == CHECK_ID and msg_type is messages.EngineCoreRequest:  # what arrived, off the clock
                 digest = request_digest(calls.from_native(msg, msg_type))
-            del msg, body, frames  # the views die here: their blocks are released
+            del msg, body, frames  # the views die here: what they hold is released
             conn.send((received, done, released[:], digest))
             released.clear()
     finally:
@@ -195,149 +180,9 @@ def _receiver(address: str, codec_name: str, msg_type_name: str, conn: Connectio
         ctx.term()
 
 
-def _place_in_arena(msg: Any, arena: Arena) -> Any:
-    """The payload's pixel tensor rebuilt in the arena (what a frontend on the shm transport produces)."""
-    import torch
-
-    items = getattr(msg, "mm_inputs", None) or []
-    for item in items:
-        if isinstance(item, dict) and isinstance(item.get("pixel_values"), torch.Tensor):
-            src = item["pixel_values"]
-            dst = arena.tensor(tuple(src.shape), src.dtype)
-            dst.copy_(src)
-            item["pixel_values"] = dst
-    return msg
-
-
-def measure(
-    codec_name: str,
-    transport_name: str,
-    payload: str,
-    msg: Any,
-    *,
-    iterations: int = 50,
-    threshold: int = DEFAULT_THRESHOLD,
-) -> Delivery:
-    """The delivery time of ``msg`` (p50/p99 µs over ``iterations`` one-at-a-time sends)."""
-    codec = wirecodecs.get_codec(codec_name)
-    calls = wirecodecs.CodecCalls(codec)  # the adapter (vllm's) runs outside the clock
-    if transport_name not in TRANSPORTS:
-        return Delivery(codec_name, transport_name, payload, "unsupported", f"not measured by micro: {transport_name}")
-    if transport_name != "zmq" and not wirecodecs.sends_out_of_band(codec_name):
-        return Delivery(codec_name, transport_name, payload, "unsupported", "no out-of-band frames for shm")
-    try:
-        native = calls.to_native(msg)
-        calls.encode(native)
-    except wirecodecs.EncodeError as exc:
-        return Delivery(codec_name, transport_name, payload, "unsupported", str(exc)[:60])
-    folder = tempfile.mkdtemp(prefix="wirebench-delivery-")
-    address = f"{folder}/bell" if transport_name == "shm-bell" else f"ipc://{folder}/d"
-    plain_shm = transport_name not in ("zmq", *_SENDERS)
-    room = max(64 << 20, 4 * _payload_bytes(codec, msg))  # an arena's or a store's bytes
-    arena: Arena | None = None
-    sender: Any = None
-    try:  # a start that fails (no shared memory, no child process) leaves nothing behind
-        arena = Arena(room, prefault=True) if plain_shm else None
-        sender, loop = _sender(transport_name, threshold, room), asyncio.new_event_loop()
-        ctx_mp = mp.get_context("spawn")
-        parent, child = ctx_mp.Pipe()
-        proc = ctx_mp.Process(target=_receiver, args=(address, codec_name, type(msg).__name__, child), daemon=True)
-        proc.start()
-    except BaseException:
-        if arena is not None:
-            arena.close()
-        if sender is not None:
-            sender.close()
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
-    ctx: zmq.Context = zmq.Context()
-    sock: Any = ctx.socket(zmq.PUSH)
-    try:
-        if parent.recv() != "ready":
-            raise RuntimeError("receiver did not start")
-        if transport_name == "shm-bell":
-            sock.close()
-            sock = _Bell(socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET))
-            sock.sock.connect(address)
-        else:
-            sock.connect(address)
-        if arena is not None and transport_name == "shm-inplace":
-            native = calls.to_native(_place_in_arena(msg, arena))
-        if transport_name == "torch-shm-inplace":
-            native = calls.to_native(_place_in_torch_shm(msg, sender))
-        stamps: list[tuple[int, int, int, int, int]] = []  # start, encoded, placed, received, done
-        expected = request_digest(msg) if isinstance(msg, EngineCoreRequest) else None
-        for i in range(WARMUP_SENDS + iterations):
-            rid = CHECK_ID if i < WARMUP_SENDS else "d"
-            start = time.monotonic_ns()
-            frames = calls.encode(native)
-            encoded = time.monotonic_ns()
-            if sender is not None:
-                message, _ = loop.run_until_complete(sender.message(rid, frames, native))
-            else:
-                message = _message(frames, arena, threshold, rid)
-            placed = time.monotonic_ns()
-            sock.send_multipart(message, copy=False)
-            received, done, released, digest = parent.recv()
-            stamps.append((start, encoded, placed, received, done))
-            if rid == CHECK_ID and digest != expected:
-                raise RuntimeError("the receiver decoded other bytes than were sent")
-            if sender is not None:
-                sender.released(released)
-                if transport_name == "shm-store-miss":
-                    sender.store.clear()
-            if arena is not None:
-                for _, block, gen in released:
-                    arena.free(block, gen)
-                if transport_name == "shm-inplace":  # its block went back with the release
-                    native = calls.to_native(_place_in_arena(msg, arena))
-        sock.send(bytes((zmq_link.SHUTDOWN,)))
-        first = stamps[0]
-        ns = np.array(stamps[WARMUP_SENDS:], dtype=np.int64)
-        parts = np.diff(ns, axis=1) / 1e3  # encode, copy, notify, decode per send, µs
-        total = (ns[:, -1] - ns[:, 0]) / 1e3
-        p50s = [float(np.percentile(parts[:, i], 50)) for i in range(len(PARTS))]
-        return Delivery(
-            codec_name,
-            transport_name,
-            payload,
-            "ok",
-            "",
-            float(np.percentile(total, 50)),
-            float(np.percentile(total, 99)),
-            len(total),
-            (first[-1] - first[0]) / 1e3,
-            *p50s,
-        )
-    except Exception as exc:  # a measuring tool reports, it does not crash the table
-        return Delivery(codec_name, transport_name, payload, "error", f"{type(exc).__name__}: {exc}"[:80])
-    finally:
-        sock.close(linger=1000)
-        ctx.term()
-        proc.join(timeout=10)
-        if proc.is_alive():
-            proc.kill()
-        if arena is not None:
-            arena.close()
-        if sender is not None:
-            sender.close()
-        loop.close()
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _sender(name: str, threshold: int, store_bytes: int) -> Any:
-    """The serving loop's sender of a transport bench micro measures through it (None for the others)."""
-    if name in ("torch-shm", "torch-shm-inplace"):
-        return TorchShmSender(threshold)
-    if name in ("shm-store", "shm-store-miss"):
-        return StoreSender(MmStore(store_bytes), threshold)
-    return None
-
-
-def _place_in_torch_shm(msg: Any, sender: TorchShmSender) -> Any:
-    """A copy of ``msg`` whose pixel tensor lives in a torch shared storage (a frontend's on torch-shm)."""
-    import copy
-
+def _built_in_place(msg: Any, sender: FrameSender) -> Any:
+    """A copy of ``msg`` whose pixel tensors live in the transport's memory (what a frontend serving
+    ``--mm-payload tensor`` on it produces): their frames need no copy to travel."""
     import torch
 
     out = copy.copy(msg)
@@ -351,26 +196,128 @@ def _place_in_torch_shm(msg: Any, sender: TorchShmSender) -> Any:
     return out
 
 
-def _payload_bytes(codec: Any, msg: Any) -> int:
-    return zmq_link.frames_nbytes(codec.encode(msg))
+def _refusal(codec_name: str, transport_name: str, variant: str, msg: Any) -> str | None:
+    """Why this cell cannot be measured (an ``unsupported`` row), or None."""
+    transport = get_transport(transport_name)
+    if variant and variant not in transport.variants:
+        return f"{transport_name} has no variant {variant} (it has: {', '.join(transport.variants) or 'none'})"
+    if transport.out_of_band and not wirecodecs.sends_out_of_band(codec_name):
+        return f"no out-of-band frames for {transport_name}"
+    if transport.needs_cuda:
+        import torch
+
+        if not torch.cuda.is_available():
+            return f"{transport_name} needs a CUDA device"
+    if variant == "in-place" and not getattr(msg, "mm_inputs", None):
+        return "no tensors to build in place"
+    return None
 
 
-def _message(frames: list[Any], arena: Arena | None, threshold: int, rid: str) -> list[Any]:
-    if arena is None:
-        return [zmq_link.envelope(zmq_link.ADD, rid), *frames]
-    table, out = [], [frames[0]]
-    for i, frame in enumerate(frames[1:], start=1):
-        view = memoryview(frame).cast("B")
-        if view.nbytes < threshold:
-            out.append(frame)
-            continue
-        handle = arena.handle_of(view)
-        if handle is None:
-            block, gen, dst = arena.alloc(view.nbytes)
-            copy_into(dst, view)
-            handle = Handle(arena.name, block, view.nbytes, gen)
-        table.append([i, *handle.to_list()])
-        out.append(b"")
-    if not table:
-        return [zmq_link.envelope(zmq_link.ADD, rid), *frames]
-    return [zmq_link.envelope(zmq_link.ADD_SHM, rid), json.dumps(table).encode(), *out]
+def measure(
+    codec_name: str,
+    transport_name: str,
+    payload: str,
+    msg: Any,
+    *,
+    iterations: int = 50,
+    threshold: int = DEFAULT_THRESHOLD,
+    variant: str = "",
+) -> Delivery:
+    """The delivery time of ``msg`` (p50/p99 µs over ``iterations`` one-at-a-time sends) over a transport
+    ``bench serve`` offers, as served or by one of its variants (``VARIANTS``)."""
+    codec = wirecodecs.get_codec(codec_name)
+    calls = wirecodecs.CodecCalls(codec)  # the adapter (vllm's) runs outside the clock
+    assert not variant or variant in VARIANTS, variant
+    refusal = _refusal(codec_name, transport_name, variant, msg)
+    if refusal:
+        return Delivery(codec_name, transport_name, payload, "unsupported", refusal, variant=variant)
+    try:
+        native = calls.to_native(msg)
+        calls.encode(native)
+    except wirecodecs.EncodeError as exc:
+        return Delivery(codec_name, transport_name, payload, "unsupported", str(exc)[:60], variant=variant)
+    folder = tempfile.mkdtemp(prefix="wirebench-delivery-")
+    address = f"{folder}/bell" if variant == "bell" else f"ipc://{folder}/d"
+    room = max(64 << 20, 4 * zmq_link.frames_nbytes(codec.encode(msg)))  # an arena's or a store's bytes
+    sender: FrameSender | None = None
+    try:  # a start that fails (no shared memory, no child process) leaves nothing behind
+        settings = SenderSettings(threshold, arena_bytes=room, store_bytes=room, prefault=True)
+        sender, loop = get_transport(transport_name).sender(settings), asyncio.new_event_loop()
+        segment = sender.segment if sender is not None else None
+        ctx_mp = mp.get_context("spawn")
+        parent, child = ctx_mp.Pipe()
+        args = (address, codec_name, type(msg).__name__, transport_name, segment, child)
+        proc = ctx_mp.Process(target=_receiver, args=args, daemon=True)
+        proc.start()
+    except BaseException:
+        if sender is not None:
+            sender.close()
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    ctx: zmq.Context = zmq.Context()
+    sock: Any = ctx.socket(zmq.PUSH)
+    try:
+        if parent.recv() != "ready":
+            raise RuntimeError("receiver did not start")
+        if variant == "bell":
+            sock.close()
+            sock = _Bell(socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET))
+            sock.sock.connect(address)
+        else:
+            sock.connect(address)
+        stamps: list[tuple[int, int, int, int, int]] = []  # start, encoded, placed, received, done
+        expected = request_digest(msg) if isinstance(msg, EngineCoreRequest) else None
+        for i in range(WARMUP_SENDS + iterations):
+            if variant == "in-place":  # a fresh request's tensors, built where they travel from (off the clock)
+                assert sender is not None
+                native = calls.to_native(_built_in_place(msg, sender))
+            rid = CHECK_ID if i < WARMUP_SENDS else "d"
+            start = time.monotonic_ns()
+            frames = calls.encode(native)
+            encoded = time.monotonic_ns()
+            if sender is not None:
+                message, _ = loop.run_until_complete(sender.message(rid, frames, native))
+            else:
+                message = [zmq_link.envelope(zmq_link.ADD, rid), *frames]
+            placed = time.monotonic_ns()
+            sock.send_multipart(message, copy=False)
+            received, done, released, digest = parent.recv()
+            stamps.append((start, encoded, placed, received, done))
+            if rid == CHECK_ID and digest != expected:
+                raise RuntimeError("the receiver decoded other bytes than were sent")
+            if sender is not None:
+                sender.released(released)
+                if variant == "store-miss":
+                    sender.forget()
+        sock.send(bytes((zmq_link.SHUTDOWN,)))
+        first = stamps[0]
+        ns = np.array(stamps[WARMUP_SENDS:], dtype=np.int64)
+        parts = np.diff(ns, axis=1) / 1e3  # encode, copy, notify, decode per send, µs
+        total = (ns[:, -1] - ns[:, 0]) / 1e3
+        p50s = {f"{name}_p50_us": float(np.percentile(parts[:, i], 50)) for i, name in enumerate(PARTS)}
+        return Delivery(
+            codec_name,
+            transport_name,
+            payload,
+            "ok",
+            "",
+            float(np.percentile(total, 50)),
+            float(np.percentile(total, 99)),
+            len(total),
+            (first[-1] - first[0]) / 1e3,
+            variant=variant,
+            **p50s,
+        )
+    except Exception as exc:  # a measuring tool reports, it does not crash the table
+        reason = f"{type(exc).__name__}: {exc}"[:80]
+        return Delivery(codec_name, transport_name, payload, "error", reason, variant=variant)
+    finally:
+        sock.close(linger=1000)
+        ctx.term()
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()
+        if sender is not None:
+            sender.close()
+        loop.close()
+        shutil.rmtree(folder, ignore_errors=True)

@@ -365,16 +365,16 @@ class DeliveryMeasurement:
 
 
 def measure_delivery(
-    codecs: Sequence[str], payloads: Sequence[str], transports: Sequence[str], iterations: int
+    codecs: Sequence[str], payloads: Sequence[str], transports: Sequence[tuple[str, str]], iterations: int
 ) -> Iterator[DeliveryMeasurement]:
-    """Each codec x transport x named payload, ``iterations`` one-at-a-time sends; yielded as measured."""
+    """Each codec x (transport, variant) x named payload, ``iterations`` one-at-a-time sends; yielded as
+    measured. A variant of "" is the transport as bench serve serves it."""
     for payload in payloads:
         build = PAYLOADS[payload]
         nbytes = payload_nbytes(build())
         memcpy = time_memcpy(nbytes, DELIVERY_MEMCPY_ITERATIONS, DELIVERY_MEMCPY_TIME_S)
         memcpy_cold = time_memcpy_cold(nbytes, DELIVERY_MEMCPY_ITERATIONS)
         for codec in codecs:
-            for transport in transports:
-                # A fresh message per cell: shm-inplace moves the message's tensor into its own arena.
-                d = delivery.measure(codec, transport, payload, build(), iterations=iterations)
+            for transport, variant in transports:
+                d = delivery.measure(codec, transport, payload, build(), iterations=iterations, variant=variant)
                 yield DeliveryMeasurement(d, memcpy, memcpy_cold)

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.settings.declare import setting
-from harness.wire.zmq_link import TRANSPORTS, EngineAddresses, is_loopback
+from harness.transports.registry import get_transport, transport_help, transport_names
+from harness.wire.zmq_link import EngineAddresses, is_loopback
 from wirecodecs import codecs_out_of_band, sends_out_of_band, unpickles_peer_data
 
 _LOCAL = ("ipc://", "inproc://")
@@ -41,12 +42,8 @@ class LinkSettings:
     transport: str = setting(
         "zmq",
         flag="--transport",
-        choices=TRANSPORTS,
-        help="zmq: every frame through the socket (vLLM's direct_rpc); shm: frames of at least --shm-threshold "
-        "bytes through a shared-memory arena the frontend owns, handles through the socket; torch-shm: through "
-        "torch shared storages, one per frame; shm-store: through a content-addressed store of --mm-store-bytes, "
-        "a frame it holds is named, not copied; cuda-ipc: through CUDA memory (needs a GPU). All but zmq need a "
-        "codec with out-of-band frames and both processes on this host",
+        choices=transport_names(),
+        help=transport_help(),
     )
     mm_store_bytes: int = setting(
         256 << 20,
@@ -61,18 +58,18 @@ class LinkSettings:
 
 def transport_refusal(codec: str, transport: str) -> str | None:
     """Why ``codec`` cannot use ``transport`` (said before any server starts), or None."""
-    if transport != "zmq" and not sends_out_of_band(codec):
+    if get_transport(transport).out_of_band and not sends_out_of_band(codec):
         return (
             f"--transport {transport} needs a codec with out-of-band frames, which sends big buffers as frames of "
             f"their own ({', '.join(codecs_out_of_band())}); {codec!r} puts them in its body"
         )
-    if transport == "cuda-ipc" and not _cuda_available():
-        return "--transport cuda-ipc needs a CUDA device; this machine has none"
+    if get_transport(transport).needs_cuda and not _cuda_available():
+        return f"--transport {transport} needs a CUDA device; this machine has none"
     return None
 
 
 def _cuda_available() -> bool:
-    import torch  # only for cuda-ipc: the other checks stay light
+    import torch  # only for a transport that needs CUDA: the other checks stay light
 
     return bool(torch.cuda.is_available())
 
@@ -81,9 +78,9 @@ def check_shm(link: LinkSettings, addresses: EngineAddresses) -> str | None:
     """An error message when a transport other than zmq cannot serve this codec or link.
 
     The engine maps the memory an out-of-band message names only when it can tell that its own
-    frontend sent it (harness.engine.receivers): so these transports need the engine the frontend
+    frontend sent it (harness.transports.base.check_sender): so these transports need the engine the frontend
     spawns, on this host, over ipc or authenticated tcp. No flag lifts that."""
-    if link.transport == "zmq":
+    if not get_transport(link.transport).out_of_band:
         return None
     refusal = transport_refusal(link.codec, link.transport)
     if refusal:

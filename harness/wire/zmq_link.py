@@ -36,21 +36,18 @@ from wirecodecs import Frame
 ADD = 0x00
 ABORT = 0x01
 SHUTDOWN = 0x02
-ADD_SHM = 0x03  # an ADD whose frame 1 is a JSON table of frames that travel in shared memory (harness.wire.shm)
-ADD_TORCH = 0x04  # an ADD whose frame 1 is a JSON table of torch shared storages (harness.wire.torch_shm)
-ADD_CUDA = 0x05  # an ADD whose frame 1 is a JSON table of pickled CUDA IPC handles (harness.wire.cuda_ipc)
 OUTPUTS = 0x10
 READY = 0x11
 HEARTBEAT = 0x12
 SPANS = 0x13  # the engine's timestamps (harness.wire.spans), JSON
-RELEASE = 0x14  # shared-memory blocks the engine no longer views, JSON (harness.wire.shm)
-# Flag on an ADD/ADD_SHM kind: the message's last frame is the request's digest (--verify, harness.wire.integrity).
+RELEASE = 0x14  # what the engine's transport receiver is done with, JSON (harness.transports)
+# Flag on an ADD kind, plain or out-of-band: the message's last frame is the request's digest
+# (--verify, harness.wire.integrity).
 VERIFIED = 0x80
 
-# Which codec may use which: harness.wire.policy. vLLM's direct_rpc is zmq (docs/transports.md).
-TRANSPORTS = ("zmq", "shm", "torch-shm", "shm-store", "cuda-ipc")
-# The one ADD kind besides ADD that an engine serving each transport takes (shm-store's entries are arena blocks).
-OUT_OF_BAND_KIND = {"shm": ADD_SHM, "shm-store": ADD_SHM, "torch-shm": ADD_TORCH, "cuda-ipc": ADD_CUDA}
+# The kinds of an ADD whose frame 1 is a JSON table of frames that travel apart: each transport but zmq
+# takes one (harness.transports: shm 0x03, torch-shm 0x04, cuda-ipc 0x05), and its engine no other.
+OUT_OF_BAND_ADDS = range(0x03, 0x10)
 
 
 # The engine's output thread sends a heartbeat when it has been quiet this
@@ -71,8 +68,8 @@ class EngineAddresses:
     ipc_dir: str | None = None
     # CURVE keys of an authenticated tcp link (harness.wire.curve); None: unauthenticated.
     curve: CurveKeys | None = None
-    # The spawning frontend's shared-memory segment (--transport shm, shm-store): the only one the engine
-    # maps, and one a spawned engine whose frontend was killed removes, with the ipc directory.
+    # The spawning frontend's shared-memory segment (its transport sender's, if any): the only one the
+    # engine maps, and one a spawned engine whose frontend was killed removes, with the ipc directory.
     frontend_segment: str | None = None
     # The transport whose out-of-band ADDs the engine takes (any other kind is refused), and the pid of the
     # frontend that spawned it: the one process whose memory it maps (None: an engine started on its own,

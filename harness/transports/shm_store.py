@@ -15,19 +15,39 @@ Bound and eviction: a frame that does not fit evicts least-recently-used entries
 flight points at (an entry is pinned from the moment a message names it until the engine's RELEASE
 says its view died). When only pinned entries are left, the frame travels in the message instead
 (a *fallback*), counted. Hits, misses, evictions and fallbacks are counted for ``/metrics``.
+
+The message is shm's (``ADD_SHM``): the engine views entries as it views arena blocks, with shm's
+receiver, and its RELEASE unpins them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from harness.wire.shm import HEADER, Arena, Handle, ShmError
+import numpy as np
+
+from harness.transports.base import (
+    DEFAULT_THRESHOLD,
+    FrameSender,
+    Peer,
+    SenderSettings,
+    Transport,
+    add_message,
+    address_of,
+    copy_frame,
+    flat,
+)
+from harness.transports.shm import ADD_SHM, HEADER, Arena, Handle, ShmError, ShmReceiver, remove_stale_segments
+
+HASH_IN_THREAD_BYTES = 1 << 20  # hashing bigger frames leaves the event loop (hashlib releases the GIL)
 
 KEY_BYTES = 16
-DEFAULT_STORE_BYTES = 256 << 20
 # Tests only: the store rewrites an entry's bytes after a message named it, as if it had evicted the entry
 # while pinned and handed its slot to another frame. Never set in normal use.
 FAULT_REWRITE_PINNED = "store-rewrite-pinned"
@@ -140,3 +160,115 @@ class MmStore:
 
     def close(self) -> None:
         self.arena.close()
+
+
+# --- the sender -----------------------------------------------------------------------------------
+
+
+def known_keys(request: Any) -> dict[int, tuple[int, bytes]]:
+    """The store's keys of a request's pixel tensors, by their address: the image path hashed the decoded
+    pixels already (``mm_hashes``), so a frame that is one of these tensors needs no hashing of its own."""
+    out: dict[int, tuple[int, bytes]] = {}
+    for item, mm_hash in zip(getattr(request, "mm_inputs", None) or [], getattr(request, "mm_hashes", None) or []):
+        t: Any = item.get("pixel_values") if isinstance(item, dict) else None
+        if mm_hash and hasattr(t, "data_ptr") and t.is_contiguous():
+            out[t.data_ptr()] = (t.nbytes, pixels_key(mm_hash, tuple(t.shape), str(t.dtype)))
+    return out
+
+
+class StoreSender(FrameSender):
+    """shm-store: big frames through the content-addressed store; a frame the store
+    holds already is named, not copied."""
+
+    def __init__(self, store: MmStore, threshold: int = DEFAULT_THRESHOLD) -> None:
+        self.store = store
+        self.segment = store.name
+        self.threshold = threshold
+        self._fault_rewrite = os.environ.get("WIREBENCH_FAULT") == FAULT_REWRITE_PINNED
+        self.copied_bytes = 0
+        self.hashed_bytes = 0  # frames keyed by hashing them here (no key from the image path)
+
+    async def message(self, rid: str, frames: Sequence[Any], request: Any = None) -> tuple[list[Any], list[Any]]:
+        """``request``: its pixel tensors' keys come from the image path's hashes (``known_keys``); other big
+        frames are hashed here."""
+        table: list[list[Any]] = []
+        out: list[Any] = [frames[0]]
+        held: list[tuple[int, int]] = []
+        store = self.store
+        known = known_keys(request) if request is not None else {}
+        try:
+            for i, frame in enumerate(frames[1:], start=1):
+                view = flat(frame)
+                if view.nbytes < self.threshold:
+                    out.append(frame)
+                    continue
+                hint = known.get(address_of(view)) if known else None
+                if hint is not None and hint[0] == view.nbytes:
+                    key = hint[1]
+                elif view.nbytes >= HASH_IN_THREAD_BYTES:
+                    key = await asyncio.to_thread(content_key, view)
+                    self.hashed_bytes += view.nbytes
+                else:
+                    key = content_key(view)
+                    self.hashed_bytes += view.nbytes
+                entry = store.lookup(key)
+                if entry is not None:
+                    held.append((entry.block, entry.generation))
+                    await entry.ready.wait()  # another request may still be copying it in
+                else:
+                    made = store.insert(key, view.nbytes)
+                    if made is None:  # only pinned entries left: the frame travels in the message
+                        out.append(frame)
+                        continue
+                    entry, dst = made
+                    held.append((entry.block, entry.generation))
+                    try:
+                        await copy_frame(dst, view)
+                    except BaseException:
+                        entry.ready.set()  # waiters go on; the discarded entry's handle fails its generation check
+                        store.discard(key)
+                        raise
+                    entry.ready.set()
+                    self.copied_bytes += view.nbytes
+                if self._fault_rewrite:  # the fault: the pinned entry's slot handed to another frame
+                    np.frombuffer(store.view(entry), dtype=np.uint8)[:] = 0x3C
+                table.append([i, *store.handle(entry).to_list()])
+                out.append(b"")
+        except BaseException:
+            self.unsent(held)
+            raise
+        return add_message(ADD_SHM, rid, table, frames, out), held
+
+    def released(self, entries: Sequence[Sequence[Any]]) -> None:
+        for segment, block, generation in entries:
+            if segment == self.store.name:
+                self.store.unpin(int(block), int(generation))
+
+    def unsent(self, held: Sequence[Any]) -> None:
+        for block, generation in held:
+            self.store.unpin(block, generation)
+
+    def counts(self) -> dict[str, int]:
+        return dict(self.store.counts)
+
+    def forget(self) -> None:
+        self.store.clear()
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class ShmStoreTransport(Transport):
+    name = "shm-store"
+    add_kind = ADD_SHM
+    variants = ("store-miss",)
+    summary = "through a content-addressed store of --mm-store-bytes, a frame it holds is named, not copied"
+
+    def sender(self, settings: SenderSettings) -> StoreSender:
+        return StoreSender(MmStore(settings.store_bytes), settings.threshold)
+
+    def receiver(self, peer: Peer) -> ShmReceiver:
+        return ShmReceiver(peer)
+
+    def remove_stale(self) -> list[str]:
+        return remove_stale_segments()

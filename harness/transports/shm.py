@@ -1,31 +1,27 @@
-"""Shared memory for big buffers: written once by the sender, viewed in place by the receiver.
+"""``shm``: big frames through one shared-memory arena the frontend owns, viewed in place by the engine.
 
-The ``shm`` transport moves a message's large out-of-band frames (the pixel
-tensors and images of ``msgspec-oob``/``pickle-oob``) through one POSIX
-shared-memory segment that the sender (the frontend) owns: an *arena* of
-``--shm-size`` MiB under ``/dev/shm``, created with mode 0600. A frame is
-copied into a block of the arena once (or not at all when the frontend built
-it there, ``Arena.tensor``), and the ZeroMQ message carries a small handle
-instead: (segment, offset, length, generation). The receiver maps the segment
-once and hands the codec a view on the block, so tensors are built on the
-shared memory itself, without a copy.
+The sender (the frontend) owns one POSIX shared-memory segment: an *arena* of ``--shm-size`` MiB
+under ``/dev/shm``, created with mode 0600. A frame is copied into a block of the arena once (or not
+at all when the frontend built it there, ``Arena.tensor``), and the ZeroMQ message carries a small
+handle instead: (segment, offset, length, generation). The receiver maps the segment once and hands
+the codec a view on the block, so tensors are built on the shared memory itself, without a copy.
 
-Reuse: every block the receiver viewed is released when the last object that
-views it is gone (``weakref.finalize`` on the view's owner: the decoded
-tensors/images keep it alive); the receiver sends RELEASE messages back and
-the sender frees the blocks. Memory is bounded by the arena: when it is full
-the sender waits for releases (``alloc_timeout_s``), then fails the request
-with a clear error. Every block starts with its generation number, checked
-by the receiver against the handle, so a block reused too early is caught,
-not read.
+Reuse: every block the receiver viewed is released when the last object that views it is gone
+(``weakref.finalize`` on the view's owner: the decoded tensors/images keep it alive); the receiver
+sends RELEASE entries ``[segment, block, generation]`` back and the sender frees the blocks. Memory
+is bounded by the arena: when it is full the sender waits for releases (``ALLOC_TIMEOUT_S``), then
+fails the request with a clear error. Every block starts with its generation number, checked by the
+receiver against the handle, so a block reused too early is caught, not read.
 
-Lifetime: the sender unlinks its segment when it stops; a receiver whose
-sender died unlinks the segments it mapped; and any start removes segments
-whose creating process is gone (``remove_stale_segments``).
+Lifetime: the sender unlinks its segment when it stops; a receiver whose sender died unlinks the
+segments it mapped and the one its sender named at spawn; and any start removes segments whose
+creating process is gone (``remove_stale_segments``). The ``shm-store`` transport
+(harness.transports.shm_store) keeps its store in an arena too and shares this receiver.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import mmap
@@ -42,19 +38,37 @@ from typing import Any
 
 import numpy as np
 
+from harness.transports.base import (
+    DEFAULT_THRESHOLD,
+    FrameReceiver,
+    FrameSender,
+    Peer,
+    SenderSettings,
+    Transport,
+    TransportError,
+    add_message,
+    address_of,
+    copy_frame,
+    handle_rows,
+)
+
+ADD_SHM = 0x03  # the envelope kind of an ADD whose table names arena blocks (shm and shm-store)
+ALLOC_TIMEOUT_S = 10.0  # a full arena makes a request wait this long for releases, then fail
+# Tests only: WIREBENCH_FAULT=swap-shm-buffers makes the receiver hand each request the previous one's
+# buffer, the race --verify exists to catch. Never set in normal use.
+FAULT_SWAP = "swap-shm-buffers"
+
 SHM_DIR = Path("/dev/shm")
 PREFIX = "wirebench-"
 ALIGN = 64
 HEADER = 16  # generation (u64) + length (u64) before each block's data
-DEFAULT_SIZE_MIB = 256
-DEFAULT_THRESHOLD = 64 * 1024  # frames at least this big travel through the arena
 _HEADER = struct.Struct("<QQ")  # a block's generation and length, read and written without numpy's overhead
 # Linux ≥ 5.14 faults a whole range in with one call; Python 3.11's mmap module does not name it yet.
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 PAGE = mmap.PAGESIZE
 
 
-class ShmError(RuntimeError):
+class ShmError(TransportError):
     """The shared-memory transport cannot serve a message (arena full, bad handle, reused block)."""
 
 
@@ -272,17 +286,7 @@ class Arena:
             os.unlink(SHM_DIR / self.name)
 
 
-def copy_into(dst: memoryview, src: memoryview) -> None:
-    """One copy of ``src``'s bytes into an arena block: numpy's, which releases the GIL (a memoryview
-    assignment holds it for the whole copy, ≈0.5–1 ms for a 12.6 MB frame)."""
-    np.copyto(np.frombuffer(dst, dtype=np.uint8), np.frombuffer(src, dtype=np.uint8))
-
-
-def address_of(view: memoryview) -> int:
-    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
-
-
-# --- the receiver ------------------------------------------------------------------------------
+# --- the receiver's maps -------------------------------------------------------------------------
 
 
 class Mappings:
@@ -358,3 +362,144 @@ def remove_stale_segments() -> list[str]:
         except PermissionError:
             pass
     return removed
+
+
+# --- the sender -----------------------------------------------------------------------------------
+
+
+class ShmSender(FrameSender):
+    """The frontend's half: every big frame in an arena block (none copied when built there), its handle in
+    the message's table; blocks come back with the engine's RELEASE."""
+
+    builds_in_place = True
+
+    def __init__(self, arena: Arena, threshold: int = DEFAULT_THRESHOLD) -> None:
+        self.arena = arena
+        self.segment = arena.name
+        self.threshold = threshold
+        self._room = asyncio.Event()  # set whenever a RELEASE frees blocks
+        self.copied_bytes = 0
+        self.zero_copy_bytes = 0
+
+    async def message(self, rid: str, frames: Sequence[Any], request: Any = None) -> tuple[list[Any], list[Handle]]:
+        """The ZeroMQ message for a request, and the blocks it holds (to give back if it is never sent).
+        The frames that must be copied get their blocks all at once (``Arena.alloc_many``)."""
+        table: list[list[Any]] = []
+        out: list[Any] = [frames[0]]
+        held: list[Handle] = []
+        to_copy: list[tuple[int, memoryview]] = []  # (index in out, frame)
+        try:
+            for i, frame in enumerate(frames[1:], start=1):
+                view = memoryview(frame).cast("B") if memoryview(frame).ndim != 1 else memoryview(frame)
+                if view.nbytes < self.threshold:
+                    out.append(frame)
+                    continue
+                handle = self.arena.handle_of(view)
+                if handle is None:
+                    to_copy.append((i, view))
+                    table.append([i])  # its handle once the blocks are taken
+                else:
+                    self.zero_copy_bytes += view.nbytes
+                    held.append(handle)
+                    table.append([i, *handle.to_list()])
+                out.append(b"")
+            if to_copy:
+                blocks = await self._alloc_many([v.nbytes for _, v in to_copy])
+                by_index = {}
+                for (i, view), (block, gen, dst) in zip(to_copy, blocks, strict=True):
+                    handle = Handle(self.arena.name, block, view.nbytes, gen)
+                    held.append(handle)
+                    by_index[i] = handle
+                    await self._copy(view, dst)
+                table = [row if len(row) > 1 else [row[0], *by_index[row[0]].to_list()] for row in table]
+        except BaseException:
+            self.unsent(held)
+            raise
+        return add_message(ADD_SHM, rid, table, frames, out), held
+
+    async def _copy(self, view: memoryview, dst: memoryview) -> None:
+        await copy_frame(dst, view)
+        self.copied_bytes += view.nbytes
+
+    async def _alloc_many(self, sizes: list[int]) -> list[tuple[int, int, memoryview]]:
+        """Blocks for every size at once, waiting on the event loop (not blocking it) while the arena is full."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ALLOC_TIMEOUT_S
+        while True:
+            try:
+                return self.arena.alloc_many(sizes)
+            except ShmError:
+                left = deadline - loop.time()
+                if left <= 0 or sum(sizes) + 64 * len(sizes) > self.arena.size:
+                    raise
+                self._room.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._room.wait(), left)
+
+    def tensors(self, shapes: list[tuple[int, ...]], dtype: Any) -> list[Any]:
+        """A request's empty tensors in the arena, all at once (images.TensorAlloc); runs in the image
+        thread, may wait for room (never holding part of what it needs)."""
+        return self.arena.tensors(shapes, dtype, timeout_s=ALLOC_TIMEOUT_S)
+
+    def released(self, entries: Sequence[Sequence[Any]]) -> None:
+        """The engine's RELEASE: [segment, block, generation] per block it no longer views."""
+        for segment, block, generation in entries:
+            if segment == self.arena.name:
+                self.arena.free(int(block), int(generation))
+        self._room.set()
+
+    def unsent(self, held: Sequence[Handle]) -> None:
+        for h in held:
+            self.arena.free(h.offset, h.generation)
+        self._room.set()
+
+    def close(self) -> None:
+        self.arena.close()
+
+
+class ShmReceiver(FrameReceiver):
+    """The engine's half: each row [index, segment, block, length, generation] becomes a view on the
+    sender's arena, checked against the segment the sender named at spawn and the block's header."""
+
+    def __init__(self, peer: Peer) -> None:
+        super().__init__(peer)
+        self.mappings = Mappings(on_release=lambda segment, block, gen: peer.release([segment, block, gen]))
+        self._fault_swap = os.environ.get("WIREBENCH_FAULT") == FAULT_SWAP
+        self._previous: Handle | None = None
+
+    def open(self, frames: list[Any]) -> list[Any]:
+        rows, body = handle_rows(frames, "shared-memory")
+        for index, *raw in rows:
+            handle = Handle.from_list(raw)
+            if handle.segment != self.peer.segment:
+                raise ShmError(f"segment {handle.segment} is not the one this engine's frontend named at spawn")
+            if self._fault_swap:  # a deliberately broken transport, for tests
+                handle, self._previous = self._previous or handle, handle
+                if handle.length != self._previous.length:
+                    handle = self._previous
+            body[index] = self.mappings.view(handle)
+        return body
+
+    def peer_gone(self) -> None:
+        self.mappings.unlink_all()
+        if self.peer.segment:
+            unlink_segment(self.peer.segment)
+
+
+class ShmTransport(Transport):
+    name = "shm"
+    add_kind = ADD_SHM
+    variants = ("in-place", "bell")
+    summary = (
+        "frames of at least --shm-threshold bytes through a shared-memory arena the frontend owns, "
+        "handles through the socket"
+    )
+
+    def sender(self, settings: SenderSettings) -> ShmSender:
+        return ShmSender(Arena(settings.arena_bytes, prefault=settings.prefault), settings.threshold)
+
+    def receiver(self, peer: Peer) -> ShmReceiver:
+        return ShmReceiver(peer)
+
+    def remove_stale(self) -> list[str]:
+        return remove_stale_segments()

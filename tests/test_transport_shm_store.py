@@ -1,4 +1,5 @@
-"""The shm-store's index: content keys, LRU eviction of unpinned entries, fallback when all are pinned."""
+"""The shm-store transport: its index (content keys, LRU eviction of unpinned entries, fallback when all
+are pinned) and its sender's messages."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ import asyncio
 import numpy as np
 import pytest
 
-from harness.frontend.mm_senders import StoreSender
+from harness.transports.shm import ADD_SHM, SHM_DIR
+from harness.transports.shm_store import Entry, MmStore, StoreSender, content_key
 from harness.wire import zmq_link
-from harness.wire.mm_store import Entry, MmStore, content_key
-from harness.wire.shm import SHM_DIR
 
 FRAME = 20_000  # three fit a 64 KB store (each block has a header and is aligned)
 
@@ -70,7 +70,7 @@ def test_the_sender_names_a_held_frame_and_sends_what_does_not_fit(store):
         return message
 
     first = asyncio.run(send(1))
-    assert first[0][0] == zmq_link.ADD_SHM and first[-1] == b""
+    assert first[0][0] == ADD_SHM and first[-1] == b""
     again = asyncio.run(send(1))
     assert again[1] == first[1] and sender.copied_bytes == FRAME  # the same entry, copied once
     asyncio.run(send(2))

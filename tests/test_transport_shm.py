@@ -1,4 +1,5 @@
-"""The shared-memory arena: allocation, reuse after release, generations, views that release themselves."""
+"""The shm transport: its arena (allocation, reuse after release, generations, views that release
+themselves), and bench micro's delivery over it and its variants."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import torch
 
 from harness.micro import delivery
 from harness.micro.payloads import PAYLOADS
-from harness.wire import shm
-from harness.wire.shm import HEADER, Arena, Handle, Mappings, ShmError
+from harness.transports import base, shm
+from harness.transports.shm import HEADER, Arena, Handle, Mappings, ShmError
 
 
 @pytest.fixture
@@ -156,10 +157,13 @@ def test_a_delivery_that_cannot_start_its_receiver_leaves_nothing_behind(transpo
     assert set(glob.glob("/tmp/wirebench-delivery-*")) == folders and set(os.listdir("/dev/shm")) <= segments
 
 
-@pytest.mark.parametrize("transport_name", ["zmq", "shm", "shm-inplace", "shm-bell"])
-def test_delivery_is_measured_between_two_processes(transport_name):
+@pytest.mark.parametrize(
+    ("transport_name", "variant"), [("zmq", ""), ("shm", ""), ("shm", "in-place"), ("shm", "bell")]
+)
+def test_delivery_is_measured_between_two_processes(transport_name, variant):
     before = set(shm.SHM_DIR.glob(f"{shm.PREFIX}{os.getpid()}-*"))
-    d = delivery.measure("msgspec-oob", transport_name, "tensor-fp16-336", PAYLOADS["tensor-fp16-336"](), iterations=1)
+    payload = PAYLOADS["tensor-fp16-336"]()
+    d = delivery.measure("msgspec-oob", transport_name, "tensor-fp16-336", payload, iterations=1, variant=variant)
     # ok also says the receiver's digest of the decoded tensor matched the one sent (checked on warm-up sends)
     assert d.status == "ok" and d.iterations == 1 and d.p50_us > 0, d.reason
     parts = d.parts_p50_us
@@ -177,7 +181,7 @@ def test_a_prefaulted_arena_is_resident_and_copies_land_intact():
         assert (shm.SHM_DIR / a.name).stat().st_blocks * 512 >= 4 << 20  # every page backed now
         block, gen, dst = a.alloc(1 << 20)
         src = torch.arange(1 << 18, dtype=torch.float32)
-        shm.copy_into(dst, memoryview(bytes(src.numpy())))
+        base.copy_into(dst, memoryview(bytes(src.numpy())))
         maps = Mappings(lambda *_: None)
         got = torch.frombuffer(maps.view(Handle(a.name, block, 1 << 20, gen)), dtype=torch.float32)
         assert torch.equal(got, src)

@@ -15,11 +15,29 @@ transport shows what handing over GPU memory costs, the model here runs on the C
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from dataclasses import astuple, dataclass
 from typing import Any
 
+from harness.transports.base import (
+    DEFAULT_THRESHOLD,
+    TAKEN,
+    FrameReceiver,
+    FrameSender,
+    HeldUntilTaken,
+    Peer,
+    SenderSettings,
+    Transport,
+    TransportError,
+    add_message,
+    handle_rows,
+)
 
-class CudaIpcError(ValueError):
+ADD_CUDA = 0x05  # the envelope kind of an ADD whose table names CUDA IPC handles
+
+
+class CudaIpcError(TransportError):
     """A cuda-ipc row that is not a handle of the expected shape and types."""
 
 
@@ -93,3 +111,64 @@ def open_cuda_handle(handle: CudaHandle) -> memoryview:
         handle.event_sync,
     )
     return memoryview(tensor.cpu().numpy())
+
+
+# --- the sender and the receiver -------------------------------------------------------------------
+
+
+class CudaIpcSender(HeldUntilTaken, FrameSender):
+    """Each big frame copied into a CUDA tensor, held as (0, serial) until the engine reports it taken."""
+
+    def __init__(self, threshold: int = DEFAULT_THRESHOLD) -> None:
+        super().__init__()
+        self.threshold = threshold
+
+    async def message(self, rid: str, frames: Sequence[Any], request: Any = None) -> tuple[list[Any], list[Any]]:
+        table: list[list[Any]] = []
+        out: list[Any] = [frames[0]]
+        held: list[Any] = []
+        try:
+            for i, frame in enumerate(frames[1:], start=1):
+                view = memoryview(frame).cast("B")
+                if view.nbytes < self.threshold:
+                    out.append(frame)
+                    continue
+                serial = self._next_serial()
+                tensor, handle = await asyncio.to_thread(share_cuda, view)
+                self._hold((0, serial), tensor, held)  # a CUDA handle has no fd: its TAKEN entry carries 0
+                table.append([i, serial, *handle.to_row()])
+                out.append(b"")
+        except BaseException:
+            self.unsent(held)
+            raise
+        return add_message(ADD_CUDA, rid, table, frames, out), held
+
+
+class CudaIpcReceiver(FrameReceiver):
+    """The engine's half: each row [index, serial, *handle] (``CudaHandle``: plain numbers and hex) becomes
+    the CUDA tensor's bytes, copied to host memory for the codec; every serial is reported taken."""
+
+    def open(self, frames: list[Any]) -> list[Any]:
+        rows, body = handle_rows(frames, "cuda-ipc")
+        try:
+            handles = [(row[0], CudaHandle.from_row(row[2:])) for row in rows]
+            for index, handle in handles:
+                body[index] = open_cuda_handle(handle)
+        finally:
+            for row in rows:
+                if len(row) > 1 and isinstance(row[1], int):
+                    self.peer.release([TAKEN, 0, row[1]])
+        return body
+
+
+class CudaIpcTransport(Transport):
+    name = "cuda-ipc"
+    add_kind = ADD_CUDA
+    needs_cuda = True
+    summary = "through CUDA memory (needs a GPU)"
+
+    def sender(self, settings: SenderSettings) -> CudaIpcSender:
+        return CudaIpcSender(settings.threshold)
+
+    def receiver(self, peer: Peer) -> CudaIpcReceiver:
+        return CudaIpcReceiver(peer)
