@@ -50,17 +50,29 @@ _NEEDS: dict[str, tuple[str, str]] = {
 }
 
 
-class UnknownCodecError(KeyError):
+class UnknownNameError(KeyError):
+    """A name no registry entry answers to (or whose entry cannot be used)."""
+
     def __str__(self) -> str:  # KeyError would print the message quoted
         return str(self.args[0])
 
 
-@cache
-def _registered() -> dict[str, str]:
-    found = dict(_BUILTIN)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+class UnknownCodecError(UnknownNameError):
+    pass
+
+
+def registered_targets(group: str, builtin: dict[str, str]) -> dict[str, str]:
+    """Names to ``module:attribute`` targets: the built-ins, then every entry point of ``group`` (one never
+    takes a built-in's name). The transports' registry (harness.transports.registry) reads its own the same way."""
+    found = dict(builtin)
+    for ep in entry_points(group=group):
         found.setdefault(ep.name, ep.value)
     return found
+
+
+@cache
+def _registered() -> dict[str, str]:
+    return registered_targets(ENTRY_POINT_GROUP, _BUILTIN)
 
 
 def available_codecs() -> list[str]:

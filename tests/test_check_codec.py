@@ -58,9 +58,11 @@ class LossyPickleCodec(PickleCodec):
         return msg
 
 
-def install_plugin(folder: Path, modules: dict[str, str], entry_points: dict[str, str]) -> dict[str, str]:
-    """``modules`` (dotted name → source) and a distribution declaring ``entry_points`` (codec name → target)
-    in ``folder``; returns the environment under which a subprocess finds them."""
+def install_plugin(
+    folder: Path, modules: dict[str, str], entry_points: dict[str, str], group: str = "wirebench.codecs"
+) -> dict[str, str]:
+    """``modules`` (dotted name → source) and a distribution declaring ``entry_points`` (name → target) in
+    ``group`` in ``folder``; returns the environment under which a subprocess finds them."""
     for dotted, source in modules.items():
         path = folder.joinpath(*dotted.split(".")).with_suffix(".py")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -71,7 +73,7 @@ def install_plugin(folder: Path, modules: dict[str, str], entry_points: dict[str
     dist_info.mkdir()
     (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: wirebench-check-plugin\nVersion: 0.1\n")
     lines = "".join(f"{name} = {target}\n" for name, target in entry_points.items())
-    (dist_info / "entry_points.txt").write_text(f"[wirebench.codecs]\n{lines}")
+    (dist_info / "entry_points.txt").write_text(f"[{group}]\n{lines}")
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")])}
 
 

@@ -10,7 +10,6 @@ docs/architecture.md ("Adding a transport"), which this test keeps honest.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import subprocess
 import sys
@@ -18,8 +17,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from test_check_codec import install_plugin
 
-from harness.transports import Transport, get_transport, transport_names
+from harness.transports import ENTRY_POINT_GROUP, Transport, get_transport, transport_names
 from harness.transports import registry as transport_registry
 from harness.transports.base import VARIANTS
 from harness.wire import zmq_link
@@ -36,18 +36,6 @@ def example_source() -> str:
     match = re.search(r"```python\n(# file_transport\.py.*?)```", text, re.DOTALL)
     assert match, "docs/architecture.md lost its example transport"
     return match.group(1)
-
-
-def install(folder: Path, entry_points: dict[str, str], source: str) -> dict[str, str]:
-    """``source`` as module ``file_transport`` in a distribution registering ``entry_points``; the environment
-    that finds it."""
-    (folder / "file_transport.py").write_text(source)
-    dist_info = folder / "wirebench_file_transport-0.1.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: wirebench-file-transport\nVersion: 0.1\n")
-    lines = "".join(f"{name} = {target}\n" for name, target in entry_points.items())
-    (dist_info / "entry_points.txt").write_text(f"[wirebench.transports]\n{lines}")
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")])}
 
 
 def bench(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -130,7 +118,8 @@ def test_a_registered_transport_that_cannot_serve_is_refused_naming_its_entry_po
 
 @pytest.fixture
 def outside(tmp_path: Path) -> dict[str, str]:
-    return install(tmp_path, {"file": "file_transport:FileTransport"}, example_source())
+    source = {"file_transport": example_source()}
+    return install_plugin(tmp_path, source, {"file": "file_transport:FileTransport"}, ENTRY_POINT_GROUP)
 
 
 def test_the_outside_transport_is_a_choice_everywhere(outside: dict[str, str]) -> None:

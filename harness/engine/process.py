@@ -33,6 +33,7 @@ from harness.engine.timings import EngineTimings
 from harness.processes.heap import freeze_heap
 from harness.transports import Peer, TransportError, get_transport
 from harness.transports.base import check_sender
+from harness.transports.registry import loaded_transports
 from harness.wire import curve, zmq_link
 from harness.wire.integrity import outputs_check, request_digest
 from harness.wire.messages import (
@@ -328,6 +329,9 @@ class EngineProcess:
         directory."""
         if self.receiver is not None:
             self.receiver.peer_gone()
+        if self.addresses.frontend_pid is not None:
+            for transport in loaded_transports():
+                transport.remove_leftovers(self.addresses.frontend_pid)
         self.addresses.cleanup()
 
     def _busy_loop(self, core: EngineCore) -> None:

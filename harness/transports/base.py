@@ -13,7 +13,8 @@ with four parts, each the transport's own:
 - ``sender(settings)``, the frontend's half (a ``FrameSender``): builds that message, and holds what
   the big frames need until the engine says it may go;
 - ``receiver(peer)``, the engine's half (a ``FrameReceiver``): turns the table back into the codec's
-  frames, and tells the sender, by ``peer.release``, what it is done with;
+  frames, and tells the sender, by ``peer.release``, what it is done with; when the sender was
+  killed, removes what it mapped (``peer_gone``);
 - ``remove_leftovers(pid)``: what a process of this transport left on the machine when it was
   killed, removed by its peer or the next start;
 - ``remove_stale()``: at start, what killed processes left whose peer is gone too.
@@ -85,8 +86,19 @@ class Peer:
     release: Callable[[list[Any]], None] = field(default=lambda entry: None)
 
 
-class FrameSender(ABC):
-    """The frontend's half of a transport; used from the event loop."""
+class FrameSender:
+    """The frontend's half of a transport; used from the event loop. Most define ``place`` (one big frame
+    handed over) and let ``message`` build the table; one that hands a request's frames over together
+    (shm: all its blocks at once) defines ``message`` itself."""
+
+    # The envelope kind of the out-of-band ADDs it builds: its transport's ``add_kind``.
+    add_kind: ClassVar[int] = zmq_link.ADD
+    threshold: int = DEFAULT_THRESHOLD
+
+    @classmethod
+    def from_settings(cls, settings: SenderSettings) -> FrameSender:
+        """The sender bench serve's flags (or bench micro's sizes) ask for: by default one with the threshold."""
+        return cls(settings.threshold)  # type: ignore[call-arg]  # a subclass with other arguments overrides this
 
     # Whether ``tensors`` builds a request's pixel tensors in the transport's memory (--mm-payload tensor).
     builds_in_place: ClassVar[bool] = False
@@ -94,11 +106,32 @@ class FrameSender(ABC):
     # frontend was killed.
     segment: str | None = None
 
-    @abstractmethod
     async def message(self, rid: str, frames: Sequence[Any], request: Any = None) -> tuple[list[Any], list[Any]]:
         """The ZeroMQ message for a request's codec ``frames`` (``request``: the message they encode, for what
-        its fields tell a sender) and what it holds for it (given back by ``unsent`` if never sent).
-        Raises TransportError when it cannot serve the request now."""
+        its fields tell a sender) and what it holds for it (given back by ``unsent`` if never sent): each
+        frame of at least ``threshold`` bytes goes to ``place``. Raises TransportError when it cannot
+        serve the request now, holding nothing."""
+        table: list[list[Any]] = []
+        out: list[Any] = [frames[0]]
+        held: list[Any] = []
+        try:
+            for i, frame in enumerate(frames[1:], start=1):
+                view = flat(frame)
+                row = await self.place(view, held, request) if view.nbytes >= self.threshold else None
+                if row is None:
+                    out.append(frame)
+                else:
+                    table.append([i, *row])
+                    out.append(b"")
+        except BaseException:
+            self.unsent(held)
+            raise
+        return add_message(self.add_kind, rid, table, frames, out), held
+
+    async def place(self, view: memoryview, held: list[Any], request: Any) -> list[Any] | None:
+        """Hand one big frame over: the handle its table row carries after the frame's index, what it holds
+        for it appended to ``held``; None: it travels in the message after all."""
+        raise NotImplementedError(f"{type(self).__name__} defines neither place nor message")
 
     def released(self, entries: Sequence[Sequence[Any]]) -> None:
         """The engine's RELEASE entries (what its receiver passed to ``Peer.release``)."""
@@ -137,7 +170,8 @@ class FrameReceiver(ABC):
         ValueError when a handle cannot be opened; what it opened is released all the same."""
 
     def peer_gone(self) -> None:
-        """The sender was killed: remove what it could not (its segment, files it left)."""
+        """The sender was killed: remove what this receiver maps or was named (shm: the segments). What the
+        dead process left otherwise is every transport's ``remove_leftovers``, which the engine calls too."""
         return None
 
 
@@ -152,6 +186,9 @@ class Transport:
     variants: ClassVar[tuple[str, ...]] = ()
     # One line for --transport's help.
     summary: ClassVar[str] = ""
+    # Its two halves (None: every frame stays in the message, and the engine takes plain ADDs only).
+    sender_class: ClassVar[type[FrameSender] | None] = None
+    receiver_class: ClassVar[type[FrameReceiver] | None] = None
 
     @property
     def out_of_band(self) -> bool:
@@ -159,12 +196,12 @@ class Transport:
         return self.add_kind != zmq_link.ADD
 
     def sender(self, settings: SenderSettings) -> FrameSender | None:
-        """The frontend's half; None: every frame stays in the message."""
-        return None
+        """The frontend's half, built for these settings."""
+        return self.sender_class.from_settings(settings) if self.sender_class else None
 
     def receiver(self, peer: Peer) -> FrameReceiver | None:
-        """The engine's half; None: the engine takes plain ADDs only."""
-        return None
+        """The engine's half, for this peer."""
+        return self.receiver_class(peer) if self.receiver_class else None
 
     def remove_leftovers(self, pid: int) -> list[str]:
         """Remove what process ``pid``, known to be gone, left behind; the names of what was removed."""

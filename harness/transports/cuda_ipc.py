@@ -16,21 +16,16 @@ transport shows what handing over GPU memory costs, the model here runs on the C
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from dataclasses import astuple, dataclass
 from typing import Any
 
+from harness.transports import TAKEN
 from harness.transports.base import (
-    DEFAULT_THRESHOLD,
-    TAKEN,
     FrameReceiver,
     FrameSender,
     HeldUntilTaken,
-    Peer,
-    SenderSettings,
     Transport,
     TransportError,
-    add_message,
     handle_rows,
 )
 
@@ -119,29 +114,15 @@ def open_cuda_handle(handle: CudaHandle) -> memoryview:
 class CudaIpcSender(HeldUntilTaken, FrameSender):
     """Each big frame copied into a CUDA tensor, held as (0, serial) until the engine reports it taken."""
 
-    def __init__(self, threshold: int = DEFAULT_THRESHOLD) -> None:
+    def __init__(self, threshold: int) -> None:
         super().__init__()
         self.threshold = threshold
 
-    async def message(self, rid: str, frames: Sequence[Any], request: Any = None) -> tuple[list[Any], list[Any]]:
-        table: list[list[Any]] = []
-        out: list[Any] = [frames[0]]
-        held: list[Any] = []
-        try:
-            for i, frame in enumerate(frames[1:], start=1):
-                view = memoryview(frame).cast("B")
-                if view.nbytes < self.threshold:
-                    out.append(frame)
-                    continue
-                serial = self._next_serial()
-                tensor, handle = await asyncio.to_thread(share_cuda, view)
-                self._hold((0, serial), tensor, held)  # a CUDA handle has no fd: its TAKEN entry carries 0
-                table.append([i, serial, *handle.to_row()])
-                out.append(b"")
-        except BaseException:
-            self.unsent(held)
-            raise
-        return add_message(ADD_CUDA, rid, table, frames, out), held
+    async def place(self, view: memoryview, held: list[Any], request: Any) -> list[Any]:
+        serial = self._next_serial()
+        tensor, handle = await asyncio.to_thread(share_cuda, view)
+        self._hold((0, serial), tensor, held)  # a CUDA handle has no fd: its TAKEN entry carries 0
+        return [serial, *handle.to_row()]
 
 
 class CudaIpcReceiver(FrameReceiver):
@@ -166,9 +147,5 @@ class CudaIpcTransport(Transport):
     add_kind = ADD_CUDA
     needs_cuda = True
     summary = "through CUDA memory (needs a GPU)"
-
-    def sender(self, settings: SenderSettings) -> CudaIpcSender:
-        return CudaIpcSender(settings.threshold)
-
-    def receiver(self, peer: Peer) -> CudaIpcReceiver:
-        return CudaIpcReceiver(peer)
+    sender_class = CudaIpcSender
+    receiver_class = CudaIpcReceiver

@@ -7,21 +7,21 @@ A package adds a transport by declaring, in its pyproject.toml::
 
 The class subclasses ``harness.transports.Transport``: it sets ``name`` (the entry point's name),
 declares the facts where it differs from the defaults (``add_kind``, ``needs_cuda``, ``variants``,
-``summary``) and defines the parts it has (``sender``, ``receiver``, ``remove_leftovers``,
-``remove_stale``). It is then a choice of ``bench serve --transport``, ``bench run --transport`` and
-``bench micro --transport`` like a built-in. A registered class that is not a Transport, names
-itself otherwise, takes an envelope kind outside ``zmq_link.OUT_OF_BAND_ADDS`` or declares an unknown
-variant is refused with an error naming its entry point.
+``summary``) and names or defines the parts it has (``sender_class``, ``receiver_class``,
+``remove_leftovers``, ``remove_stale``). It is then a choice of ``bench serve --transport``, ``bench
+run --transport`` and ``bench micro --transport`` like a built-in. A registered class that is not a
+Transport, names itself otherwise, takes an envelope kind outside ``zmq_link.OUT_OF_BAND_ADDS`` or
+declares an unknown variant is refused with an error naming its entry point.
 """
 
 from __future__ import annotations
 
 import importlib
 from functools import cache
-from importlib.metadata import entry_points
 
 from harness.transports.base import VARIANTS, Transport
 from harness.wire import zmq_link
+from wirecodecs.registry import UnknownNameError, registered_targets
 
 ENTRY_POINT_GROUP = "wirebench.transports"
 
@@ -34,17 +34,13 @@ _BUILTIN: dict[str, str] = {
 }
 
 
-class UnknownTransportError(KeyError):
-    def __str__(self) -> str:  # KeyError would print the message quoted
-        return str(self.args[0])
+class UnknownTransportError(UnknownNameError):
+    pass
 
 
 @cache
 def _registered() -> dict[str, str]:
-    found = dict(_BUILTIN)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(ep.name, ep.value)
-    return found
+    return registered_targets(ENTRY_POINT_GROUP, _BUILTIN)
 
 
 def transport_names() -> tuple[str, ...]:

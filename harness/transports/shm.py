@@ -372,6 +372,7 @@ class ShmSender(FrameSender):
     the message's table; blocks come back with the engine's RELEASE."""
 
     builds_in_place = True
+    add_kind = ADD_SHM
 
     def __init__(self, arena: Arena, threshold: int = DEFAULT_THRESHOLD) -> None:
         self.arena = arena
@@ -380,6 +381,10 @@ class ShmSender(FrameSender):
         self._room = asyncio.Event()  # set whenever a RELEASE frees blocks
         self.copied_bytes = 0
         self.zero_copy_bytes = 0
+
+    @classmethod
+    def from_settings(cls, settings: SenderSettings) -> ShmSender:
+        return cls(Arena(settings.arena_bytes, prefault=settings.prefault), settings.threshold)
 
     async def message(self, rid: str, frames: Sequence[Any], request: Any = None) -> tuple[list[Any], list[Handle]]:
         """The ZeroMQ message for a request, and the blocks it holds (to give back if it is never sent).
@@ -495,11 +500,8 @@ class ShmTransport(Transport):
         "handles through the socket"
     )
 
-    def sender(self, settings: SenderSettings) -> ShmSender:
-        return ShmSender(Arena(settings.arena_bytes, prefault=settings.prefault), settings.threshold)
-
-    def receiver(self, peer: Peer) -> ShmReceiver:
-        return ShmReceiver(peer)
+    sender_class = ShmSender
+    receiver_class = ShmReceiver
 
     def remove_stale(self) -> list[str]:
         return remove_stale_segments()

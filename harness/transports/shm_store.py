@@ -35,13 +35,10 @@ import numpy as np
 from harness.transports.base import (
     DEFAULT_THRESHOLD,
     FrameSender,
-    Peer,
     SenderSettings,
     Transport,
-    add_message,
     address_of,
     copy_frame,
-    flat,
 )
 from harness.transports.shm import ADD_SHM, HEADER, Arena, Handle, ShmError, ShmReceiver, remove_stale_segments
 
@@ -177,8 +174,11 @@ def known_keys(request: Any) -> dict[int, tuple[int, bytes]]:
 
 
 class StoreSender(FrameSender):
-    """shm-store: big frames through the content-addressed store; a frame the store
-    holds already is named, not copied."""
+    """shm-store: big frames through the content-addressed store; a frame the store holds already is
+    named, not copied. A pixel tensor's key comes from the request's image hashes (``known_keys``);
+    other big frames are hashed here."""
+
+    add_kind = ADD_SHM
 
     def __init__(self, store: MmStore, threshold: int = DEFAULT_THRESHOLD) -> None:
         self.store = store
@@ -188,56 +188,42 @@ class StoreSender(FrameSender):
         self.copied_bytes = 0
         self.hashed_bytes = 0  # frames keyed by hashing them here (no key from the image path)
 
-    async def message(self, rid: str, frames: Sequence[Any], request: Any = None) -> tuple[list[Any], list[Any]]:
-        """``request``: its pixel tensors' keys come from the image path's hashes (``known_keys``); other big
-        frames are hashed here."""
-        table: list[list[Any]] = []
-        out: list[Any] = [frames[0]]
-        held: list[tuple[int, int]] = []
+    @classmethod
+    def from_settings(cls, settings: SenderSettings) -> StoreSender:
+        return cls(MmStore(settings.store_bytes), settings.threshold)
+
+    async def place(self, view: memoryview, held: list[Any], request: Any) -> list[Any] | None:
         store = self.store
-        known = known_keys(request) if request is not None else {}
-        try:
-            for i, frame in enumerate(frames[1:], start=1):
-                view = flat(frame)
-                if view.nbytes < self.threshold:
-                    out.append(frame)
-                    continue
-                hint = known.get(address_of(view)) if known else None
-                if hint is not None and hint[0] == view.nbytes:
-                    key = hint[1]
-                elif view.nbytes >= HASH_IN_THREAD_BYTES:
-                    key = await asyncio.to_thread(content_key, view)
-                    self.hashed_bytes += view.nbytes
-                else:
-                    key = content_key(view)
-                    self.hashed_bytes += view.nbytes
-                entry = store.lookup(key)
-                if entry is not None:
-                    held.append((entry.block, entry.generation))
-                    await entry.ready.wait()  # another request may still be copying it in
-                else:
-                    made = store.insert(key, view.nbytes)
-                    if made is None:  # only pinned entries left: the frame travels in the message
-                        out.append(frame)
-                        continue
-                    entry, dst = made
-                    held.append((entry.block, entry.generation))
-                    try:
-                        await copy_frame(dst, view)
-                    except BaseException:
-                        entry.ready.set()  # waiters go on; the discarded entry's handle fails its generation check
-                        store.discard(key)
-                        raise
-                    entry.ready.set()
-                    self.copied_bytes += view.nbytes
-                if self._fault_rewrite:  # the fault: the pinned entry's slot handed to another frame
-                    np.frombuffer(store.view(entry), dtype=np.uint8)[:] = 0x3C
-                table.append([i, *store.handle(entry).to_list()])
-                out.append(b"")
-        except BaseException:
-            self.unsent(held)
-            raise
-        return add_message(ADD_SHM, rid, table, frames, out), held
+        hint = known_keys(request).get(address_of(view)) if request is not None else None
+        if hint is not None and hint[0] == view.nbytes:
+            key = hint[1]
+        elif view.nbytes >= HASH_IN_THREAD_BYTES:
+            key = await asyncio.to_thread(content_key, view)
+            self.hashed_bytes += view.nbytes
+        else:
+            key = content_key(view)
+            self.hashed_bytes += view.nbytes
+        entry = store.lookup(key)
+        if entry is not None:
+            held.append((entry.block, entry.generation))
+            await entry.ready.wait()  # another request may still be copying it in
+        else:
+            made = store.insert(key, view.nbytes)
+            if made is None:  # only pinned entries left: the frame travels in the message
+                return None
+            entry, dst = made
+            held.append((entry.block, entry.generation))
+            try:
+                await copy_frame(dst, view)
+            except BaseException:
+                entry.ready.set()  # waiters go on; the discarded entry's handle fails its generation check
+                store.discard(key)
+                raise
+            entry.ready.set()
+            self.copied_bytes += view.nbytes
+        if self._fault_rewrite:  # the fault: the pinned entry's slot handed to another frame
+            np.frombuffer(store.view(entry), dtype=np.uint8)[:] = 0x3C
+        return store.handle(entry).to_list()
 
     def released(self, entries: Sequence[Sequence[Any]]) -> None:
         for segment, block, generation in entries:
@@ -264,11 +250,8 @@ class ShmStoreTransport(Transport):
     variants = ("store-miss",)
     summary = "through a content-addressed store of --mm-store-bytes, a frame it holds is named, not copied"
 
-    def sender(self, settings: SenderSettings) -> StoreSender:
-        return StoreSender(MmStore(settings.store_bytes), settings.threshold)
-
-    def receiver(self, peer: Peer) -> ShmReceiver:
-        return ShmReceiver(peer)
+    sender_class = StoreSender
+    receiver_class = ShmReceiver
 
     def remove_stale(self) -> list[str]:
         return remove_stale_segments()

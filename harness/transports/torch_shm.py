@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import os
 import weakref
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,14 +42,10 @@ from harness.transports.base import (
     FrameReceiver,
     FrameSender,
     HeldUntilTaken,
-    Peer,
-    SenderSettings,
     Transport,
     TransportError,
-    add_message,
     address_of,
     copy_frame,
-    flat,
     handle_rows,
 )
 
@@ -142,6 +137,7 @@ class TorchShmSender(HeldUntilTaken, FrameSender):
     (fd, serial): alive, so its fd number names it, until the engine's TAKEN."""
 
     builds_in_place = True
+    add_kind = ADD_TORCH
 
     def __init__(self, threshold: int = DEFAULT_THRESHOLD) -> None:
         super().__init__()
@@ -175,35 +171,21 @@ class TorchShmSender(HeldUntilTaken, FrameSender):
         tensor = entry[1]() if entry is not None and entry[0] == view.nbytes else None
         return tensor.untyped_storage() if tensor is not None else None
 
-    async def message(self, rid: str, frames: Sequence[Any], request: Any = None) -> tuple[list[Any], list[Any]]:
-        table: list[list[int]] = []
-        out: list[Any] = [frames[0]]
-        held: list[Any] = []
-        try:
-            for i, frame in enumerate(frames[1:], start=1):
-                view = flat(frame)
-                if view.nbytes < self.threshold:
-                    out.append(frame)
-                    continue
-                serial = self._next_serial()
-                storage = self._built_storage(view)
-                if storage is not None:
-                    handle = handle_of(storage, view.nbytes, serial)
-                    self._hold((handle.fd, handle.serial), storage, held)
-                    self.zero_copy_bytes += view.nbytes
-                else:
-                    storage, handle, array = share_copy(view, serial)
-                    self._hold((handle.fd, handle.serial), storage, held)
-                    await copy_frame(array, view)
-                    self.copied_bytes += view.nbytes
-                    if self._fault_free_early:  # the fault: the next request's bytes land in it first
-                        array[:] = np.roll(array, 1) ^ 0x5A
-                table.append([i, *handle.to_list()])
-                out.append(b"")
-        except BaseException:
-            self.unsent(held)
-            raise
-        return add_message(ADD_TORCH, rid, table, frames, out), held
+    async def place(self, view: memoryview, held: list[Any], request: Any) -> list[Any]:
+        serial = self._next_serial()
+        storage = self._built_storage(view)
+        if storage is not None:
+            handle = handle_of(storage, view.nbytes, serial)
+            self._hold((handle.fd, handle.serial), storage, held)
+            self.zero_copy_bytes += view.nbytes
+        else:
+            storage, handle, array = share_copy(view, serial)
+            self._hold((handle.fd, handle.serial), storage, held)
+            await copy_frame(array, view)
+            self.copied_bytes += view.nbytes
+            if self._fault_free_early:  # the fault: the next request's bytes land in it first
+                array[:] = np.roll(array, 1) ^ 0x5A
+        return handle.to_list()
 
 
 class TorchShmReceiver(FrameReceiver):
@@ -227,9 +209,6 @@ class TorchShmReceiver(FrameReceiver):
                 self.peer.release([TAKEN, handle.fd, handle.serial])
         return body
 
-    def peer_gone(self) -> None:
-        remove_leftovers(self.peer.pid)
-
 
 class TorchShmTransport(Transport):
     name = "torch-shm"
@@ -237,11 +216,8 @@ class TorchShmTransport(Transport):
     variants = ("in-place",)
     summary = "through torch shared storages, one per frame"
 
-    def sender(self, settings: SenderSettings) -> TorchShmSender:
-        return TorchShmSender(settings.threshold)
-
-    def receiver(self, peer: Peer) -> TorchShmReceiver:
-        return TorchShmReceiver(peer)
+    sender_class = TorchShmSender
+    receiver_class = TorchShmReceiver
 
     def remove_leftovers(self, pid: int) -> list[str]:
         return remove_leftovers(pid)
