@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from test_check_codec import install_plugin
 
-from harness.transports import ENTRY_POINT_GROUP, Transport, get_transport, transport_names
+from harness.transports import ENTRY_POINT_GROUP, FrameSender, Transport, get_transport, transport_names
 from harness.transports import registry as transport_registry
 from harness.transports.base import VARIANTS
 from harness.wire import zmq_link
@@ -61,6 +61,10 @@ def test_the_builtins_are_registered_with_their_facts() -> None:
         if transport.out_of_band:
             assert transport.add_kind in zmq_link.OUT_OF_BAND_ADDS
     assert get_transport("cuda-ipc").needs_cuda and not get_transport("shm").needs_cuda
+    # The registry checks what a transport declares against what its sender builds.
+    for name in transport_names()[1:5]:
+        sender_class = get_transport(name).sender_class
+        assert sender_class is not None and sender_class.add_kind == get_transport(name).add_kind
     # shm-store's entries are arena blocks: the same kind as shm, the same receiver.
     assert get_transport("shm-store").add_kind == get_transport("shm").add_kind
 
@@ -84,6 +88,16 @@ class _BadKind(Transport):
     add_kind = 0x11  # READY's kind
 
 
+class _OtherKindSender(FrameSender):
+    add_kind = 0x07
+
+
+class _SenderOfAnotherKind(Transport):
+    name = "two-kinds"
+    add_kind = 0x06
+    sender_class = _OtherKindSender
+
+
 class _BadVariant(Transport):
     name = "bad-variant"
     variants = ("turbo",)
@@ -96,6 +110,7 @@ class _BadVariant(Transport):
         ("unnamed", f"{__name__}:_Unnamed", "names itself 'other'"),
         ("bad-kind", f"{__name__}:_BadKind", "outside the out-of-band ADD kinds"),
         ("bad-variant", f"{__name__}:_BadVariant", "unknown variants ['turbo']"),
+        ("two-kinds", f"{__name__}:_SenderOfAnotherKind", "its sender_class builds ADDs of kind 0x7"),
         ("gone", "no_such_module:X", "cannot be loaded"),
     ],
 )

@@ -114,6 +114,8 @@ def open_cuda_handle(handle: CudaHandle) -> memoryview:
 class CudaIpcSender(HeldUntilTaken, FrameSender):
     """Each big frame copied into a CUDA tensor, held as (0, serial) until the engine reports it taken."""
 
+    add_kind = ADD_CUDA
+
     def __init__(self, threshold: int) -> None:
         super().__init__()
         self.threshold = threshold

@@ -75,6 +75,10 @@ def _problem(name: str, cls: object) -> str:
         return f"names itself {getattr(cls, 'name', None)!r}"
     if cls.add_kind != zmq_link.ADD and cls.add_kind not in zmq_link.OUT_OF_BAND_ADDS:
         return f"takes envelope kind {cls.add_kind:#x}, outside the out-of-band ADD kinds {zmq_link.OUT_OF_BAND_ADDS}"
+    if cls.sender_class is not None and cls.sender_class.add_kind != cls.add_kind:
+        return (
+            f"declares kind {cls.add_kind:#x} but its sender_class builds ADDs of kind {cls.sender_class.add_kind:#x}"
+        )
     unknown = set(cls.variants) - set(VARIANTS)
     if unknown:
         return f"declares unknown variants {sorted(unknown)} (known: {sorted(VARIANTS)})"
