@@ -246,7 +246,7 @@ def test_the_seed_summary_judges_the_gpu_idle_only_where_cuda_events_timed_it(tm
 def test_the_seed_summary_reads_a_run_files_cuda_graphs_label_and_counts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A run file carries the engine's cuda_graphs as /metrics gave it (runs_on's label), with the
+    """A run file carries the engine's cuda_graphs as /metrics gave it (engine_info's label), with the
     run's replayed and eager decode steps beside it: the summary keeps both and prints one line."""
     import importlib.util
 

@@ -92,10 +92,20 @@ class _OtherKindSender(FrameSender):
     add_kind = 0x07
 
 
+class _KindSixSender(FrameSender):
+    add_kind = 0x06
+
+
 class _SenderOfAnotherKind(Transport):
     name = "two-kinds"
     add_kind = 0x06
     sender_class = _OtherKindSender
+
+
+class _NoReceiver(Transport):
+    name = "no-receiver"
+    add_kind = 0x06
+    sender_class = _KindSixSender
 
 
 class _BadVariant(Transport):
@@ -111,6 +121,7 @@ class _BadVariant(Transport):
         ("bad-kind", f"{__name__}:_BadKind", "outside the out-of-band ADD kinds"),
         ("bad-variant", f"{__name__}:_BadVariant", "unknown variants ['turbo']"),
         ("two-kinds", f"{__name__}:_SenderOfAnotherKind", "its sender_class builds ADDs of kind 0x7"),
+        ("no-receiver", f"{__name__}:_NoReceiver", "needs a receiver_class exactly when"),
         ("gone", "no_such_module:X", "cannot be loaded"),
     ],
 )

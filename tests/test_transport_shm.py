@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -187,3 +188,29 @@ def test_a_prefaulted_arena_is_resident_and_copies_land_intact():
         assert torch.equal(got, src)
     finally:
         a.close()
+
+
+def test_a_handle_the_receiver_cannot_even_parse_fails_its_request_alone() -> None:
+    """Whatever a receiver raises (here int() of a list: TypeError) is an error output for that request,
+    never a dropped message whose request would wait for its timeout."""
+    import json
+    from dataclasses import replace
+
+    from harness.engine.config import EngineConfig
+    from harness.engine.process import EngineProcess
+    from harness.wire import curve, zmq_link
+    from harness.wire.messages import FinishReason
+    from harness.wire.zmq_link import EngineAddresses
+
+    link = EngineAddresses.tcp("127.0.0.1", 6000, curve.ephemeral())
+    link = replace(link, transport="shm", frontend_pid=os.getpid(), frontend_segment=shm.segment_name())
+    engine = EngineProcess(EngineConfig(codec="msgspec-oob", executor="sim"), link)
+    try:
+        row = [1, link.frontend_segment, [0], 1024, 1]
+        message: list[Any] = [zmq_link.envelope(shm.ADD_SHM, "r1"), json.dumps([row]).encode(), b"body", b""]
+        engine._handle_input(message, time.monotonic_ns())
+        (out,) = engine.outputs.get_nowait().outputs
+        assert out.request_id == "r1" and out.finish_reason == FinishReason.REJECTED
+        assert "request could not be received" in (out.error or "")
+    finally:
+        engine.ctx.term()

@@ -49,7 +49,7 @@ from harness.micro.timing import (
     run_metadata,
 )
 from harness.micro.token_path import PATH_PAYLOADS
-from harness.transports import get_transport, transport_names
+from harness.transports import UnknownTransportError, get_transport, transport_names
 from harness.transports.base import VARIANTS
 from harness.transports.registry import loaded_transports
 
@@ -271,7 +271,7 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--min-iterations must be at least 1, got {args.min_iterations}")
         if not args.min_time >= 0:
             raise ValueError(f"--min-time must be >= 0, got {args.min_time}")
-    except ValueError as exc:
+    except (ValueError, UnknownTransportError) as exc:
         print(f"bench micro: error: {exc}", file=sys.stderr)
         return 2
 

@@ -33,7 +33,7 @@ from harness.processes.heap import freeze_heap
 from harness.settings import declare
 from harness.transports import SenderSettings, get_transport
 from harness.transports.base import DEFAULT_ARENA_MIB, DEFAULT_THRESHOLD
-from harness.transports.registry import loaded_transports
+from harness.transports.registry import loaded_transports, remove_leftovers
 from harness.wire import curve, zmq_link
 from harness.wire.policy import LinkSettings, check_shm, check_transport_safety, insecure_warnings
 from harness.wire.spans import trace_events
@@ -208,7 +208,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
     config = engine_config_from_args(args, tokenizer)
     for stale, pid in zmq_link.remove_stale_ipc_dirs():
         log.warning("removed %s, left by a process that is gone", stale)
-        for name in _remove_leftovers(pid):  # e.g. a frontend killed while torch created a storage
+        for name in remove_leftovers(pid):  # e.g. a frontend killed while torch created a storage
             log.warning("removed shared memory %s, left by the same process", name)
     try:
         addresses = _addresses(args)
@@ -335,13 +335,8 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
                 process.kill()
                 process.join()
             if process.pid is not None:  # e.g. an engine killed while torch created a storage
-                _remove_leftovers(process.pid)
+                remove_leftovers(process.pid)
         addresses.cleanup()
-
-
-def _remove_leftovers(pid: int) -> list[str]:
-    """What process ``pid``, known to be gone, left behind under any transport, removed."""
-    return [name for transport in loaded_transports() for name in transport.remove_leftovers(pid)]
 
 
 def main(args: argparse.Namespace) -> int:

@@ -31,9 +31,9 @@ from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore, error_output
 from harness.engine.timings import EngineTimings
 from harness.processes.heap import freeze_heap
-from harness.transports import Peer, TransportError, get_transport
+from harness.transports import Peer, RefusedSender, get_transport
 from harness.transports.base import check_sender
-from harness.transports.registry import loaded_transports
+from harness.transports.registry import remove_leftovers
 from harness.wire import curve, zmq_link
 from harness.wire.integrity import outputs_check, request_digest
 from harness.wire.messages import (
@@ -128,9 +128,10 @@ class EngineProcess:
         if _adds(kind) and kind != zmq_link.ADD:
             try:
                 check_sender(kind, frames[0], self.addresses, self.transport)
-                assert self.receiver is not None  # check_sender refused the message otherwise
+                if self.receiver is None:
+                    raise RefusedSender(f"--transport {self.transport.name} has no receiver")
                 body = self.receiver.open(body)
-            except (TransportError, ValueError) as exc:
+            except Exception as exc:  # whatever a transport's receiver raises fails this request alone
                 if request_id is None:
                     raise
                 self._send_outputs([error_output(request_id, f"request could not be received: {exc}")])
@@ -327,12 +328,13 @@ class EngineProcess:
         """What a killed frontend could not remove and nobody else will: what its transport left (e.g. its
         shared-memory segment, torch's files it was killed before unlinking) and the sockets' private ipc
         directory."""
-        if self.receiver is not None:
-            self.receiver.peer_gone()
-        if self.addresses.frontend_pid is not None:
-            for transport in loaded_transports():
-                transport.remove_leftovers(self.addresses.frontend_pid)
-        self.addresses.cleanup()
+        try:
+            if self.receiver is not None:
+                self.receiver.peer_gone()
+            if self.addresses.frontend_pid is not None:
+                remove_leftovers(self.addresses.frontend_pid)
+        finally:
+            self.addresses.cleanup()
 
     def _busy_loop(self, core: EngineCore) -> None:
         while not self.stopping.is_set():

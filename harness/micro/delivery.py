@@ -31,8 +31,8 @@ development VM, which made the p99 of a 50-send cell) and page faults of shared 
 first time (≈10 ms for 12.6 MB). The first send's delivery is reported apart (``first_us``). On the
 warm-up sends the receiver also digests what it decoded (``request_digest``: token ids and every
 multimodal buffer), outside the clock, and a cell whose bytes did not arrive intact is an error,
-not a figure. Senders with shared memory of their own pre-fault it (``SenderSettings.prefault``):
-blocks are reused first-fit one message at a time, so a serving arena's hot blocks are resident too.
+not a figure. The shm arena is pre-faulted (``SenderSettings.prefault``): blocks are reused
+first-fit one message at a time, so a serving arena's hot blocks are resident too.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ import numpy as np
 import zmq
 
 import wirecodecs
-from harness.transports import FrameSender, Peer, SenderSettings, get_transport
+from harness.transports import FrameSender, Peer, SenderSettings, UnknownTransportError, get_transport
 from harness.transports.base import DEFAULT_THRESHOLD, VARIANTS
 from harness.wire import zmq_link
 from harness.wire.integrity import request_digest
@@ -228,7 +228,10 @@ def measure(
     codec = wirecodecs.get_codec(codec_name)
     calls = wirecodecs.CodecCalls(codec)  # the adapter (vllm's) runs outside the clock
     assert not variant or variant in VARIANTS, variant
-    refusal = _refusal(codec_name, transport_name, variant, msg)
+    try:
+        refusal = _refusal(codec_name, transport_name, variant, msg)
+    except UnknownTransportError as exc:  # a registered transport that cannot be loaded
+        return Delivery(codec_name, transport_name, payload, "error", str(exc)[:80], variant=variant)
     if refusal:
         return Delivery(codec_name, transport_name, payload, "unsupported", refusal, variant=variant)
     try:

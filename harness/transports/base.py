@@ -166,8 +166,9 @@ class FrameReceiver(ABC):
 
     @abstractmethod
     def open(self, frames: list[Any]) -> list[Any]:
-        """The codec frames of an out-of-band ADD's body (``frames[0]`` the table). Raises TransportError or
-        ValueError when a handle cannot be opened; what it opened is released all the same."""
+        """The codec frames of an out-of-band ADD's body (``frames[0]`` the table). Raises when a handle
+        cannot be opened (TransportError, ValueError; the engine fails the request whatever it raises);
+        what it opened is released all the same."""
 
     def peer_gone(self) -> None:
         """The sender was killed: remove what this receiver maps or was named (shm: the segments). What the
@@ -250,6 +251,8 @@ def add_message(kind: int, rid: str, table: list[list[Any]], frames: Sequence[An
 def handle_rows(frames: list[Any], what: str) -> tuple[list[Any], list[Any]]:
     """A message's table of rows [index, *handle] (checked: each names a codec frame) and its codec frames,
     the named ones still to be replaced; ``what`` names the transport in errors."""
+    if not frames:
+        raise ValueError(f"a {what} message without its table")
     rows = json.loads(zmq_link.frame_bytes(frames[0]))
     if not isinstance(rows, list) or not all(isinstance(row, list) and row for row in rows):
         raise ValueError(f"the {what} table is not a list of rows")

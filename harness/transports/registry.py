@@ -17,6 +17,7 @@ declares an unknown variant is refused with an error naming its entry point.
 from __future__ import annotations
 
 import importlib
+import logging
 from functools import cache
 
 from harness.transports.base import VARIANTS, Transport
@@ -24,6 +25,7 @@ from harness.wire import zmq_link
 from wirecodecs.registry import UnknownNameError, registered_targets
 
 ENTRY_POINT_GROUP = "wirebench.transports"
+log = logging.getLogger(__name__)
 
 _BUILTIN: dict[str, str] = {
     "zmq": "harness.transports.zmq:ZmqTransport",
@@ -59,7 +61,7 @@ def get_transport(name: str) -> Transport:
     module_name, _, attr = target.partition(":")
     try:
         found = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
+    except Exception as exc:  # a plugin that fails to import, however, is that plugin's error alone
         raise UnknownTransportError(f"transport {name!r} is registered as {where} but cannot be loaded: {exc}") from exc
     problem = _problem(name, found)
     if problem:
@@ -79,6 +81,10 @@ def _problem(name: str, cls: object) -> str:
         return (
             f"declares kind {cls.add_kind:#x} but its sender_class builds ADDs of kind {cls.sender_class.add_kind:#x}"
         )
+    if (cls.receiver_class is None) == (cls.add_kind != zmq_link.ADD):
+        return "needs a receiver_class exactly when its add_kind is an out-of-band one"
+    if cls.sender_class is None and cls.receiver_class is not None:
+        return "has a receiver_class but no sender_class"
     unknown = set(cls.variants) - set(VARIANTS)
     if unknown:
         return f"declares unknown variants {sorted(unknown)} (known: {sorted(VARIANTS)})"
@@ -94,6 +100,18 @@ def loaded_transports() -> list[Transport]:
         except UnknownTransportError:
             continue
     return out
+
+
+def remove_leftovers(pid: int) -> list[str]:
+    """What process ``pid``, known to be gone, left behind under any transport, removed; a transport whose
+    cleanup fails is logged and the others still run."""
+    removed = []
+    for transport in loaded_transports():
+        try:
+            removed += transport.remove_leftovers(pid)
+        except Exception:
+            log.exception("transport %s could not remove what process %d left", transport.name, pid)
+    return removed
 
 
 def transport_help() -> str:

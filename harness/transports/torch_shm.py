@@ -195,8 +195,10 @@ class TorchShmReceiver(FrameReceiver):
 
     def open(self, frames: list[Any]) -> list[Any]:
         rows, body = handle_rows(frames, "torch-shm")
-        handles = [TorchHandle.from_list(row[1:]) for row in rows]
+        handles: list[TorchHandle] = []
         try:
+            for row in rows:  # one by one: a bad row still leaves the ones before it reported taken
+                handles.append(TorchHandle.from_list(row[1:]))
             strangers = {h.pid for h in handles} - {self.peer.pid}
             if strangers:
                 raise TorchShmError(

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.settings.declare import setting
-from harness.transports.registry import get_transport, transport_help, transport_names
+from harness.transports.registry import UnknownTransportError, get_transport, transport_help, transport_names
 from harness.wire.zmq_link import EngineAddresses, is_loopback
 from wirecodecs import codecs_out_of_band, sends_out_of_band, unpickles_peer_data
 
@@ -58,6 +58,10 @@ class LinkSettings:
 
 def transport_refusal(codec: str, transport: str) -> str | None:
     """Why ``codec`` cannot use ``transport`` (said before any server starts), or None."""
+    try:
+        get_transport(transport)
+    except UnknownTransportError as exc:  # a registered plugin that cannot be loaded
+        return str(exc)
     if get_transport(transport).out_of_band and not sends_out_of_band(codec):
         return (
             f"--transport {transport} needs a codec with out-of-band frames, which sends big buffers as frames of "
@@ -80,11 +84,11 @@ def check_shm(link: LinkSettings, addresses: EngineAddresses) -> str | None:
     The engine maps the memory an out-of-band message names only when it can tell that its own
     frontend sent it (harness.transports.base.check_sender): so these transports need the engine the frontend
     spawns, on this host, over ipc or authenticated tcp. No flag lifts that."""
-    if not get_transport(link.transport).out_of_band:
-        return None
     refusal = transport_refusal(link.codec, link.transport)
     if refusal:
         return refusal
+    if not get_transport(link.transport).out_of_band:
+        return None
     if link.engine_only or link.frontend_only:
         return (
             f"--transport {link.transport} needs the engine its frontend spawns (no --engine-only or "
