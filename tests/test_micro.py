@@ -315,3 +315,10 @@ def test_the_multimodal_transports_deliver_intact_bytes_in_parts(transport: str,
     got = delivery.measure("msgspec-oob", transport, "tensor-fp16-336", msg, iterations=3, variant=variant)
     assert got.status == "ok", got.reason
     assert all(v >= 0 for v in got.parts_p50_us.values()) and got.copy_p50_us > 0
+
+
+def test_a_variant_needs_a_chosen_transport_that_has_it(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["micro", "--store-miss", "--transport", "zmq,shm"]) == 2
+    assert "--store-miss: no chosen transport has this variant (these do: shm-store)" in capsys.readouterr().err
+    assert cli.main(["micro", "--in-place"]) == 2
+    assert "--in-place needs --transport" in capsys.readouterr().err

@@ -307,6 +307,10 @@ def _with_variants(names: list[str], variants: list[str]) -> list[tuple[str, str
     for name in names:
         cells.append((name, ""))
         cells += [(name, v) for v in variants if v in get_transport(name).variants]
+    for variant in variants:
+        if not any(v == variant for _, v in cells):
+            having = [t.name for t in loaded_transports() if variant in t.variants]
+            raise ValueError(f"--{variant}: no chosen transport has this variant (these do: {', '.join(having)})")
     return cells
 
 
