@@ -33,7 +33,7 @@ from harness.processes.heap import freeze_heap
 from harness.settings import declare
 from harness.transports import SenderSettings, get_transport
 from harness.transports.base import DEFAULT_ARENA_MIB, DEFAULT_THRESHOLD
-from harness.transports.registry import loaded_transports, remove_leftovers
+from harness.transports.registry import remove_leftovers, remove_stale
 from harness.wire import curve, zmq_link
 from harness.wire.policy import LinkSettings, check_shm, check_transport_safety, insecure_warnings
 from harness.wire.spans import trace_events
@@ -225,9 +225,8 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
         print(f"bench serve: {error}", file=sys.stderr)
         addresses.cleanup()
         return 2
-    for each in loaded_transports():
-        for stale in each.remove_stale():
-            log.warning("removed shared memory %s, left by a process that is gone", stale)
+    for stale in remove_stale():
+        log.warning("removed shared memory %s, left by a process that is gone", stale)
     transport = get_transport(link.transport)
 
     loop = asyncio.get_running_loop()

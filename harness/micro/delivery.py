@@ -225,8 +225,7 @@ def measure(
 ) -> Delivery:
     """The delivery time of ``msg`` (p50/p99 µs over ``iterations`` one-at-a-time sends) over a transport
     ``bench serve`` offers, as served or by one of its variants (``VARIANTS``)."""
-    codec = wirecodecs.get_codec(codec_name)
-    calls = wirecodecs.CodecCalls(codec)  # the adapter (vllm's) runs outside the clock
+    calls = wirecodecs.CodecCalls(wirecodecs.get_codec(codec_name))  # the adapter (vllm's) runs outside the clock
     assert not variant or variant in VARIANTS, variant
     try:
         refusal = _refusal(codec_name, transport_name, variant, msg)
@@ -236,12 +235,12 @@ def measure(
         return Delivery(codec_name, transport_name, payload, "unsupported", refusal, variant=variant)
     try:
         native = calls.to_native(msg)
-        calls.encode(native)
+        encoded_bytes = zmq_link.frames_nbytes(calls.encode(native))
     except wirecodecs.EncodeError as exc:
         return Delivery(codec_name, transport_name, payload, "unsupported", str(exc)[:60], variant=variant)
     folder = tempfile.mkdtemp(prefix="wirebench-delivery-")
     address = f"{folder}/bell" if variant == "bell" else f"ipc://{folder}/d"
-    room = max(64 << 20, 4 * zmq_link.frames_nbytes(codec.encode(msg)))  # an arena's or a store's bytes
+    room = max(64 << 20, 4 * encoded_bytes)  # an arena's or a store's bytes
     sender: FrameSender | None = None
     try:  # a start that fails (no shared memory, no child process) leaves nothing behind
         settings = SenderSettings(threshold, arena_bytes=room, store_bytes=room, prefault=True)

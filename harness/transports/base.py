@@ -114,10 +114,11 @@ class FrameSender:
         table: list[list[Any]] = []
         out: list[Any] = [frames[0]]
         held: list[Any] = []
+        context = self.context(request)
         try:
             for i, frame in enumerate(frames[1:], start=1):
                 view = flat(frame)
-                row = await self.place(view, held, request) if view.nbytes >= self.threshold else None
+                row = await self.place(view, held, context) if view.nbytes >= self.threshold else None
                 if row is None:
                     out.append(frame)
                 else:
@@ -128,9 +129,14 @@ class FrameSender:
             raise
         return add_message(self.add_kind, rid, table, frames, out), held
 
-    async def place(self, view: memoryview, held: list[Any], request: Any) -> list[Any] | None:
+    def context(self, request: Any) -> Any:
+        """What ``place`` needs to know of the request, worked out once per message (by default: nothing)."""
+        return None
+
+    async def place(self, view: memoryview, held: list[Any], context: Any) -> list[Any] | None:
         """Hand one big frame over: the handle its table row carries after the frame's index, what it holds
-        for it appended to ``held``; None: it travels in the message after all."""
+        for it appended to ``held`` (``context``: this message's, from ``context``); None: it travels in
+        the message after all."""
         raise NotImplementedError(f"{type(self).__name__} defines neither place nor message")
 
     def released(self, entries: Sequence[Sequence[Any]]) -> None:

@@ -120,7 +120,7 @@ class CudaIpcSender(HeldUntilTaken, FrameSender):
         super().__init__()
         self.threshold = threshold
 
-    async def place(self, view: memoryview, held: list[Any], request: Any) -> list[Any]:
+    async def place(self, view: memoryview, held: list[Any], context: Any) -> list[Any]:
         serial = self._next_serial()
         tensor, handle = await asyncio.to_thread(share_cuda, view)
         self._hold((0, serial), tensor, held)  # a CUDA handle has no fd: its TAKEN entry carries 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Callable
 from functools import cache
 
 from harness.transports.base import VARIANTS, Transport
@@ -103,14 +104,23 @@ def loaded_transports() -> list[Transport]:
 
 
 def remove_leftovers(pid: int) -> list[str]:
-    """What process ``pid``, known to be gone, left behind under any transport, removed; a transport whose
-    cleanup fails is logged and the others still run."""
+    """What process ``pid``, known to be gone, left behind under any transport, removed."""
+    return _remove_with_each(lambda t: t.remove_leftovers(pid), f"what process {pid} left")
+
+
+def remove_stale() -> list[str]:
+    """What any gone process of this user left behind under any transport, removed."""
+    return _remove_with_each(lambda t: t.remove_stale(), "what gone processes left")
+
+
+def _remove_with_each(remove: Callable[[Transport], list[str]], what: str) -> list[str]:
+    """``remove`` run with every transport; one whose cleanup fails is logged and the others still run."""
     removed = []
     for transport in loaded_transports():
         try:
-            removed += transport.remove_leftovers(pid)
+            removed += remove(transport)
         except Exception:
-            log.exception("transport %s could not remove what process %d left", transport.name, pid)
+            log.exception("transport %s could not remove %s", transport.name, what)
     return removed
 
 

@@ -49,6 +49,7 @@ from harness.transports.base import (
     add_message,
     address_of,
     copy_frame,
+    flat,
     handle_rows,
 )
 
@@ -395,7 +396,7 @@ class ShmSender(FrameSender):
         to_copy: list[tuple[int, memoryview]] = []  # (index in out, frame)
         try:
             for i, frame in enumerate(frames[1:], start=1):
-                view = memoryview(frame).cast("B") if memoryview(frame).ndim != 1 else memoryview(frame)
+                view = flat(frame)
                 if view.nbytes < self.threshold:
                     out.append(frame)
                     continue

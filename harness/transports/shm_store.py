@@ -192,9 +192,12 @@ class StoreSender(FrameSender):
     def from_settings(cls, settings: SenderSettings) -> StoreSender:
         return cls(MmStore(settings.store_bytes), settings.threshold)
 
-    async def place(self, view: memoryview, held: list[Any], request: Any) -> list[Any] | None:
+    def context(self, request: Any) -> dict[int, tuple[int, bytes]]:
+        return known_keys(request) if request is not None else {}
+
+    async def place(self, view: memoryview, held: list[Any], context: Any) -> list[Any] | None:
         store = self.store
-        hint = known_keys(request).get(address_of(view)) if request is not None else None
+        hint = context.get(address_of(view)) if context else None
         if hint is not None and hint[0] == view.nbytes:
             key = hint[1]
         elif view.nbytes >= HASH_IN_THREAD_BYTES:

@@ -171,7 +171,7 @@ class TorchShmSender(HeldUntilTaken, FrameSender):
         tensor = entry[1]() if entry is not None and entry[0] == view.nbytes else None
         return tensor.untyped_storage() if tensor is not None else None
 
-    async def place(self, view: memoryview, held: list[Any], request: Any) -> list[Any]:
+    async def place(self, view: memoryview, held: list[Any], context: Any) -> list[Any]:
         serial = self._next_serial()
         storage = self._built_storage(view)
         if storage is not None:

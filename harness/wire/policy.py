@@ -59,15 +59,15 @@ class LinkSettings:
 def transport_refusal(codec: str, transport: str) -> str | None:
     """Why ``codec`` cannot use ``transport`` (said before any server starts), or None."""
     try:
-        get_transport(transport)
+        chosen = get_transport(transport)
     except UnknownTransportError as exc:  # a registered plugin that cannot be loaded
         return str(exc)
-    if get_transport(transport).out_of_band and not sends_out_of_band(codec):
+    if chosen.out_of_band and not sends_out_of_band(codec):
         return (
             f"--transport {transport} needs a codec with out-of-band frames, which sends big buffers as frames of "
             f"their own ({', '.join(codecs_out_of_band())}); {codec!r} puts them in its body"
         )
-    if get_transport(transport).needs_cuda and not _cuda_available():
+    if chosen.needs_cuda and not _cuda_available():
         return f"--transport {transport} needs a CUDA device; this machine has none"
     return None
 
