@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,8 +37,10 @@ def test_the_plugin_carries_vllms_messages_with_the_codec_and_times_each(codec: 
     if missing:
         pytest.skip(missing)
     check = ROOT / "tests" / "vllm_plugin_check.py"
+    # vLLM's own opt-in, as bench run gives it to a codec that unpickles (tests/test_vllm_plugin_safety.py).
+    env = {**os.environ, "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
     done = subprocess.run(
-        [str(DEFAULT_PYTHON), str(check), codec, str(tmp_path)], capture_output=True, text=True, timeout=300
+        [str(DEFAULT_PYTHON), str(check), codec, str(tmp_path)], capture_output=True, text=True, timeout=300, env=env
     )
     assert done.returncode == 0 and "checked" in done.stdout, done.stdout + done.stderr[-3000:]
 
@@ -230,6 +233,14 @@ def test_bench_run_against_real_vllm_measures_the_codecs_inside_it(tmp_path: Pat
         for key in ("request_encode_us", "request_decode_us", "output_encode_us", "output_decode_us"):
             assert figures[key] > 0, (run["codec"], key, figures)
     assert "TTFT mean (primary)" in done.stdout
+    # The pickle arm's vLLM had vLLM's opt-in, its engine link held to ipc, and the run file says so.
+    assert "VLLM_ALLOW_INSECURE_SERIALIZATION=1 for vLLM" in done.stdout
+    for path in tmp_path.glob("pickle-oob-r*.json"):
+        seen = json.loads(path.read_text())["metadata"]["vllm_plugin"]
+        assert set(seen) == {"api", "engine"}, seen
+        assert all(role["opt_in"] and role["ipc_only"] and role["codec"] == "pickle-oob" for role in seen.values())
+    for path in tmp_path.glob("vllm-r*.json"):
+        assert not any(role["opt_in"] for role in json.loads(path.read_text())["metadata"]["vllm_plugin"].values())
 
 
 @pytest.mark.slow

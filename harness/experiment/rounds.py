@@ -31,6 +31,8 @@ from harness.experiment.vllm_server import VllmServer, reset_caches, spans_folde
 from harness.loadgen import process_cpu
 from harness.loadgen.runner import BenchmarkError, BenchmarkResult, ServerLoad, run_benchmark
 from harness.loadgen.settings import LoadSettings
+from harness.vllm_plugin import ENV_IPC_ONLY
+from harness.wire.hook_policy import VLLM_OPT_IN
 from harness.workloads.sample import SampleRequest
 from wirecodecs import UNSUPPORTED_PAYLOAD
 
@@ -70,7 +72,13 @@ def start_server(exp: Experiment, arm: ArmSpec, rnd: int) -> Served:
         model = _vllm_model(vllm, exp.workload.tokenizer)
         arm_env, own = split_arm_env(own)
         command = vllm.command(model, server.served_model, server.engine.max_model_len, own)
-        env = vllm.environment(arm.codec, spans, arm_env)
+        env = vllm.environment(arm.codec, spans, arm_env, own)
+        if ENV_IPC_ONLY in env:
+            print(
+                f"  {arm.label}: {VLLM_OPT_IN.assignment} for vLLM (the codec unpickles its peer's data), its "
+                "engine link held to a local ipc socket",
+                flush=True,
+            )
         process = ServerProcess(arm.codec, [], server.log_path, command=command, env=env, cpus=exp.plan.server_cpus)
         return Served(process, replace(exp.load, vllm_spans=spans))
     flags = [*server.flags, *own]

@@ -13,7 +13,7 @@ from typing import Any
 
 from harness.analysis.stats import DEFAULT_MARGIN_PCT
 from harness.engine.config import EngineConfig
-from harness.experiment.arms import ArmSpec
+from harness.experiment.arms import ArmSpec, split_arm_env
 from harness.experiment.server_flags import engine_of
 from harness.experiment.vllm_server import VllmServer
 from harness.loadgen.client import CHAT_COMPLETIONS, COMPLETIONS
@@ -176,6 +176,10 @@ class Experiment:
         self.plan.check()
         if self.server.vllm is not None:
             self.server.vllm.check(self.workload.tokenizer)
+            for arm in self.arms:
+                if arm.server == "vllm":  # an unpickling codec on a link that may be tcp: refused now
+                    arm_env, flags = split_arm_env(self.server.arm_flags.get(arm.label, ()))
+                    self.server.vllm.serialization_env(arm.codec, flags, arm_env)
         if self.plan.block_size and (self.load.workers != 1 or self.load.ray is not None):
             raise ValueError("--block-size sends every arm's blocks from this process: drop --workers/--ray")
 

@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.settings.declare import setting
-from harness.vllm_plugin import ENV_CODEC, ENV_SPANS
+from harness.vllm_plugin import ENV_CODEC, ENV_IPC_ONLY, ENV_SPANS
+from harness.wire.hook_policy import VLLM_OPT_IN
+from wirecodecs import unpickles_peer_data
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -43,6 +45,23 @@ DEFAULT_ENV = {
 # (on by default), the processor cache of images both processes mirror, the engine's encoder outputs.
 RESET_CACHES = ("/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache")
 SERVERS = ("wirebench", "vllm")
+# vLLM flags that may put an engine on another host, and so vLLM's engine link on tcp: data parallelism
+# across nodes (all its flags but the size and the backend), headless engines, multi-node and elastic EP.
+REMOTE_LINK_PREFIXES = ("--data-parallel-", "-dp", "--headless", "--nnodes", "--node-rank", "--master-")
+REMOTE_LINK_WORDS = ("-n", "-r", "--enable-elastic-ep")
+LOCAL_LINK_FLAGS = ("--data-parallel-size", "-dp", "--data-parallel-backend", "-dpb")
+
+
+def remote_link_flags(words: list[str]) -> list[str]:
+    """The flags among ``words`` that may move vLLM's engine link off this host (onto tcp)."""
+    found = []
+    for word in words:
+        flag = word.split("=", 1)[0]
+        if flag in LOCAL_LINK_FLAGS:
+            continue
+        if flag.startswith(REMOTE_LINK_PREFIXES) or flag in REMOTE_LINK_WORDS:
+            found.append(flag)
+    return found
 
 
 @dataclass(frozen=True)
@@ -131,11 +150,37 @@ class VllmServer:
             words += ["--tokenizer-mode", "mistral"]  # Mistral's tekken file: vLLM reads it in its mistral mode
         return shlex.join(words)
 
-    def environment(self, codec: str, spans: str, arm_env: dict[str, str] | None = None) -> dict[str, str]:
+    def environment(
+        self, codec: str, spans: str, arm_env: dict[str, str] | None = None, arm_flags: tuple[str, ...] = ()
+    ) -> dict[str, str]:
         """The arm's environment: the plugin on with its codec, timings to ``spans``; ``arm_env`` is the
-        arm's own (leading ``K=V`` words of its --arm-flags), over --vllm-env's."""
-        given = dict(pair.split("=", 1) for pair in shlex.split(self.env))
-        return {**DEFAULT_ENV, **given, **(arm_env or {}), ENV_CODEC: codec, ENV_SPANS: spans}
+        arm's own (leading ``K=V`` words of its --arm-flags), over --vllm-env's; vLLM's opt-in when the
+        codec needs it (``serialization_env``)."""
+        given = {**self._given_env(), **(arm_env or {})}
+        opt_in = self.serialization_env(codec, arm_flags, arm_env)
+        return {**DEFAULT_ENV, **given, **opt_in, ENV_CODEC: codec, ENV_SPANS: spans}
+
+    def _given_env(self) -> dict[str, str]:
+        return dict(pair.split("=", 1) for pair in shlex.split(self.env))
+
+    def serialization_env(
+        self, codec: str, arm_flags: tuple[str, ...] = (), arm_env: dict[str, str] | None = None
+    ) -> dict[str, str]:
+        """What a codec that unpickles peer data needs inside vLLM (harness.wire.hook_policy): vLLM's own
+        opt-in, with the plugin holding every engine-link socket to ipc, while this arm's flags keep the
+        link on this host. Nothing for any other codec, or when the user sets the opt-in himself (vLLM's
+        own choice, as vLLM reads it). ValueError when the flags may put the link on tcp."""
+        if not unpickles_peer_data(codec) or VLLM_OPT_IN.variable in {**self._given_env(), **(arm_env or {})}:
+            return {}
+        remote = remote_link_flags([*shlex.split(self.args), *arm_flags])
+        if remote:
+            raise ValueError(
+                f"codec {codec!r} unpickles what its peer sends, and {', '.join(remote)} may put vLLM's engine "
+                f"link on tcp: bench run gives vLLM's opt-in ({VLLM_OPT_IN.assignment}) only to a local ipc "
+                f"link. Use a msgspec codec or vllm, or set {VLLM_OPT_IN.variable} in --vllm-env yourself if "
+                "every host that reaches the link is trusted"
+            )
+        return {VLLM_OPT_IN.variable: "1", ENV_IPC_ONLY: "1"}
 
 
 def spans_folder(result_dir: str, label: str) -> str:

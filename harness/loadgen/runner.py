@@ -306,6 +306,8 @@ class ServerLoad:
             warmup_failed=self.warmup_failed,
             own_send_times=self.own_send_times,
             codec_figures=figures,
+            # A real vLLM's processes as the plugin saw them: codec, clock, vLLM's opt-in, ipc held.
+            extra={"vllm_plugin": self.plugin.roles()} if self.plugin is not None else {},
             client_health=fanout.health(
                 load, settings.request_rate, settings.max_concurrency, outputs_behind_share(self.before, after)
             ),

@@ -16,6 +16,12 @@ Off unless ``WIREBENCH_VLLM_CODEC`` names a codec, so a server without it is pla
   timed.
 - ``WIREBENCH_VLLM_CPU_TIME``: ``1`` records each timed call's thread CPU time as well as its wall
   time (two more clock reads a message, ~0.8 µs here); by default only wall time.
+- ``WIREBENCH_VLLM_IPC_ONLY``: ``1`` refuses any engine-link socket that is not a local ipc one (``bench
+  run`` sets it with the opt-in below, so the opt-in it gives cannot reach a tcp link).
+
+A codec that unpickles what its peer sends (``pickle``, ``pickle-oob``) is refused, one line at the
+server's start, unless vLLM's own opt-in ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` is set: vLLM's decoder
+refuses pickled data without it, and the plugin must not reopen that hole (``harness.wire.hook_policy``).
 
 Nothing here imports vLLM until ``register`` runs inside vLLM.
 """
@@ -27,6 +33,7 @@ import os
 ENV_CODEC = "WIREBENCH_VLLM_CODEC"
 ENV_SPANS = "WIREBENCH_VLLM_SPANS"
 ENV_CPU_TIME = "WIREBENCH_VLLM_CPU_TIME"
+ENV_IPC_ONLY = "WIREBENCH_VLLM_IPC_ONLY"
 
 
 def register() -> None:
@@ -36,4 +43,9 @@ def register() -> None:
         return
     from harness.vllm_plugin.coders import install
 
-    install(codec, os.environ.get(ENV_SPANS) or None, cpu_time=os.environ.get(ENV_CPU_TIME, "") == "1")
+    install(
+        codec,
+        os.environ.get(ENV_SPANS) or None,
+        cpu_time=os.environ.get(ENV_CPU_TIME, "") == "1",
+        ipc_only=os.environ.get(ENV_IPC_ONLY, "") == "1",
+    )

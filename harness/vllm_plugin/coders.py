@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from harness.vllm_plugin.records import (
@@ -24,6 +24,7 @@ from harness.vllm_plugin.records import (
     REQUEST_DECODE,
     REQUEST_ENCODE,
     Recorder,
+    warn_once,
 )
 
 _wall = time.monotonic_ns  # a module global: one lookup less a call on the message path
@@ -43,8 +44,11 @@ def _nbytes(frames: Sequence[Any]) -> int:
     return total
 
 
-def install(codec_name: str, folder: str | None, cpu_time: bool = False) -> None:
-    """Rebind vLLM's serializer names in the modules that build them (once a process)."""
+def install(codec_name: str, folder: str | None, cpu_time: bool = False, ipc_only: bool = False) -> None:
+    """Rebind vLLM's serializer names in the modules that build them (once a process). A codec that
+    unpickles peer data without vLLM's own opt-in ends the process with one line (SystemExit): a server
+    that quietly kept vLLM's serializer would be measured under the wrong name. ``ipc_only``: every
+    engine-link socket these modules open must be a local ipc one."""
     global _installed
     if _installed is not None:
         if _installed != codec_name:
@@ -52,19 +56,48 @@ def install(codec_name: str, folder: str | None, cpu_time: bool = False) -> None
         return
     import vllm.v1.engine.core as core
     import vllm.v1.engine.core_client as core_client
+    from vllm import envs
 
-    encoder, decoder = timed_coders(codec_name, folder, cpu_time)
+    from harness.wire.hook_policy import VLLM_OPT_IN, hook_refusal
+
+    opted_in = bool(envs.VLLM_ALLOW_INSECURE_SERIALIZATION)
+    refusal = hook_refusal(codec_name, opted_in, VLLM_OPT_IN)
+    if refusal is not None:
+        raise SystemExit(f"wirebench plugin: {refusal}")
+    link = {"opt_in": opted_in, "ipc_only": ipc_only}
+    encoder, decoder = timed_coders(codec_name, folder, cpu_time, link)
     for module in (core, core_client):
         setattr(module, "MsgpackEncoder", encoder)  # noqa: B010  # the name vLLM builds its coders by
         setattr(module, "MsgpackDecoder", decoder)  # noqa: B010
+        if ipc_only:
+            setattr(module, "make_zmq_socket", _local_sockets_only(module.make_zmq_socket, codec_name))  # noqa: B010
     _installed = codec_name
     if folder is not None:
-        os.makedirs(folder, exist_ok=True)
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        except OSError as exc:  # the messages go on untimed: said once, here at the start
+            warn_once(f"cannot write timings in {folder}: {exc}; this process's messages go on untimed")
 
 
-def timed_coders(codec_name: str, folder: str | None, cpu_time: bool = False) -> tuple[type, type]:
+def _local_sockets_only(make: Callable[..., Any], codec_name: str) -> Callable[..., Any]:
+    """vLLM's socket maker, refusing any address that is not a local ipc one (the module rebinds it)."""
+    from harness.wire.hook_policy import link_refusal
+
+    def make_local_socket(ctx: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        refusal = link_refusal(codec_name, path)
+        if refusal is not None:
+            raise RuntimeError(f"wirebench plugin: {refusal}")
+        return make(ctx, path, *args, **kwargs)
+
+    return make_local_socket
+
+
+def timed_coders(
+    codec_name: str, folder: str | None, cpu_time: bool = False, link: dict[str, bool] | None = None
+) -> tuple[type, type]:
     """The encoder and decoder classes to put in place of vLLM's. With ``cpu_time`` each timed call's
-    thread CPU time is recorded too; without, its CPU field is null."""
+    thread CPU time is recorded too; without, its CPU field is null. ``link``: how the engine link was
+    allowed (vLLM's opt-in seen, sockets held to ipc), written in each process's records."""
     from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest
     from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
@@ -74,16 +107,17 @@ def timed_coders(codec_name: str, folder: str | None, cpu_time: bool = False) ->
     swap = codec_name != "vllm"
     if swap:
         get_codec(codec_name)  # an unknown name fails here, in the log, before any request
-    meta = {"codec": codec_name, "clock": host_clock_id(), "cpu_time": cpu_time}
+    meta = {"codec": codec_name, "clock": host_clock_id(), "cpu_time": cpu_time, **(link or {})}
     cpu_clock = time.thread_time_ns if cpu_time else None
-    recorders: dict[str, Recorder] = {}
+    recorders: dict[str, Recorder | None] = {}
 
     def recorder(role: str) -> Recorder | None:
-        """This process's recorder, made when it first handles a message (its role known by then)."""
+        """This process's recorder, made when it first handles a message (its role known by then); None
+        when the records are off, or their file could not be made (said once)."""
         if folder is None:
             return None
         if role not in recorders:
-            recorders[role] = Recorder(folder, role, meta)
+            recorders[role] = Recorder.open(folder, role, meta)
         return recorders[role]
 
     refused: set[str] = set()

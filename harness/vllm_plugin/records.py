@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import json
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -31,22 +33,39 @@ from typing import Any
 REQUEST_ENCODE, REQUEST_DECODE, OUTPUT_ENCODE, OUTPUT_DECODE = "rq", "rd", "oe", "od"
 REFUSED = "refused"
 FLUSH_S = 0.2
+# A new file only (O_EXCL), never through a symbolic link (O_NOFOLLOW), closed in any child exec.
+CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class Recorder:
     """Appends from the serializer's threads (a deque append: no lock, no I/O on the message path);
-    a daemon thread writes them out every FLUSH_S, and once more at exit."""
+    a daemon thread writes them out every FLUSH_S, and once more at exit.
+
+    The file is created new and owner-only, never through a link (a planted ``api-<pid>.jsonl`` symlink
+    would otherwise get the records appended to its target). A file that cannot be made or written is
+    said once on stderr and the records are dropped from then on: the messages go on untimed.
+    """
 
     def __init__(self, folder: str, role: str, meta: dict[str, Any]) -> None:
-        Path(folder).mkdir(parents=True, exist_ok=True)
+        Path(folder).mkdir(mode=0o700, parents=True, exist_ok=True)
         self.path = Path(folder) / f"{role}-{os.getpid()}.jsonl"
         self.pending: collections.deque[tuple[Any, ...]] = collections.deque()
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115  # open for the process's life
+        fd = os.open(self.path, CREATE_FLAGS, 0o600)
+        self._file = os.fdopen(fd, "a", encoding="utf-8")
         self._lock = threading.Lock()  # the flusher thread and the exit hook
         self._write([["meta", {"pid": os.getpid(), "role": role, **meta}]])
         self._stop = threading.Event()
         threading.Thread(target=self._run, name="wirebench-records", daemon=True).start()
         atexit.register(self.flush)
+
+    @classmethod
+    def open(cls, folder: str, role: str, meta: dict[str, Any]) -> Recorder | None:
+        """A recorder, or None (said once) when its file cannot be made."""
+        try:
+            return cls(folder, role, meta)
+        except OSError as exc:
+            warn_once(f"cannot write timings in {folder}: {exc}; this process's messages go on untimed")
+            return None
 
     def add(self, record: tuple[Any, ...]) -> None:
         self.pending.append(record)
@@ -60,12 +79,32 @@ class Recorder:
 
     def _write(self, rows: list[Any]) -> None:
         with self._lock:
-            self._file.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
-            self._file.flush()
+            if self._file.closed:
+                return
+            try:
+                self._file.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
+                self._file.flush()
+            except OSError as exc:  # a full disk, a folder removed: the messages must not notice
+                warn_once(f"cannot write timings to {self.path}: {exc}; this process's messages go on untimed")
+                self.pending = collections.deque(maxlen=0)  # later appends are dropped at no cost
+                self._stop.set()
+                with contextlib.suppress(OSError):
+                    self._file.close()
 
     def _run(self) -> None:
         while not self._stop.wait(FLUSH_S):
             self.flush()
+
+
+_warned = False
+
+
+def warn_once(why: str) -> None:
+    """A problem with the records, on stderr (vLLM's log) once a process."""
+    global _warned
+    if not _warned:
+        _warned = True
+        print(f"wirebench plugin: {why}", file=sys.stderr, flush=True)
 
 
 def _row(record: tuple[Any, ...]) -> list[Any]:
