@@ -28,7 +28,7 @@ from harness.experiment.server_flags import add_model_arguments
 from harness.frontend.engine_client import REQUEST_TIMEOUT_S, ZmqEngineClient
 from harness.frontend.served import ServedSettings
 from harness.frontend.settings import FrontendSettings
-from harness.processes import parent_watch
+from harness.processes import machine_limits, parent_watch
 from harness.processes.heap import freeze_heap
 from harness.settings import declare
 from harness.transports import SenderSettings, get_transport
@@ -185,6 +185,45 @@ def _key_dir(args: argparse.Namespace) -> Path:
     return Path(args.curve_dir) if args.curve_dir else curve.default_dir(args.engine_port)
 
 
+def engine_memory_asks(config: EngineConfig) -> list[machine_limits.SizeAsk]:
+    """On the CPU, the torch engine's weights and KV cache are this machine's memory from its start (on
+    CUDA the engine checks its device's free memory itself, harness.engine.device.check_fits)."""
+    from harness.engine.device import count_params, kv_bytes_per_token, resolve_device, resolve_dtype
+    from harness.engine.model import get_model_config
+
+    if config.executor != "torch" or config.device == "cuda":
+        return []
+    try:
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device)
+        model = get_model_config(config.model_preset, config.vocab_size)
+    except ValueError:  # the engine says why at its start
+        return []
+    if device.type != "cpu":
+        return []
+    weights = count_params(model) * dtype.itemsize
+    default = "" if config.kv_cache_tokens is not None else "; its default is --max-num-seqs x --max-model-len"
+    return [
+        machine_limits.SizeAsk(
+            "--kv-cache-tokens",
+            config.kv_capacity,
+            unit=kv_bytes_per_token(model, dtype),
+            shared=False,
+            fixed=weights,
+            what=f" with the {config.model_preset} model's {machine_limits.human(weights)} of weights{default}",
+            fixed_advice="the weights alone do not fit: choose a smaller --model-preset or --dtype",
+        )
+    ]
+
+
+def machine_refusal(config: EngineConfig | None, transport: str, sender: SenderSettings | None) -> str | None:
+    """A size beyond what this machine has room for: the sender's shared memory, the engine's memory
+    (None: this process starts none), checked before either is allocated (harness.processes.machine_limits)."""
+    asks = machine_limits.shared_memory_asks(transport, sender) if sender is not None else []
+    asks += engine_memory_asks(config) if config is not None else []
+    return machine_limits.first_refusal(asks)
+
+
 def link_settings(args: argparse.Namespace) -> LinkSettings:
     """The engine link's choices, as the rules of harness.wire.policy judge them."""
     return declare.from_args(
@@ -216,9 +255,15 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
         print(f"bench serve: {exc}", file=sys.stderr)
         return 2
     link = link_settings(args)
+    sender_settings = SenderSettings(args.shm_threshold, args.shm_size << 20, link.mm_store_bytes)
     # A frontend-only host runs no engine: the engine's host refuses --cuda-graphs where it cannot run.
     refused = None if args.frontend_only else graphs_refusal(config)
-    error = check_transport_safety(link, addresses) or check_shm(link, addresses) or refused
+    error = (
+        check_transport_safety(link, addresses)
+        or check_shm(link, addresses)
+        or refused
+        or machine_refusal(None if args.frontend_only else config, link.transport, sender_settings)
+    )
     for warning in insecure_warnings(link, addresses):
         print(f"bench serve: WARNING: {warning}", file=sys.stderr)
     if error:
@@ -238,7 +283,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
     runner: web.AppRunner | None = None
     sender = None
     try:
-        sender = transport.sender(SenderSettings(args.shm_threshold, args.shm_size << 20, link.mm_store_bytes))
+        sender = transport.sender(sender_settings)
         segment = sender.segment if sender is not None else None
         if not args.frontend_only:
             ctx = multiprocessing.get_context("spawn")
@@ -349,7 +394,12 @@ def main(args: argparse.Namespace) -> int:
         addresses = _addresses(args)
         config = engine_config_from_args(args, load_tokenizer(args.tokenizer))
         link = link_settings(args)
-        error = check_transport_safety(link, addresses) or check_shm(link, addresses) or graphs_refusal(config)
+        error = (
+            check_transport_safety(link, addresses)
+            or check_shm(link, addresses)
+            or graphs_refusal(config)
+            or machine_refusal(config, link.transport, None)
+        )
         for warning in insecure_warnings(link, addresses):
             print(f"bench serve: WARNING: {warning}", file=sys.stderr)
         if error:
