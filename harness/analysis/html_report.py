@@ -12,7 +12,9 @@ Sections, and how each is made:
   side-by-side table (median over rounds ± half the range,
   ``harness.analysis.verdicts.median_cell``) and the verdicts of every arm against the
   first (``harness.analysis.verdicts.compare``: paired log ratios over rounds, 95% CI,
-  the primary figure first, the others once it is resolved; ``method_line``).
+  the primary figure first, the others once it is resolved; ``method_line``). Arms whose
+  settings differ (``harness.analysis.like_for_like``) get no verdict: the page is refused
+  (``UnlikeArms``), or with ``unlike`` shows their figures under a note naming each difference.
 - **Latency distributions**: the empirical CDF of per-request TTFT and TPOT per
   codec, every round pooled (``harness.analysis.frames.requests_frame``).
 - **Codec and IPC budget**: codec µs per message per direction and operation
@@ -53,6 +55,7 @@ from harness.analysis.figures import (
     SHOWN_FIGURES,
     Figure,
 )
+from harness.analysis.like_for_like import Difference, UnlikeArms, differences, not_judged_line, side_by_side
 from harness.analysis.report_plots import budget_figure, cdf_figure, figure_uri, send_times, timeline_figure
 from harness.analysis.runs import RunEntry, collect_runs, entries_of
 from harness.analysis.sweep_plots import draw_e2e, draw_micro
@@ -83,6 +86,7 @@ figcaption { font-size: 0.85em; color: #555; max-width: 1100px; }
 .note { color: #555; font-size: 0.9em; } code, pre { font-size: 0.85em; background: #f6f6f6; }
 pre { padding: 0.6em; overflow-x: auto; white-space: pre-wrap; }
 nav a { margin-right: 1em; } ul.crossings li { margin: 0.2em 0; }
+div.unlike { background: #fff5d6; border-left: 4px solid #e0a800; padding: 0.2em 0.8em; margin: 0.6em 0; }
 .wide { overflow-x: auto; } table.kv td { text-align: left; } details summary { cursor: pointer; margin: 0.6em 0; }
 """
 
@@ -172,19 +176,15 @@ def table(
     return f'<div class="wide"><table{attr}><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
 
 
-def comparison_html(title: str, arms: list[Arm], margin_pct: float) -> tuple[str, str]:
-    """(section html, one summary line) for one set of arms."""
+def comparison_html(
+    title: str, arms: list[Arm], margin_pct: float, unlike: Sequence[Difference] = ()
+) -> tuple[str, str]:
+    """(section html, one summary line) for one set of arms; arms whose settings differ (``unlike``)
+    are shown side by side under a note that says so, without verdicts."""
+    if unlike:
+        return unlike_html(title, arms, unlike)
     comparison, full = judge_arms(arms, margin_pct)  # as bench run judges them
-    figures: list[Figure] = [*full.figures, *(f for f in SHOWN_FIGURES if f not in full.figures)]
-    rows = [[a.label, len(a.measured), *(median_cell(a, f.key) for f in figures)] for a in arms]
-    parts = [f"<h3>{esc(title)}</h3>", table(["arm", "rounds", *(f.label for f in figures)], rows)]
-    parts.append(
-        '<p class="note">Median over rounds ± half the range; ms unless marked µs (codec µs per message '
-        "from the server's /metrics).</p>"
-    )
-    failed = [f"{a.label}: {r.status}: {r.message}" for a in arms if not a.measured for r in a.runs[:1]]
-    if failed:
-        parts.append("<ul>" + "".join(f"<li>{esc(t)}</li>" for t in failed) + "</ul>")
+    parts = figures_html(title, arms, full.figures)
     if comparison is None or not comparison.cells:
         parts.append('<p class="note">One measured arm: nothing to judge.</p>')
         return "\n".join(parts), f"{title}: one measured arm, no verdicts"
@@ -207,6 +207,31 @@ def comparison_html(title: str, arms: list[Arm], margin_pct: float) -> tuple[str
     summary = summary_line(comparison)
     parts.append(f"<p>In all: {esc(summary)}.</p>")
     return "\n".join(parts), f"{title}: {summary}"
+
+
+def figures_html(title: str, arms: list[Arm], judged: Sequence[Figure]) -> list[str]:
+    """The heading and the side-by-side table of one set of arms, and the arms that measured nothing."""
+    figures: list[Figure] = [*judged, *(f for f in SHOWN_FIGURES if f not in judged)]
+    rows = [[a.label, len(a.measured), *(median_cell(a, f.key) for f in figures)] for a in arms]
+    parts = [f"<h3>{esc(title)}</h3>", table(["arm", "rounds", *(f.label for f in figures)], rows)]
+    parts.append(
+        '<p class="note">Median over rounds ± half the range; ms unless marked µs (codec µs per message '
+        "from the server's /metrics).</p>"
+    )
+    failed = [f"{a.label}: {r.status}: {r.message}" for a in arms if not a.measured for r in a.runs[:1]]
+    if failed:
+        parts.append("<ul>" + "".join(f"<li>{esc(t)}</li>" for t in failed) + "</ul>")
+    return parts
+
+
+def unlike_html(title: str, arms: list[Arm], unlike: Sequence[Difference]) -> tuple[str, str]:
+    """Arms whose settings differ: their figures and what differs, no verdict (bench report --unlike)."""
+    header = not_judged_line(unlike)
+    note = [f'<div class="unlike"><p><b>{esc(header)}</b>: their figures are shown, not compared.</p>']
+    note.append("<ul>" + "".join(f"<li>{esc(d.text)}</li>" for d in unlike) + "</ul></div>")
+    parts = figures_html(title, arms, side_by_side(arms).figures)
+    parts[1:1] = note  # under the heading, above the table
+    return "\n".join(parts), f"{title}: {header}"
 
 
 def ipc_table(arms: list[Arm]) -> str:
@@ -343,16 +368,27 @@ class ReportContext:
         return list(dict.fromkeys(e.codec for e in self.entries))
 
     @cached_property
-    def comparisons(self) -> list[tuple[str, str]]:
-        """(html, summary line): one per compare file, then one for the runs given directly."""
-        out = [
-            comparison_html(Path(item).name, arms_by_label(self.inputs.runs[item]), self.margin_pct)
-            for item in self.inputs.compares
+    def arm_sets(self) -> list[tuple[str, list[Arm], list[Difference]]]:
+        """(title, arms, the settings they differ in) of each comparison: one per compare file (the arms of
+        one bench run, alike by construction: their arm flags differ on purpose), then one for the runs
+        given directly, gathered from separate runs."""
+        out: list[tuple[str, list[Arm], list[Difference]]] = [
+            (Path(item).name, arms_by_label(self.inputs.runs[item]), []) for item in self.inputs.compares
         ]
         if self.inputs.direct:
             name = "runs given directly: " + ", ".join(Path(d).name for d in self.inputs.direct)
-            out.append(comparison_html(name, arms_by_label(self.inputs.entries(self.inputs.direct)), self.margin_pct))
+            arms = arms_by_label(self.inputs.entries(self.inputs.direct))
+            out.append((name, arms, differences(arms)))
         return out
+
+    @cached_property
+    def comparisons(self) -> list[tuple[str, str]]:
+        """(html, summary line) of each set of arms; verdicts only where their settings agree."""
+        return [comparison_html(title, arms, self.margin_pct, unlike) for title, arms, unlike in self.arm_sets]
+
+    def unlike_lines(self) -> list[str]:
+        """Each difference of settings within a set of arms, named with its set."""
+        return [f"[{title}] {d.text}" for title, _, unlike in self.arm_sets for d in unlike]
 
 
 @dataclass(frozen=True)
@@ -465,11 +501,15 @@ def build_report(
     title: str = "wirebench report",
     fmt: str = "png",
     margin_pct: float = stats.DEFAULT_MARGIN_PCT,
+    unlike: bool = False,
 ) -> str:
-    """The whole page as a string; ResultsError when the inputs cannot be read."""
+    """The whole page as a string; ResultsError when the inputs cannot be read, UnlikeArms when a set
+    of arms differs in its settings and ``unlike`` (show them without verdicts) was not given."""
     if fmt not in IMAGE_FORMATS:
         raise ValueError(f"image format must be one of {', '.join(IMAGE_FORMATS)}")
     ctx = ReportContext(classify(results), fmt, margin_pct)
+    if not unlike and (found := ctx.unlike_lines()):
+        raise UnlikeArms(found)
     return page(title, [str(r) for r in results], [(section, section.render(ctx)) for section in SECTIONS])
 
 

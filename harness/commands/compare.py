@@ -3,10 +3,11 @@
     bench compare results/compare-X.json                      the arms of one bench run
     bench compare main=results/main/ branch=results/branch/   two sets of bench load rounds
     bench compare results/compare-X.json --gate               base (first arm) against head, one job
+    bench compare a=results/a.json b=results/b.json --unlike  arms that ran with other settings: no verdicts
 
 The comparison is ``harness.analysis.verdicts``'s, the gate ``harness.analysis.gate``'s (exit
-codes there). Both can also write Markdown (a CI job summary, a pull-request
-comment) and JSON.
+codes there). Both judge only arms whose settings agree (``harness.analysis.like_for_like``).
+Both can also write Markdown (a CI job summary, a pull-request comment) and JSON.
 """
 
 from __future__ import annotations
@@ -18,14 +19,18 @@ from pathlib import Path
 from harness.analysis import gate, like_for_like, stats
 from harness.analysis.documents import ResultsError, write_json
 from harness.analysis.exports import write_exports
+from harness.analysis.figures import Figure
+from harness.analysis.like_for_like import UNLIKE_FLAG, UNLIKE_HINT, Difference
 from harness.analysis.verdicts import (
     DEFAULT_PRIMARY,
     Arm,
     arms_from_sources,
     compare,
     compare_document,
+    figures_table,
     format_text,
     judged_figures,
+    median_cell,
     to_markdown,
 )
 
@@ -36,6 +41,11 @@ one arm); the first is the reference. Each figure's change is read from the
 per-round ratios (paired where the rounds match) with a 95% confidence
 interval: slower, faster, equivalent within --margin-pct, or inconclusive.
 
+Arms from separate sources are judged only when they ran with the same
+settings (workload, rate, server, machine): arms that differ are refused, each
+difference named, or with --unlike shown side by side without verdicts. The
+arms of one compare file, one bench run, differ only as the run meant them to.
+
 With --gate the arms, measured in one job (base and head of a pull request as
 two arms of bench run), decide a CI check on the primary figure."""
 
@@ -45,8 +55,9 @@ examples:
   bench compare main=results/main/ branch=results/branch/
   bench compare results/compare-X.json --gate --markdown summary.md
 
-exit codes: 0 judged (with --gate: no regression); 2 unusable input, or
---baseline given. With --gate: 1 a regression, 3 cannot say (too noisy, or
+exit codes: 0 judged, or shown side by side with --unlike (with --gate: no
+regression); 2 unusable input, arms whose settings differ (without --unlike),
+or --baseline given. With --gate: 1 a regression, 3 cannot say (too noisy, or
 runs left out)."""
 
 
@@ -90,6 +101,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=stats.DEFAULT_MARGIN_PCT,
         help=f"equivalence margin in percent (default {stats.DEFAULT_MARGIN_PCT:g})",
     )
+    p.add_argument(
+        UNLIKE_FLAG,
+        action="store_true",
+        help="arms whose settings differ (refused by default, exit 2): show their figures side by side, without "
+        "verdicts, under a line naming the differences; not with --gate or --json",
+    )
     p.add_argument("--unpaired", action="store_true", help="compare as independent samples even when rounds match")
     p.add_argument("--markdown", type=Path, default=None, help="also write the table as Markdown here")
     p.add_argument("--json", type=Path, default=None, help="also write the compare document (JSON) here")
@@ -111,18 +128,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     dash.add_argument("--bencher", type=Path, default=None, metavar="PATH", help="Bencher Metric Format (BMF) JSON")
 
 
+PROG = "bench compare"
+GATE_HINT = f"the gate judges like arms only; without --gate, {UNLIKE_HINT}"
+
+
 def main(args: argparse.Namespace) -> int:
     if args.baseline is not None:
-        print(f"bench compare: error: {gate.CROSS_SESSION}", file=sys.stderr)
+        print(f"{PROG}: error: {gate.CROSS_SESSION}", file=sys.stderr)
+        return gate.EXIT_UNUSABLE
+    if args.gate and args.unlike:
+        print(
+            f"{PROG}: error: --gate decides on a verdict and {UNLIKE_FLAG} shows none: give one of them",
+            file=sys.stderr,
+        )
         return gate.EXIT_UNUSABLE
     try:
         arms = arms_from_sources(args.sources)
-        if not args.gate:
+        # The gate checks every input; a compare file alone holds the arms of one bench run, alike by
+        # construction (their arm flags differ on purpose).
+        unlike = [] if one_bench_run(args.sources) and not args.gate else like_for_like.differences(arms)
+        refused = unlike_refusal(args, unlike)
+        if refused:
+            print(refused, file=sys.stderr)
+            return gate.EXIT_UNUSABLE
+        if not args.gate and not unlike:
             comparison = compare(
                 arms, paired=False if args.unpaired else None, margin_pct=args.margin_pct, primary=args.primary
             )
     except (ResultsError, ValueError) as exc:
-        print(f"bench compare: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     write_exports(
         arms,
@@ -133,6 +167,8 @@ def main(args: argparse.Namespace) -> int:
     )
     if args.gate:
         return run_gate_command(args, arms)
+    if unlike:
+        return show_side_by_side(args, arms, unlike)
     print(format_text(comparison))
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
@@ -142,12 +178,46 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_gate_command(args: argparse.Namespace, arms: list[Arm], prog: str = "bench compare") -> int:
-    """--gate: the CI regression gate over the arms of one job (harness.analysis.gate)."""
+def one_bench_run(sources: list[str]) -> bool:
+    """One file alone: a compare file (a run file holds one arm, which arms_from_sources refuses)."""
+    return len(sources) == 1 and Path(sources[0]).is_file()
+
+
+def unlike_refusal(args: argparse.Namespace, unlike: list[Difference]) -> str | None:
+    """Why arms whose settings differ cannot go on as asked (None when they can, or when they agree)."""
+    if not unlike:
+        return None
+    if args.gate or not args.unlike:
+        return like_for_like.refusal(PROG, [d.text for d in unlike], GATE_HINT if args.gate else UNLIKE_HINT)
+    if args.json:
+        # A compare document holds verdicts, and read back without its run files it would be judged.
+        return f"{PROG}: error: --json writes a compare document of verdicts; unlike arms have none: leave out --json"
+    return None
+
+
+def show_side_by_side(args: argparse.Namespace, arms: list[Arm], unlike: list[Difference]) -> int:
+    """--unlike: the arms' figures without verdicts, under the line that says why."""
+    table = like_for_like.side_by_side(arms)
+    header = like_for_like.not_judged_line(unlike)
+    print("\n".join([header, *(f"  {d.text}" for d in unlike), "", *figures_table(table)]))
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(side_by_side_markdown(arms, table.figures, header, unlike))
+    return 0
+
+
+def side_by_side_markdown(arms: list[Arm], figures: list[Figure], header: str, unlike: list[Difference]) -> str:
+    """The Markdown of --unlike: the differences, then one row per figure, one column per arm."""
+    lines = ["### wirebench comparison", "", f"**{header}**", "", *(f"- {d.text}" for d in unlike), ""]
+    lines += ["| figure | " + " | ".join(a.label for a in arms) + " |", "|---|" + "---|" * len(arms)]
+    lines += ["| " + " | ".join([f.label, *(median_cell(a, f.key) for a in arms)]) + " |" for f in figures]
+    return "\n".join(lines) + "\n"
+
+
+def run_gate_command(args: argparse.Namespace, arms: list[Arm], prog: str = PROG) -> int:
+    """--gate: the CI regression gate over the arms of one job (harness.analysis.gate); the arms' settings
+    agree (main refused them otherwise)."""
     try:
-        differ = like_for_like.arm_differences(arms)
-        if differ:
-            raise ResultsError("the arms ran with different settings: " + "; ".join(differ))
         result = gate.run_gate(arms, threshold_pct=args.threshold_pct, primary=args.primary, margin_pct=args.margin_pct)
     except (ResultsError, ValueError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
