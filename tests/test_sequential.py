@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from harness.analysis.blocks import block_values, paired_log_diffs
+from harness.analysis.blocks import block_values, intra_round_correlation, paired_log_diffs, round_means
 from harness.analysis.runs import RunEntry
 from harness.analysis.sequential import TAUS, critical_t, evaluate, judge_sequential, log_evidence
 from harness.analysis.student_t import t_ppf
@@ -110,8 +110,23 @@ def test_block_values_are_block_means_and_a_failed_request_voids_its_block():
 def test_block_pairs_follow_rounds_then_blocks_and_skip_what_one_side_lacks():
     ref = [(1, {"mean_ttft_ms": [10.0, 10.0]}), (0, {"mean_ttft_ms": [10.0, math.nan]})]
     cand = [(0, {"mean_ttft_ms": [11.0, 12.0]}), (1, {"mean_ttft_ms": [12.0, 13.0]}), (2, {"mean_ttft_ms": [9.0]})]
-    diffs = paired_log_diffs(ref, cand, "mean_ttft_ms")
-    assert diffs == pytest.approx([math.log(1.1), math.log(1.2), math.log(1.3)])
+    rounds = paired_log_diffs(ref, cand, "mean_ttft_ms")
+    assert len(rounds) == 2 and rounds[0] == pytest.approx([math.log(1.1)])
+    assert rounds[1] == pytest.approx([math.log(1.2), math.log(1.3)])
+    # The sequential test's unit: one difference a round, the mean of its block pairs.
+    assert round_means(rounds) == pytest.approx([math.log(1.1), (math.log(1.2) + math.log(1.3)) / 2])
+
+
+def test_the_intra_round_correlation_is_the_share_of_variance_between_rounds():
+    assert intra_round_correlation([[1.0, 1.0], [3.0, 3.0]]) == pytest.approx(1.0)  # rounds move as one
+    assert math.isnan(intra_round_correlation([[1.0, 2.0]]))  # one round: no between-round spread
+    rng = np.random.default_rng(7)
+    for rho in (0.0, 0.1, 0.3):
+        offsets = np.sqrt(rho) * rng.standard_normal((4000, 1))
+        blocks = offsets + np.sqrt(1 - rho) * rng.standard_normal((4000, 10))
+        assert intra_round_correlation(blocks.tolist()) == pytest.approx(rho, abs=0.02)
+    unequal = [list(rng.standard_normal(rng.integers(2, 12))) for _ in range(3000)]
+    assert intra_round_correlation(unequal) == pytest.approx(0.0, abs=0.02)
 
 
 def _arm(label: str, ttft_ms: float, codec_us: float, rounds: int = 4, noise: float = 0.03) -> Arm:
@@ -180,10 +195,10 @@ def test_calibrate_is_answered_when_the_aa_arm_is_resolved_and_every_injected_co
     found = compare([ref, aa, _arm("cost", 21.0, 50.0, noise=0.001)], sequential=True, margin_pct=10.0)
     assert found.cell("cost", "mean_ttft_ms").verdict.verdict == "slower" and costs_found(found)
     # A 1% cost inside a ±5% margin is "equivalent": resolved for bench run, not found for calibrate.
-    noisy = [
-        _arm("a", 20.0, 50.0, noise=0.05),
-        _arm("a2", 20.0, 50.0, noise=0.05),
-        _arm("cost", 20.2, 50.0, noise=0.05),
+    noisy = [  # one difference a round: 8 rounds for an interval inside ±5%
+        _arm("a", 20.0, 50.0, rounds=8, noise=0.05),
+        _arm("a2", 20.0, 50.0, rounds=8, noise=0.05),
+        _arm("cost", 20.2, 50.0, rounds=8, noise=0.05),
     ]
     hidden = compare(noisy, sequential=True, margin_pct=5.0)
     assert hidden.cell("cost", "mean_ttft_ms").verdict.verdict == "equivalent" and not costs_found(hidden)

@@ -364,3 +364,20 @@ def test_power_at_default_rounds_for_a_three_sigma_change() -> None:
 def test_pair_stats_n_rounds() -> None:
     s = PairStats(4, 7, False, 0.0, 0.1, 0.2, 8.0, 1.0, 0.9, 1.1, 0.5)
     assert s.n_rounds == 4 and s.comparable
+
+
+def test_equivalence_in_a_family_holds_its_rate_across_the_family():
+    """Five rounds whose 95% interval lies just inside ±5% but whose 97.5% one does not: "equivalent"
+    alone, "inconclusive" as one of two comparisons (each faces alpha/2, Bonferroni)."""
+    z = [-1.2649, -0.6325, 0.0, 0.6325, 1.2649]  # mean 0, SD 1
+    pair = compare_arms([1.0] * 5, [math.exp(0.035 * x) for x in z], paired=True)
+    (alone,) = judge([pair], higher_is_better=[False])
+    assert alone.verdict == "equivalent"
+    assert [v.verdict for v in judge([pair, pair], higher_is_better=[False, False])] == ["inconclusive"] * 2
+
+
+def test_the_verdict_header_states_the_run_wide_rate():
+    from harness.analysis.verdicts import run_wide_clause
+
+    assert run_wide_clause(0.05, families=1) == "; with no true change, any false verdict ≤ 5%"
+    assert "≤ 5% a family, ≤ 10% in the run" in run_wide_clause(0.05, families=2)

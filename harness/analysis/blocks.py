@@ -1,10 +1,17 @@
-"""Blocks of requests as the unit of a sequential comparison (``--until-resolved``).
+"""Blocks of requests, and the rounds they make up, as the data of a sequential comparison
+(``--until-resolved``).
 
 In blocks (``--block-size N``) the arms take turns N requests at a time, and block b of every arm
 holds the same N prompts, sent within seconds of each other: a pair of blocks is a paired
 measurement, many of them per round. Each block's figure is the mean over its requests (a block
-with a failed request has none); two arms pair on the (round, block) both measured, in the order
-they ran, as a sequential test needs.
+with a failed request has none); two arms pair on the (round, block) both measured.
+
+The blocks of one round are not independent: they share that round's servers and its minutes of the
+machine, so a round's offset moves all of them together (an intra-round correlation of 0.02-0.06 in
+recorded A/A runs). A test that took each block pair as independent would call differences too
+easily. The unit of the test is therefore the round: the mean of its block differences
+(``round_means``); rounds start their own servers. ``intra_round_correlation`` measures the clustering
+a run showed, reported beside its verdict.
 """
 
 from __future__ import annotations
@@ -59,15 +66,42 @@ def paired_log_diffs(
     reference: Sequence[tuple[int | None, dict[str, list[float]] | None]],
     candidate: Sequence[tuple[int | None, dict[str, list[float]] | None]],
     key: str,
-) -> list[float]:
-    """ln(candidate / reference) per block both measured, round by round then block by block.
-    Each side is its runs as (round, block values); runs without a round or blocks are left out."""
+) -> list[list[float]]:
+    """ln(candidate / reference) per block both measured, one list a round both measured, in round order
+    (blocks in the order they ran). Each side is its runs as (round, block values); runs without a round
+    or blocks are left out, and so is a round with no block both measured."""
     ref = {rnd: blocks[key] for rnd, blocks in reference if rnd is not None and blocks and key in blocks}
-    diffs: list[float] = []
+    rounds: list[list[float]] = []
     for rnd, blocks in sorted(((r, b) for r, b in candidate if r is not None and b), key=lambda rb: rb[0]):
         if rnd not in ref or key not in blocks:
             continue
-        for a, b in zip(ref[rnd], blocks[key]):  # runs of unequal length pair as far as both went
-            if math.isfinite(a) and math.isfinite(b) and a > 0 and b > 0:
-                diffs.append(math.log(b / a))
-    return diffs
+        diffs = [
+            math.log(b / a)
+            for a, b in zip(ref[rnd], blocks[key])  # runs of unequal length pair as far as both went
+            if math.isfinite(a) and math.isfinite(b) and a > 0 and b > 0
+        ]
+        if diffs:
+            rounds.append(diffs)
+    return rounds
+
+
+def round_means(rounds: Sequence[Sequence[float]]) -> list[float]:
+    """One paired difference a round: the mean of its block differences, the sequential test's unit."""
+    return [math.fsum(diffs) / len(diffs) for diffs in rounds if diffs]
+
+
+def intra_round_correlation(rounds: Sequence[Sequence[float]]) -> float:
+    """The share of the block differences' variance that lies between rounds (one-way ANOVA estimate of
+    the intra-class correlation; rounds of unequal size allowed). NaN below two rounds or with no spread
+    within them; it can come out below 0 when the rounds agree better than chance would have them."""
+    groups = [list(g) for g in rounds if g]
+    k, total = len(groups), sum(len(g) for g in groups)
+    if k < 2 or total <= k:
+        return math.nan
+    grand = math.fsum(math.fsum(g) for g in groups) / total
+    means = [math.fsum(g) / len(g) for g in groups]
+    between = math.fsum(len(g) * (m - grand) ** 2 for g, m in zip(groups, means, strict=True)) / (k - 1)
+    within = math.fsum((x - m) ** 2 for g, m in zip(groups, means, strict=True) for x in g) / (total - k)
+    size = (total - math.fsum(len(g) ** 2 for g in groups) / total) / (k - 1)  # the rounds' typical size
+    denominator = between + (size - 1) * within
+    return (between - within) / denominator if denominator > 0 else math.nan

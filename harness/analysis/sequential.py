@@ -5,8 +5,9 @@ front; testing after every round and stopping at the first "slower" raises its f
 far above alpha. A run that stops when the answer is known needs a test whose error rate holds
 under optional stopping. This one is an anytime-valid t test:
 
-- The data are paired log differences ``d_i = ln(B_i / A_i)`` (one per block pair), assumed
-  normal with unknown mean ``mu`` and unknown SD ``sigma``.
+- The data are paired log differences ``d_i = ln(B_i / A_i)``, one a round (the mean of its block
+  pairs: the blocks of a round are not independent, ``harness.analysis.blocks``), assumed
+  independent and normal with unknown mean ``mu`` and unknown SD ``sigma``.
 - The evidence against ``mu = mu0`` after n differences is the Bayes factor of the scale-invariant
   t test, with the right-Haar prior 1/sigma on the SD and a normal prior N(0, tau^2) on the
   standardized effect (mu - mu0)/sigma. In closed form, with t the usual one-sample t statistic
@@ -165,21 +166,24 @@ def judge_sequential(
     taus: tuple[float, ...] = TAUS,
 ) -> list[SequentialVerdict]:
     """Sequential verdicts for one family (each entry: one comparison's paired log differences against
-    the reference), Holm over the anytime p-values: "slower"/"faster" when the adjusted p < alpha (the
-    direction the interval lies in), "equivalent" when the 1 - alpha interval lies inside the margin."""
+    the reference, one a round), Holm over the anytime p-values: "slower"/"faster" when the adjusted
+    p < alpha (the direction the interval lies in); "equivalent" when the 1 - alpha/k interval lies
+    inside the margin, k the family's size (Bonferroni: a confidence sequence has no p-value for
+    equivalence to step down with, so Holm's first step is taken for every member)."""
     better = [higher_is_better] * len(family) if isinstance(higher_is_better, bool) else list(higher_is_better)
     seqs = [evaluate(d, alpha, taus) for d in family]
+    strict = seqs if len(family) < 2 else [evaluate(d, alpha / len(family), taus) for d in family]
     adjusted = holm([s.p_anytime for s in seqs])
     lo, hi = margin_bounds(margin_pct)
     out = []
-    for s, p, up in zip(seqs, adjusted, better, strict=True):
+    for s, e, p, up in zip(seqs, strict, adjusted, better, strict=True):
         if s.n >= MIN_PAIRS and p < alpha:
             # The interval's middle gives the direction (the mean of the latest prefix could cross 0 after
             # the evidence was gathered); without an interval yet, the mean.
             centre = math.log(s.ci_low * s.ci_high) / 2 if s.bounded else s.mean_log
             worse = centre < 0 if up else centre > 0
             verdict = "slower" if worse else "faster"
-        elif s.bounded and lo < math.log(s.ci_low) and math.log(s.ci_high) < hi:
+        elif e.bounded and lo < math.log(e.ci_low) and math.log(e.ci_high) < hi:
             verdict = "equivalent"
         else:
             verdict = "inconclusive"

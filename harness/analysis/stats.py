@@ -291,18 +291,20 @@ class Verdict:
     margin_pct: float = DEFAULT_MARGIN_PCT
     min_rounds: int = MIN_ROUNDS
     reason: str = ""
-    # From block pairs with the anytime-valid test (harness.analysis.sequential): n_rounds counts the
-    # pairs, the interval is a confidence sequence's and p_value the anytime p-value.
+    # From rounds in blocks with the anytime-valid test (harness.analysis.sequential): the unit is still
+    # the round (the mean of its block pairs), the interval is a confidence sequence's and p_value the
+    # anytime p-value; the block pairs behind it and how strongly a round's blocks moved together.
     sequential: bool = False
+    block_pairs: int = 0
+    intra_round_correlation: float = math.nan
 
     @property
     def change(self) -> str:
         """The change and its interval; one round gives no interval, and none is printed."""
         if not math.isfinite(self.change_pct):
             return "no change measured"
-        unit = "block pair(s)" if self.sequential else "round(s)"
         if not math.isfinite(self.ci_low_pct):
-            return f"{self.change_pct:+.1f}% (no interval from {self.n_rounds} {unit})"
+            return f"{self.change_pct:+.1f}% (no interval from {self.n_rounds} round(s))"
         if not math.isfinite(self.ci_high_pct):  # a confidence sequence too short to bound the change
             return f"{self.change_pct:+.1f}% [{self.ci_low_pct:+.1f}%, unbounded]"
         return f"{self.change_pct:+.1f}% [{self.ci_low_pct:+.1f}%, {self.ci_high_pct:+.1f}%]"
@@ -317,7 +319,7 @@ class Verdict:
         if self.verdict == "equivalent":
             return f"equivalent within {margin} ({change})"
         if self.verdict == "inconclusive" and self.sequential:
-            return f"inconclusive: {change} over {self.n_rounds} block pairs; more time would narrow it"
+            return f"inconclusive: {change} over {self.n_rounds} rounds; more rounds would narrow it"
         if self.verdict == "inconclusive":
             if self.rounds_needed is None:
                 return f"inconclusive: {change}; over {MAX_ROUNDS} rounds would be needed to detect {margin}"
@@ -338,11 +340,14 @@ def judge(
     min_rounds: int = MIN_ROUNDS,
     test_alpha: float | None = None,
 ) -> list[Verdict]:
-    """Verdicts for one family of comparisons, Holm-adjusted together.
+    """Verdicts for one family of comparisons, Holm-adjusted together: "slower"/"faster" by Holm's
+    adjusted p-values, "equivalent" when the 1 - alpha/k interval lies inside the margin, k the
+    comparisons tested (Bonferroni, Holm's first step: a false "equivalent" anywhere in the family
+    stays within alpha too).
 
     None stands for a comparison that could not be made (a figure missing on one side).
-    ``test_alpha``: the family's share of the error rate, when it is less than ``alpha`` (the
-    CIs and the equivalence test stay at 1 - alpha).
+    ``test_alpha``: the family's share of the error rate for "slower"/"faster", when it is less than
+    ``alpha`` (the CIs shown, and the equivalence test's alpha, stay as above).
     """
     test_alpha = alpha if test_alpha is None else test_alpha
     if len(higher_is_better) != len(family):
@@ -374,6 +379,7 @@ def judge(
                 alpha,
                 margin_pct,
                 min_rounds,
+                equivalence_alpha=alpha / max(1, len(tested)),
             )
         )
     return verdicts
@@ -429,6 +435,7 @@ def _one_verdict(
     alpha: float,
     margin_pct: float,
     min_rounds: int,
+    equivalence_alpha: float,
 ) -> Verdict:
     n = stats.n_rounds
     fields = _change_fields(stats, alpha)
@@ -442,7 +449,7 @@ def _one_verdict(
         worse = stats.mean_log < 0 if higher_is_better else stats.mean_log > 0
         return Verdict("slower" if worse else "faster", rounds_needed=None, mde_pct=mde, **fields)
     lo, hi = margin_bounds(margin_pct)
-    half = t_ppf(1 - alpha / 2, stats.df) * stats.se_log if stats.df > 0 else math.nan
+    half = t_ppf(1 - equivalence_alpha / 2, stats.df) * stats.se_log if stats.df > 0 else math.nan
     if lo < stats.mean_log - half and stats.mean_log + half < hi:
         return Verdict("equivalent", rounds_needed=None, mde_pct=mde, **fields)
     needed = rounds_needed(stats.sd_log, margin_pct, level=level, df_per_round=df_per_round)

@@ -25,9 +25,11 @@ codec costs each request while end-to-end TTFT is still inconclusive.
 
 A run that stopped when its answer was known (``--until-resolved``) is judged
 sequentially (``sequential=True``): mean TTFT and the first-token codec + wire
-from block pairs with the anytime-valid test of ``harness.analysis.sequential``;
-the other figures are shown with their estimates, not judged (a fixed-sample
-test at a data-chosen length would not hold its error rate).
+with the anytime-valid test of ``harness.analysis.sequential``, one paired
+difference a round (the mean of its block pairs: blocks of a round are not
+independent, ``harness.analysis.blocks``); the other figures are shown with
+their estimates, not judged (a fixed-sample test at a data-chosen length would
+not hold its error rate).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from typing import Any
 from harness.analysis import sequential as seq
 from harness.analysis import stats
 from harness.analysis import table as text_table
-from harness.analysis.blocks import BLOCK_FIGURES, paired_log_diffs
+from harness.analysis.blocks import BLOCK_FIGURES, intra_round_correlation, paired_log_diffs, round_means
 from harness.analysis.documents import COMPARE_SCHEMA, ResultsError, is_compare, jsonable, read_json
 from harness.analysis.figures import CODEC_FIGURES, CODEC_PATH_FIGURES, LATENCY_FIGURES, THROUGHPUT_FIGURES, Figure
 from harness.analysis.runs import RunEntry, collect_runs
@@ -231,26 +233,26 @@ def _sequential_verdicts(
     margin_pct: float,
 ) -> tuple[list[Verdict], list[list[Verdict]]]:
     """The primary family (Holm across arms) and the codec family (Holm across arms and its block
-    figures) from block pairs with the anytime-valid test; a codec figure without block values is
-    shown, not judged."""
+    figures) with the anytime-valid test on one difference a round (its block pairs' mean); a codec
+    figure without block values is shown, not judged."""
     ref, others = clean[0].blocks(), clean[1:]
     settings: dict[str, Any] = {"alpha": alpha, "margin_pct": margin_pct}
 
-    def diffs(arm: Arm, key: str) -> list[float]:
+    def by_round(arm: Arm, key: str) -> list[list[float]]:
         return paired_log_diffs(ref, arm.blocks(), key)
 
-    found = seq.judge_sequential(
-        [diffs(a, first.key) for a in others], higher_is_better=first.higher_is_better, **settings
-    )
-    firsts = [_as_verdict(v) for v in found]
+    def judged(members: list[tuple[Arm, Figure]]) -> list[Verdict]:
+        rounds = [by_round(arm, fig.key) for arm, fig in members]
+        found = seq.judge_sequential(
+            [round_means(r) for r in rounds], higher_is_better=[fig.higher_is_better for _, fig in members], **settings
+        )
+        return [_as_verdict(v, r) for v, r in zip(found, rounds, strict=True)]
+
+    firsts = judged([(arm, first) for arm in others])
     by_block = [f for f in codec_figs if f.key in BLOCK_FIGURES]
     members = [(i, f) for i in range(len(others)) for f in by_block]
-    judged = seq.judge_sequential(
-        [diffs(others[i], f.key) for i, f in members],
-        higher_is_better=[f.higher_is_better for _, f in members],
-        **settings,
-    )
-    verdict_of = {(i, f.key): _as_verdict(v) for (i, f), v in zip(members, judged, strict=True)}
+    found = judged([(others[i], f) for i, f in members])
+    verdict_of = {(i, f.key): v for (i, f), v in zip(members, found, strict=True)}
     why = "measured per run, not per block"
     codecs = [
         [
@@ -262,7 +264,8 @@ def _sequential_verdicts(
     return firsts, codecs
 
 
-def _as_verdict(v: seq.SequentialVerdict) -> Verdict:
+def _as_verdict(v: seq.SequentialVerdict, rounds: list[list[float]]) -> Verdict:
+    """A sequential verdict as a table's verdict, with the block pairs behind its rounds."""
     s = v.stats
 
     def pct(ratio: float) -> float:
@@ -280,6 +283,8 @@ def _as_verdict(v: seq.SequentialVerdict) -> Verdict:
         s.n,
         margin_pct=v.margin_pct,
         sequential=True,
+        block_pairs=sum(len(r) for r in rounds),
+        intra_round_correlation=intra_round_correlation(rounds),
     )
 
 
@@ -330,11 +335,15 @@ def method_line(comparison: Comparison) -> str:
     n_codec = sum(1 for c in comparison.cells if c.role == "codec" and c.verdict.verdict != "not judged")
     codec = f"; the codec figures a family of their own (Holm over {n_codec})" if n_codec else ""
     if comparison.sequential:
-        pairs = max((c.verdict.n_rounds for c in comparison.cells if c.role == "primary"), default=0)
+        firsts = [c.verdict for c in comparison.cells if c.role == "primary"]
+        rounds = max((v.n_rounds for v in firsts), default=0)
+        pairs = max((v.block_pairs for v in firsts), default=0)
+        rho = [v.intra_round_correlation for v in firsts if math.isfinite(v.intra_round_correlation)]
+        clustering = f"; intra-round correlation {', '.join(f'{r:.2f}' for r in rho)}" if rho else ""
         text = (
-            f"anytime-valid t test on log ratios of {pairs} block pairs, 95% confidence sequences "
-            f"(valid whenever the run stopped); primary figure {primary} (Holm over {n_first} arm(s)){codec}; "
-            f"equivalence margin ±{comparison.margin_pct:g}%"
+            f"anytime-valid t test on the mean log ratio of each of {rounds} rounds ({pairs} block pairs"
+            f"{clustering}), 95% confidence sequences (valid whenever the run stopped); primary figure "
+            f"{primary} (Holm over {n_first} arm(s)){codec}; equivalence margin ±{comparison.margin_pct:g}%"
         )
     else:
         text = (
@@ -342,10 +351,20 @@ def method_line(comparison: Comparison) -> str:
             f"then {n_second} secondary figures of the arms whose primary was resolved (Holm){codec}; "
             f"equivalence margin ±{comparison.margin_pct:g}%"
         )
+    text += run_wide_clause(comparison.alpha, families=2 if n_codec else 1)
     if comparison.excluded:
         left = ", ".join(f"{label} {n}" for label, n in comparison.excluded.items())
         text += f"; runs with failed requests or interrupted, left out of the verdicts: {left}"
     return text
+
+
+def run_wide_clause(alpha: float, families: int) -> str:
+    """The chance of any false verdict when nothing changed: each family holds alpha (Holm, with the
+    secondary figures inside the primary's through the fallback split), so the run holds families × alpha
+    (the union bound). A false "equivalent" needs a real change; it too is held at alpha a family."""
+    if families < 2:
+        return f"; with no true change, any false verdict ≤ {alpha:.0%}"
+    return f"; with no true change, a false verdict ≤ {alpha:.0%} a family, ≤ {families * alpha:.0%} in the run"
 
 
 ROLE_NOTES = {"primary": " (primary)", "codec": " (codec)"}
@@ -423,6 +442,9 @@ def verdict_dict(v: Verdict) -> dict[str, Any]:
         "rounds": v.n_rounds,
         "rounds_needed": v.rounds_needed,
         "mde_pct": v.mde_pct,
+        **(
+            {"block_pairs": v.block_pairs, "intra_round_correlation": v.intra_round_correlation} if v.sequential else {}
+        ),
     }
 
 

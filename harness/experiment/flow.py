@@ -219,7 +219,7 @@ def progress_line(comparison: Comparison | None, rounds: int, used_min: float, m
             for c in cells
             if c.verdict.verdict != "not judged"
         ]
-        n = next((c.verdict.n_rounds for c in cells if c.role == "primary"), 0)
+        n = next((c.verdict.block_pairs for c in cells if c.role == "primary"), 0)
         text = f"{arm.label} ({n} block pairs): " + "; ".join(parts)
         lines += textwrap.wrap(text, WIDTH, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
     return "\n".join(lines)
