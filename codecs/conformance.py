@@ -11,6 +11,11 @@ of out-of-band codecs, any other the one-frame rule.
 A name is checked as the rest of wirebench would use it: instances from
 ``get_codec`` (a fresh one per side, as two processes), facts as the registry
 reads them from the class. An instance is used as it is, for both sides.
+
+Whatever a codec's code raises is the failure of the check it ran in, its
+message cut to a readable length. ``run_checks_bounded`` (what ``bench
+check-codec`` runs) also puts each check under a time limit, in a process of
+its own, so a codec that hangs or ends its process fails a check, not the run.
 """
 
 from __future__ import annotations
@@ -42,10 +47,13 @@ from .conformance_samples import (
     sample_images,
     sample_tensors,
     sparse_messages,
+    special_float_messages,
+    special_sampling_requests,
     text_messages,
     text_request,
     unicode_messages,
 )
+from .registry import error_text, message_of, shortened
 
 CodecLike = str | Codec | type[Codec]
 
@@ -73,6 +81,9 @@ class Leeway:
     refused_tensors: frozenset[str] = frozenset()
     # Makes a sample message valid by the codec's own rules before it is sent.
     prepare: Callable[[Any], Any] = _unchanged
+    # Its own SamplingParams validation refuses a special float (NaN, ±inf, -0.0 where its ranges stop at
+    # 0) with an EncodeError naming the codec: each such sample must then round-trip or be so refused.
+    validates_sampling_floats: bool = False
 
     def delivered(self, msg: Any, decoded: Any) -> Any:
         """What ``msg`` should come back as: fields not carried at their default, re-stamped ones as decoded."""
@@ -96,6 +107,8 @@ class Leeway:
             parts.append(f"sample tensors refused with an EncodeError: {', '.join(sorted(self.refused_tensors))}")
         if self.prepare is not _unchanged:
             parts.append(f"samples made valid by its rules first ({self.prepare.__name__})")
+        if self.validates_sampling_floats:
+            parts.append("special sampling floats its own validation refuses, with an EncodeError")
         return "; ".join(parts)
 
 
@@ -125,6 +138,10 @@ BUILTIN_LEEWAY: dict[str, Leeway] = {
         # vLLM's encoder views a tensor's bytes as uint8, which torch refuses for a conjugate view.
         refused_tensors=frozenset({"complex64_conj"}),
         prepare=valid_for_vllm,
+        # vLLM's SamplingParams refuses NaN and ±inf in every float field, -0.0 in top_p and
+        # repetition_penalty, and a -0.0 temperature with n > 1 (greedy); wirebench's own validation
+        # refuses them before any codec too (harness/wire/messages.py).
+        validates_sampling_floats=True,
     ),
 }
 
@@ -227,7 +244,8 @@ def applies(check: str, codec: CodecLike | Subject) -> bool:
 
 
 def run_check(check: str, codec: CodecLike | Subject) -> CheckResult:
-    """One check's result; any exception the codec raises is a failure that names it."""
+    """One check's result; whatever the codec raises (SystemExit too, but not KeyboardInterrupt: a Ctrl-C
+    still stops the caller) is a failure that names it, in at most ``registry.MAX_ERROR_CHARS`` characters."""
     found, subject = CHECKS[check], as_subject(codec)
     reason = found.skip_reason(subject)
     if reason:
@@ -235,9 +253,11 @@ def run_check(check: str, codec: CodecLike | Subject) -> CheckResult:
     try:
         found.run(subject)
     except AssertionError as exc:
-        return CheckResult(check, False, str(exc) or "an assertion failed")
-    except Exception as exc:
-        return CheckResult(check, False, f"{type(exc).__name__}: {exc}")
+        return CheckResult(check, False, shortened(message_of(exc)) or "an assertion failed")
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        return CheckResult(check, False, error_text(exc))
     return CheckResult(check, True, found.summary)
 
 
@@ -255,13 +275,15 @@ def run_checks(codec: CodecLike | Subject, leeway: Leeway | None = None, only: S
 
 @contextmanager
 def _about(what: str) -> Iterator[None]:
-    """Failures inside say which message they were about; a codec's own exception becomes one."""
+    """Failures inside say which message they were about; a codec's own exception (SystemExit too) becomes one."""
     try:
         yield
     except AssertionError as exc:
-        raise AssertionError(f"{what}: {exc}") from exc
-    except Exception as exc:
-        raise AssertionError(f"{what}: {type(exc).__name__}: {exc}") from exc
+        raise AssertionError(f"{what}: {message_of(exc)}") from exc
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        raise AssertionError(f"{what}: {error_text(exc, None)}") from exc
 
 
 def _encode(codec: Codec, msg: Any) -> list[Any]:
@@ -296,8 +318,7 @@ def _assert_refused(subject: Subject, msg: Any, kind: str) -> None:
         err = exc
     except Exception as exc:
         raise AssertionError(
-            f"a {kind} the codec declares it cannot carry raised {type(exc).__name__} ({exc}), "
-            "not UnsupportedPayloadError"
+            f"a {kind} the codec declares it cannot carry raised {error_text(exc, None)}, not UnsupportedPayloadError"
         ) from exc
     else:
         raise AssertionError(f"encode accepted a {kind} the codec declares it cannot carry")
@@ -459,6 +480,27 @@ def check_unicode(subject: Subject) -> None:
 
 
 @_check()
+def check_special_floats(subject: Subject) -> None:
+    """NaN, +inf, -inf and -0.0 round-trip bit for bit in times, logit bias, logprobs and scheduler stats."""
+    _roundtrip_each(subject, "special floats:", special_float_messages())
+
+
+@_check()
+def check_special_sampling_floats(subject: Subject) -> None:
+    """NaN, +inf, -inf and -0.0 round-trip bit for bit in each float field of SamplingParams (a codec
+    that validates SamplingParams by its own rules may refuse one instead, with an EncodeError)."""
+    if not subject.leeway.validates_sampling_floats:
+        _roundtrip_each(subject, "special floats:", special_sampling_requests())
+        return
+    for what, msg in special_sampling_requests().items():
+        with _about(f"special floats: {what}"):
+            try:
+                _roundtrip(subject, msg)
+            except EncodeError as exc:
+                expect(subject.name in str(exc), f"the EncodeError should name the codec: {exc}")
+
+
+@_check()
 def check_prompt_of_100k_tokens(subject: Subject) -> None:
     """A request with a 600 kB prompt and 100,000 token ids round-trips."""
     msg = text_request(prompt="lorem ipsum " * 50_000, num_tokens=100_000)
@@ -513,7 +555,7 @@ def check_mixed_multimodal(subject: Subject) -> None:
             except UnsupportedPayloadError:
                 return
             except Exception as exc:
-                raise AssertionError(f"raised {type(exc).__name__} ({exc}), not UnsupportedPayloadError") from exc
+                raise AssertionError(f"raised {error_text(exc, None)}, not UnsupportedPayloadError") from exc
             raise AssertionError(f"encode accepted it though the codec carries only {sorted(subject.kinds)}")
     with _about("mixed request"):
         frames = _encode(subject.new(), msg)

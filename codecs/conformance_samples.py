@@ -170,6 +170,49 @@ def unicode_messages() -> dict[str, Any]:
     }
 
 
+# Floats a value check would get wrong: NaN never equals itself, -0.0 equals 0.0, ±inf overflow narrow types.
+SPECIAL_FLOATS: dict[str, float] = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "-0.0": -0.0}
+# SamplingParams' float fields (logit_bias, a dict of floats, has its place in special_float_messages).
+SAMPLING_FLOAT_FIELDS = tuple(f.name for f in msgspec.structs.fields(SamplingParams) if f.type is float)
+
+
+def special_float_messages() -> dict[str, Any]:
+    """For each special float, a request and an output batch holding it in every float field outside the
+    sampling parameters' scalars (arrival time, logit bias, logprobs, scheduler stats, step times)."""
+    msgs: dict[str, Any] = {}
+    for label, value in SPECIAL_FLOATS.items():
+        request = text_request()
+        request.arrival_time = value
+        request.sampling_params.logit_bias = {50256: value, 7: 2.5}
+        msgs[f"request with {label}"] = request
+        msgs[f"outputs with {label}"] = special_float_outputs(value)
+    return msgs
+
+
+def special_float_outputs(value: float) -> EngineCoreOutputs:
+    """One step's outputs with ``value`` in its times and stats, and every special float in its logprobs."""
+    specials = list(SPECIAL_FLOATS.values())
+    logprobs = Logprobs(token_ids=[[11, 12, 13, 14, 15]], logprobs=[[value, *specials]], ranks=[1])
+    return EngineCoreOutputs(
+        outputs=[EngineCoreOutput(request_id="cmpl-special", new_token_ids=[11], new_logprobs=logprobs)],
+        step_index=1,
+        step_start_time=value,
+        timestamp=value,
+        scheduler_stats=SchedulerStats(num_running_reqs=1, kv_cache_usage=value),
+    )
+
+
+def special_sampling_requests() -> dict[str, EngineCoreRequest]:
+    """A request per special float and SamplingParams float field, that one field holding it."""
+    msgs = {}
+    for field in SAMPLING_FLOAT_FIELDS:
+        for label, value in SPECIAL_FLOATS.items():
+            request = text_request()
+            setattr(request.sampling_params, field, value)
+            msgs[f"request with {field}={label}"] = request
+    return msgs
+
+
 # --- multimodal values ------------------------------------------------------------
 
 

@@ -11,7 +11,9 @@ defaults (``carries_multimodal``, ``multimodal_kinds``, ``out_of_band``,
 ``packed_token_ids``, ``unpickles_peer_data``), which the registry reads from
 the class. A registered class that is not a Codec, leaves ``encode`` or
 ``decode`` abstract, or names an unknown multimodal kind is refused with an
-error naming its entry point. ``bench check-codec NAME`` runs the conformance checks
+error naming its entry point; so is one whose module raises anything at import
+(SystemExit included): that is its own error, and every other codec keeps
+working. ``bench check-codec NAME`` runs the conformance checks
 (``wirecodecs.conformance``) against a registered codec.
 
 Built-ins are imported lazily by name. A name may carry calibration options
@@ -29,6 +31,8 @@ from importlib.metadata import entry_points
 from .base import ALL_MULTIMODAL_KINDS, Codec
 
 ENTRY_POINT_GROUP = "wirebench.codecs"
+# The longest error text from a codec's own code that is shown: enough to read, never megabytes.
+MAX_ERROR_CHARS = 2000
 
 _BUILTIN: dict[str, str] = {
     "pickle": "wirecodecs.pickle_codec:PickleCodec",
@@ -92,25 +96,33 @@ def codec_listing() -> str:
     return ", ".join(available_codecs()) + missing
 
 
-@cache
 def codec_class(name: str) -> type[Codec]:
-    target = _registered().get(name)
+    """The class registered as ``name``; UnknownCodecError saying why when there is none or it is unusable."""
     if name in unavailable_codecs():
         raise UnknownCodecError(f"codec {name!r} is not installed: run {unavailable_codecs()[name]}")
-    if target is None:
+    if name not in _registered():
         raise UnknownCodecError(f"unknown codec {name!r}; available: {', '.join(available_codecs())}")
-    module_name, _, attr = target.partition(":")
+    found = _load(name)
+    if isinstance(found, str):
+        raise UnknownCodecError(found)
+    return found
+
+
+@cache
+def _load(name: str) -> type[Codec] | str:
+    """The class registered as ``name``, or why it cannot be used (a failure is remembered: a broken
+    plugin is imported once, not again each time another codec walks the registry)."""
+    module_name, _, attr = _registered()[name].partition(":")
     try:
         found = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise UnknownCodecError(f"codec {name!r} is registered as {where(name)} but cannot be loaded: {exc}") from exc
-    if isinstance(found, type) and issubclass(found, Codec):
-        problem = _codec_class_problem(found)
-        if not problem:
-            return found
-    else:
-        problem = f"is {found!r}, not a wirecodecs.Codec subclass"
-    raise UnknownCodecError(f"codec {name!r} is registered as {where(name)}, which {problem}")
+        problem = _problem(found)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # whatever a plugin raises, SystemExit included, is that plugin's error alone
+        return f"codec {name!r} is registered as {where(name)} but cannot be loaded: {error_text(exc)}"
+    if problem:
+        return f"codec {name!r} is registered as {where(name)}, which {problem}"
+    return found
 
 
 def where(name: str) -> str:
@@ -121,16 +133,44 @@ def where(name: str) -> str:
     return f"entry point '{name} = {target}' (group {ENTRY_POINT_GROUP!r})"
 
 
-def _codec_class_problem(cls: type[Codec]) -> str:
-    """Why a Codec subclass cannot be used (empty when it can)."""
-    if inspect.isabstract(cls):
-        return f"does not define {' and '.join(sorted(cls.__abstractmethods__))}"
-    if not isinstance(getattr(cls, "name", None), str):
+def _problem(found: object) -> str:
+    """Why a registered object cannot serve as a codec (empty when it can)."""
+    if not (isinstance(found, type) and issubclass(found, Codec)):
+        return f"is {found!r}, not a wirecodecs.Codec subclass"
+    if inspect.isabstract(found):
+        return f"does not define {' and '.join(sorted(found.__abstractmethods__))}"
+    if not isinstance(getattr(found, "name", None), str):
         return "sets no name (a str class attribute)"
-    unknown = set(cls.multimodal_kinds) - ALL_MULTIMODAL_KINDS
+    unknown = set(found.multimodal_kinds) - ALL_MULTIMODAL_KINDS
     if unknown:
         return f"declares unknown multimodal kinds {sorted(unknown)} (known: {sorted(ALL_MULTIMODAL_KINDS)})"
     return ""
+
+
+def error_text(exc: BaseException, limit: int | None = MAX_ERROR_CHARS) -> str:
+    """``Type: message`` of an exception from code we do not control, on one line and cut to ``limit``
+    characters (None: whole), even when its ``__str__`` raises."""
+    message = " ".join(message_of(exc).splitlines())
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    return text if limit is None else shortened(text, limit)
+
+
+def message_of(exc: BaseException) -> str:
+    """``str(exc)``, or what went wrong making it (a plugin's exception may break its own ``__str__``)."""
+    try:
+        text = str(exc)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as inner:
+        return f"<its message could not be read: str() raised {type(inner).__name__}>"
+    return text
+
+
+def shortened(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how many more there were."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… [{len(text) - limit:,} more characters cut]"
 
 
 def split_spec(spec: str) -> tuple[str, list[str]]:
@@ -172,7 +212,13 @@ def sends_out_of_band(name: str) -> bool:
 
 
 def codecs_out_of_band() -> list[str]:
-    return [name for name in available_codecs() if sends_out_of_band(name)]
+    """Usable codecs that send big buffers as frames of their own (a broken plugin is named when chosen)."""
+    return [name for name in usable_codecs() if sends_out_of_band(name)]
+
+
+def usable_codecs() -> list[str]:
+    """The available codecs whose class loads and is a usable Codec."""
+    return [name for name in available_codecs() if not isinstance(_load(name), str)]
 
 
 def packs_token_ids(name: str) -> bool:
@@ -192,13 +238,5 @@ def multimodal_kinds(name: str) -> frozenset[str]:
 
 
 def codecs_that_carry_multimodal(kind: str | None = None) -> list[str]:
-    """Codecs that carry multimodal inputs (of this kind, when given)."""
-    names = []
-    for name in available_codecs():
-        try:
-            kinds = multimodal_kinds(name)
-        except UnknownCodecError:
-            continue
-        if kinds and (kind is None or kind in kinds):
-            names.append(name)
-    return names
+    """Usable codecs that carry multimodal inputs (of this kind, when given)."""
+    return [name for name in usable_codecs() if (kinds := multimodal_kinds(name)) and (kind is None or kind in kinds)]

@@ -10,6 +10,7 @@ would a pip-installed package.
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import re
 import subprocess
@@ -22,6 +23,7 @@ from typing import Any, ClassVar
 import pytest
 
 from harness import cli
+from harness.wire.messages import EngineCoreOutputs
 from wirecodecs import Frame, conformance
 from wirecodecs.pickle_codec import PickleCodec
 
@@ -126,6 +128,162 @@ def test_only_runs_the_named_checks(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["check-codec", "msgspec", "--only", "unicode", "--only", "images"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("PASS", "FAIL", "SKIP"))]
     assert [line.split(":")[0] for line in lines] == ["PASS msgspec unicode", "PASS msgspec images"]
+
+
+# --- codecs whose own code misbehaves: bounded, each a check's failure --------------------------
+
+HOSTILE_SOURCE = '''
+"""Pickle codecs that misbehave, each its own way, when they meet an abort message (and only then)."""
+import os
+import time
+from typing import ClassVar
+
+from wirecodecs.pickle_codec import PickleCodec
+
+
+class Hostile(PickleCodec):
+    def encode(self, msg):
+        if type(msg).__name__ == "EngineCoreAbort":
+            self.misbehave()
+        return super().encode(msg)
+
+    def misbehave(self):
+        pass
+
+
+class UnreadableError(Exception):
+    def __str__(self):
+        raise ValueError("no message")
+
+
+class Hangs(Hostile):
+    name: ClassVar[str] = "hangs"
+
+    def misbehave(self):
+        time.sleep(3600)
+
+
+class Exits(Hostile):
+    name: ClassVar[str] = "exits"
+
+    def misbehave(self):
+        raise SystemExit(0)
+
+
+class Interrupts(Hostile):
+    name: ClassVar[str] = "interrupts"
+
+    def misbehave(self):
+        raise KeyboardInterrupt
+
+
+class EndsProcess(Hostile):
+    name: ClassVar[str] = "ends-process"
+
+    def misbehave(self):
+        os._exit(0)
+
+
+class Unreadable(Hostile):
+    name: ClassVar[str] = "unreadable"
+
+    def misbehave(self):
+        raise UnreadableError()
+
+
+class Verbose(Hostile):
+    name: ClassVar[str] = "verbose"
+
+    def misbehave(self):
+        raise RuntimeError("x" * 20_000_000)
+'''
+HOSTILE = {
+    "hangs": "Hangs",
+    "exits": "Exits",
+    "interrupts": "Interrupts",
+    "ends-process": "EndsProcess",
+    "unreadable": "Unreadable",
+    "verbose": "Verbose",
+}
+# text_messages meets an abort; output_batch_of_64 does not, so it passes: the failure is that check's alone.
+TWO_CHECKS = ("--only", "text_messages", "--only", "output_batch_of_64")
+
+
+@pytest.fixture
+def hostile(tmp_path: Path) -> dict[str, str]:
+    entry_points = {name: f"hostile_codecs:{cls}" for name, cls in HOSTILE.items()}
+    return install_plugin(tmp_path, {"hostile_codecs": HOSTILE_SOURCE}, entry_points)
+
+
+def result_of(out: str, codec: str, check: str) -> str:
+    """``MARK: message`` of one check's line in ``bench check-codec``'s output."""
+    found = re.search(rf"^(PASS|FAIL|SKIP) {re.escape(codec)} {check}: (.*)$", out, re.MULTILINE)
+    assert found, f"no line for {codec} {check} in:\n{out[:5000]}"
+    return f"{found.group(1)}: {found.group(2)}"
+
+
+def test_a_hanging_check_fails_naming_its_time_limit_and_the_rest_still_run(hostile: dict[str, str]) -> None:
+    done = check_codec("hangs", *TWO_CHECKS, "--timeout", "3", env=hostile)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert (
+        result_of(done.stdout, "hangs", "text_messages") == "FAIL: did not finish within the time limit of 3 s: stopped"
+    )
+    assert result_of(done.stdout, "hangs", "output_batch_of_64").startswith("PASS")
+    assert done.stderr.strip() == "bench check-codec: FAILED hangs: text_messages"
+
+
+def test_whatever_a_codec_raises_or_does_to_its_process_is_that_checks_failure(hostile: dict[str, str]) -> None:
+    names = [name for name in HOSTILE if name != "hangs"]
+    done = check_codec(*names, *TWO_CHECKS, env=hostile)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out[:5000]
+    assert "Traceback" not in out
+    expected = {
+        "exits": "FAIL: text abort: SystemExit: 0",
+        "interrupts": "FAIL: KeyboardInterrupt",
+        "ends-process": "FAIL: the process running it ended during the check (exit code 0)",
+        "unreadable": "FAIL: text abort: UnreadableError: <its message could not be read: str() raised ValueError>",
+    }
+    for name, line in expected.items():
+        assert result_of(done.stdout, name, "text_messages") == line
+    # Twenty million characters of message become a readable line that says what was cut.
+    verbose = result_of(done.stdout, "verbose", "text_messages")
+    assert verbose.startswith("FAIL: text abort: RuntimeError: xxx") and verbose.endswith(" more characters cut]")
+    assert len(verbose) < 2100 and len(out) < 20_000
+    for name in names:
+        assert result_of(done.stdout, name, "output_batch_of_64").startswith("PASS"), name
+    assert done.stderr.strip() == "bench check-codec: FAILED " + "; ".join(f"{n}: text_messages" for n in names)
+
+
+def test_the_time_limit_must_be_a_positive_number(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["check-codec", "pickle", "--timeout", "0"])
+    assert exited.value.code == 2
+    assert "--timeout: must be a positive finite number" in capsys.readouterr().err
+
+
+class FiniteLogprobsPickleCodec(PickleCodec):
+    """Clamps logprobs to finite values on the way, as a codec for a format without NaN or inf would."""
+
+    name: ClassVar[str] = "finite-logprobs"
+
+    def decode(self, frames: Sequence[Frame], msg_type: type[Any]) -> Any:
+        msg = super().decode(frames, msg_type)
+        if isinstance(msg, EngineCoreOutputs):
+            for out in msg.outputs:
+                if out.new_logprobs is not None:
+                    rows = out.new_logprobs.logprobs
+                    out.new_logprobs.logprobs = [[v if math.isfinite(v) else -1e4 for v in row] for row in rows]
+        return msg
+
+
+def test_a_codec_that_loses_nan_or_inf_in_logprobs_fails_special_floats() -> None:
+    results = {r.name: r for r in conformance.run_checks(FiniteLogprobsPickleCodec)}
+    assert [name for name, r in results.items() if not r.passed] == ["special_floats"]
+    assert (
+        "outputs with nan: msg.outputs[0].new_logprobs.logprobs[0][0]: nan != -10000.0"
+        in results["special_floats"].message
+    )
 
 
 # --- the checks as functions -----------------------------------------------------------

@@ -11,12 +11,28 @@ turn decides the checks that apply.
 
 from __future__ import annotations
 
+import math
+import re
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
 import pytest
 
 import wirecodecs
 from wirecodecs import conformance
 from wirecodecs.conformance import CHECKS, Leeway
-from wirecodecs.conformance_samples import sample_images, text_request
+from wirecodecs.conformance_samples import (
+    SPECIAL_FLOATS,
+    assert_wire_equal,
+    sample_images,
+    sample_logprobs,
+    special_float_messages,
+    special_sampling_requests,
+    text_messages,
+    text_request,
+)
 
 from wire_samples import EXPECTATIONS, CodecExpectation
 
@@ -38,7 +54,11 @@ def leeway(name: str) -> Leeway:
     """The table's allowances for a codec, as the checks take them."""
     exp = expectation(name)
     return Leeway(
-        not_carried=exp.not_carried, restamped=exp.restamped, refused_tensors=exp.refused_tensors, prepare=exp.prepare
+        not_carried=exp.not_carried,
+        restamped=exp.restamped,
+        refused_tensors=exp.refused_tensors,
+        prepare=exp.prepare,
+        validates_sampling_floats=exp.validates_sampling_floats,
     )
 
 
@@ -133,3 +153,58 @@ def test_sample_images_cover_required_modes() -> None:
 def test_every_check_says_what_it_checks() -> None:
     for check in CHECKS.values():
         assert check.summary and check.summary != check.name, check.name
+
+
+# --- special floats ------------------------------------------------------------------------
+
+
+def float_paths(value: Any, path: str) -> Iterator[tuple[str, float]]:
+    """Every float inside a message, with its field path (list and dict positions as ``[]``)."""
+    if isinstance(value, float):
+        yield path, value
+    elif isinstance(value, msgspec.Struct):
+        for field in value.__struct_fields__:
+            yield from float_paths(getattr(value, field), f"{path}.{field}")
+    elif isinstance(value, (list, tuple, dict)):
+        for item in value.values() if isinstance(value, dict) else value:
+            yield from float_paths(item, f"{path}[]")
+
+
+def special_label(value: float) -> str | None:
+    """Which special float ``value`` is, by its bits (None for an ordinary one)."""
+    return next((label for label, v in SPECIAL_FLOATS.items() if same_bits(v, value)), None)
+
+
+def same_bits(a: float, b: float) -> bool:
+    return struct.pack("<d", a) == struct.pack("<d", b)
+
+
+def test_every_float_field_meets_every_special_float() -> None:
+    """Each float field the text samples fill gets NaN, +inf, -inf and -0.0 in the special-float checks."""
+    fields = {path for msg in text_messages().values() for path, _ in float_paths(msg, type(msg).__name__)}
+    assert "EngineCoreOutputs.outputs[].new_logprobs.logprobs[][]" in fields
+    seen: dict[str, set[str]] = {path: set() for path in fields}
+    specials = {**special_float_messages(), **special_sampling_requests()}
+    for msg in specials.values():
+        for path, value in float_paths(msg, type(msg).__name__):
+            label = special_label(value)
+            if label is not None:
+                seen.setdefault(path, set()).add(label)
+    missing = {
+        path: sorted(set(SPECIAL_FLOATS) - labels) for path, labels in seen.items() if labels != set(SPECIAL_FLOATS)
+    }
+    assert not missing
+
+
+def test_wire_equality_is_bit_for_bit_on_floats() -> None:
+    """NaN equals NaN, -0.0 differs from 0.0, wherever the float sits in a message."""
+    logprobs = sample_logprobs(5, 3)
+    logprobs.logprobs = [[math.nan, -math.inf, -0.0, math.inf]]
+    assert_wire_equal(logprobs, msgspec.structs.replace(logprobs, logprobs=[[math.nan, -math.inf, -0.0, math.inf]]))
+    for decoded, difference in [
+        ([[math.nan, -math.inf, 0.0, math.inf]], "logprobs[0][2]: -0.0 != 0.0"),
+        ([[math.nan, math.inf, -0.0, math.inf]], "logprobs[0][1]: -inf != inf"),
+        ([[0.0, -math.inf, -0.0, math.inf]], "logprobs[0][0]: nan != 0.0"),
+    ]:
+        with pytest.raises(AssertionError, match=re.escape(difference)):
+            assert_wire_equal(logprobs, msgspec.structs.replace(logprobs, logprobs=decoded))

@@ -8,9 +8,11 @@ exactly as it would a pip-installed package.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,11 +20,14 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from test_check_codec import check_codec
+from test_check_codec import install_plugin as install_distribution
 
 import wirecodecs
 from harness.wire.policy import LinkSettings, transport_refusal, unpickling_codec
 from wirecodecs import registry
 
+from serve_process import start_serve
 from wire_samples import assert_wire_equal, multimodal_request, output_batch, text_messages
 
 # The built-ins this install has (vllm needs its own setup), in the registry's order.
@@ -112,7 +117,7 @@ class MistypedKindsCodec(JsonCodec):
 
 def _clear_registry() -> None:
     registry._registered.cache_clear()
-    registry.codec_class.cache_clear()
+    registry._load.cache_clear()
     registry.unavailable_codecs.cache_clear()
 
 
@@ -290,6 +295,86 @@ def test_broken_entry_point_is_a_clear_error(install_plugin: Callable[[str], Non
         assert name in str(info.value) and culprit in str(info.value)
     # One broken plugin must not break the capability listing of the others.
     assert wirecodecs.codecs_that_carry_multimodal() == carried
+
+
+# Plugin modules that fail at import, each its own way (SystemExit included: a plugin may call sys.exit).
+BROKEN_AT_IMPORT = {
+    "wirebench_broken_raises": "raise RuntimeError('the plugin is broken\\nat import')\n",
+    "wirebench_broken_exits": "import sys\nsys.exit(3)\n",
+}
+BROKEN_ENTRY_POINTS = {
+    "plugin-raises": "wirebench_broken_raises:Codec",
+    "plugin-exits": "wirebench_broken_exits:Codec",
+}
+
+
+def test_a_plugin_that_fails_at_import_is_its_own_error_only(
+    install_plugin: Callable[[str], None], tmp_path: Path
+) -> None:
+    imports = tmp_path / "imports.log"
+    for module, source in BROKEN_AT_IMPORT.items():
+        (tmp_path / f"{module}.py").write_text(f"open({str(imports)!r}, 'a').write('{module}\\n')\n{source}")
+    carried, out_of_band = wirecodecs.codecs_that_carry_multimodal(), wirecodecs.codecs_out_of_band()
+    lines = "".join(f"{name} = {target}\n" for name, target in BROKEN_ENTRY_POINTS.items())
+    install_plugin(f"[wirebench.codecs]\n{lines}plugin-json = {PLUGIN_MODULE}:JsonCodec\n")
+
+    # The built-ins and the working plugin carry messages as before; the listings leave the broken ones out.
+    for name in ("pickle", "msgspec", "msgspec-oob", "plugin-json"):
+        codec = wirecodecs.get_codec(name)
+        for msg in text_messages().values():
+            assert_wire_equal(msg, wirecodecs.get_codec(name).decode(codec.encode(msg), type(msg)))
+    assert wirecodecs.codecs_that_carry_multimodal() == carried
+    assert wirecodecs.codecs_out_of_band() == out_of_band
+    # Each broken one is an error of its own, on one line, naming its entry point and what it raised.
+    for name, culprit in [
+        ("plugin-raises", "RuntimeError: the plugin is broken at import"),
+        ("plugin-exits", "SystemExit: 3"),
+    ]:
+        with pytest.raises(wirecodecs.UnknownCodecError) as info:
+            wirecodecs.get_codec(name)
+        message = str(info.value)
+        assert f"entry point '{name} = {BROKEN_ENTRY_POINTS[name]}'" in message and culprit in message
+        assert "\n" not in message
+    # Tried once each, not again every time a codec walks the registry for its alternatives.
+    assert sorted(imports.read_text().splitlines()) == sorted(BROKEN_AT_IMPORT)
+
+
+@pytest.fixture
+def broken_plugins(tmp_path: Path) -> dict[str, str]:
+    """The broken plugins and a working one installed as a distribution; the environment that finds them."""
+    modules = {**BROKEN_AT_IMPORT, PLUGIN_MODULE: PLUGIN_SOURCE}
+    return install_distribution(tmp_path, modules, {**BROKEN_ENTRY_POINTS, "plugin-json": f"{PLUGIN_MODULE}:JsonCodec"})
+
+
+def test_bench_check_codec_names_a_broken_plugin_in_one_line_and_checks_the_others(
+    broken_plugins: dict[str, str],
+) -> None:
+    done = check_codec("plugin-raises", env=broken_plugins)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("bench check-codec: error: codec 'plugin-raises' is registered as entry point"), line
+    assert line.endswith("cannot be loaded: RuntimeError: the plugin is broken at import"), line
+    done = check_codec("msgspec", "plugin-json", "--only", "text_messages", env=broken_plugins)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "every check passed (msgspec, plugin-json)" in done.stdout
+
+
+def test_bench_serve_serves_a_builtin_with_a_broken_plugin_installed(
+    broken_plugins: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", broken_plugins["PYTHONPATH"])  # the server's processes find them too
+    server = start_serve("--executor", "sim", codec="msgspec")
+    try:
+        body = {"model": "wirebench-tiny", "prompt": "hello", "max_tokens": 3, "ignore_eos": True}
+        request = urllib.request.Request(
+            f"{server.base_url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            completion = json.load(resp)
+    finally:
+        assert server.stop() == 0
+    assert completion["usage"]["completion_tokens"] == 3, completion
 
 
 def test_a_codec_whose_package_is_missing_is_listed_with_its_install_command(

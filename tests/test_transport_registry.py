@@ -186,3 +186,21 @@ def test_bench_serve_serves_images_over_the_outside_transport(
         assert server.stop() == 0
     assert [status for status, _ in results] == [200] * 6, results
     assert file_folders() == before  # every file released, the folder removed at stop
+
+
+def test_a_plugin_that_exits_at_import_is_its_own_error_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SystemExit at import (KeyboardInterrupt is let through) is that entry's error: help still builds."""
+    source = {"exiting_transport": "raise SystemExit(3)\n"}
+    env = install_plugin(tmp_path, source, {"exits": "exiting_transport:X"}, ENTRY_POINT_GROUP)
+    done = bench("micro", "--help", env=env)
+    assert done.returncode == 0 and "zmq" in done.stdout, done.stdout + done.stderr
+    monkeypatch.syspath_prepend(str(next(tmp_path.rglob("exiting_transport.py")).parent))
+    monkeypatch.setattr(
+        transport_registry, "_registered", lambda: {**transport_registry._BUILTIN, "exits": "exiting_transport:X"}
+    )
+    transport_registry.get_transport.cache_clear()
+    try:
+        with pytest.raises(KeyError, match="cannot be loaded: SystemExit: 3"):
+            get_transport("exits")
+    finally:
+        transport_registry.get_transport.cache_clear()

@@ -44,6 +44,8 @@ class CodecExpectation:
     ignores_extra_frames: bool = False
     # Makes a sample message valid by the codec's own rules (vLLM validates SamplingParams).
     prepare: Callable[[Any], Any] = field(default=lambda msg: msg)
+    # Its SamplingParams validation refuses special floats (NaN, ±inf, some -0.0) with an EncodeError.
+    validates_sampling_floats: bool = False
 
     def carries(self, kind: str) -> bool:
         return self.carries_multimodal and kind in self.kinds
@@ -93,6 +95,7 @@ EXPECTATIONS: dict[str, CodecExpectation] = {
         refused_tensors=frozenset({"complex64_conj"}),
         ignores_extra_frames=True,
         prepare=_vllm_valid,
+        validates_sampling_floats=True,
     ),
 }
 

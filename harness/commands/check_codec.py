@@ -7,10 +7,15 @@ codecs, against a codec registered by entry point, without wirebench's tests.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
+from collections.abc import Iterable
 
-from wirecodecs import UnknownCodecError, codec_listing, conformance
+from harness.loadgen.arrivals import positive_float
+from wirecodecs import UnknownCodecError, codec_listing, conformance, conformance_runner
 from wirecodecs.conformance import CHECKS, CheckResult
+
+DEFAULT_TIMEOUT_S = 30.0
 
 DESCRIPTION = """\
 Check that codecs keep the codec contract (docs/architecture.md, "The codec
@@ -19,7 +24,12 @@ the codec declares travel and the others are refused with
 UnsupportedPayloadError, frames decode from bytes, bytearray, memoryview and
 zmq.Frame, instances can be reused, and the frame rules of its declared
 out-of-band buffers hold. A codec is a built-in or one a package registers in
-the wirebench.codecs entry-point group. One line per check, then a summary."""
+the wirebench.codecs entry-point group. One line per check, then a summary.
+
+The checks run in a process of their own, each under --timeout: a check that
+hangs, or whose codec raises SystemExit or ends the process, fails saying so,
+and the others still run. Messages from the codec's own code are cut at 2,000
+characters."""
 
 EPILOG = """\
 examples:
@@ -27,7 +37,8 @@ examples:
   bench check-codec pickle msgspec --only text_messages
 
 exit codes: 0 every check passed; 1 a check failed (the summary names it);
-2 an unknown codec name (the known ones are listed) or bad flags."""
+2 an unknown codec name (the known ones are listed), a codec that cannot be
+loaded (a plugin whose module fails to import, say) or bad flags."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,6 +55,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="CHECK",
         help=f"run only this check (repeat for more; default: all of them): {', '.join(CHECKS)}",
+    )
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"time limit of each check: one that runs longer is stopped and fails (default: {DEFAULT_TIMEOUT_S:g})",
     )
 
 
@@ -62,6 +80,19 @@ def summary_line(codec: str, results: list[CheckResult]) -> str:
     return f"{codec}: {counts}" + (f" (failed: {', '.join(failed)})" if failed else "")
 
 
+def report_codec(subject: conformance.Subject, results: Iterable[CheckResult]) -> list[str]:
+    """Prints a codec's note, its results as they come and its summary; returns the checks it failed."""
+    allowed = subject.leeway.describe()
+    if allowed:
+        print(f"NOTE {subject.name}: speaks another project's messages; allowed: {allowed}", flush=True)
+    done = []
+    for result in results:
+        print(result_line(subject.name, result), flush=True)
+        done.append(result)
+    print(summary_line(subject.name, done), flush=True)
+    return [r.name for r in done if not r.passed]
+
+
 def main(args: argparse.Namespace) -> int:
     # Every name is looked up before any check runs: a typo costs nothing.
     subjects = {}
@@ -72,16 +103,11 @@ def main(args: argparse.Namespace) -> int:
             print(f"bench check-codec: error: {exc}", file=sys.stderr)  # it names the known codecs
             return 2
     failures: dict[str, list[str]] = {}
-    for name, subject in subjects.items():
-        if subject.leeway.describe():
-            print(f"NOTE {name}: speaks another project's messages; allowed: {subject.leeway.describe()}")
-        results = conformance.run_checks(subject, only=args.only)
-        for result in results:
-            print(result_line(name, result), flush=True)
-        print(summary_line(name, results), flush=True)
-        failed = [r.name for r in results if not r.passed]
+    bounded = conformance_runner.run_checks_bounded(list(subjects.values()), args.timeout, only=args.only)
+    for subject, pairs in itertools.groupby(bounded, key=lambda pair: pair[0]):
+        failed = report_codec(subject, (result for _, result in pairs))
         if failed:
-            failures[name] = failed
+            failures[subject.name] = failed
     if failures:
         named = "; ".join(f"{name}: {', '.join(checks)}" for name, checks in failures.items())
         print(f"bench check-codec: FAILED {named}", file=sys.stderr)

@@ -23,7 +23,7 @@ from functools import cache
 
 from harness.transports.base import VARIANTS, Transport
 from harness.wire import zmq_link
-from wirecodecs.registry import UnknownNameError, registered_targets
+from wirecodecs.registry import UnknownNameError, error_text, registered_targets
 
 ENTRY_POINT_GROUP = "wirebench.transports"
 log = logging.getLogger(__name__)
@@ -62,8 +62,13 @@ def get_transport(name: str) -> Transport:
     module_name, _, attr = target.partition(":")
     try:
         found = getattr(importlib.import_module(module_name), attr)
-    except Exception as exc:  # a plugin that fails to import, however, is that plugin's error alone
-        raise UnknownTransportError(f"transport {name!r} is registered as {where} but cannot be loaded: {exc}") from exc
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # whatever a plugin raises, SystemExit included, is that plugin's error alone
+        why = error_text(exc)
+        raise UnknownTransportError(
+            f"transport {name!r} is registered as {where} but cannot be loaded: {why}"
+        ) from None
     problem = _problem(name, found)
     if problem:
         raise UnknownTransportError(f"transport {name!r} is registered as {where}, which {problem}")
