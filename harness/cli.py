@@ -5,13 +5,19 @@ may have ``DESCRIPTION`` and ``EPILOG`` (what its --help says above and below
 the flags; plain text, wrapped as it should print) and ``PRESETS`` /
 ``NAMED_PRESETS``. Modules are imported only when their command runs, so
 ``bench micro`` does not pay for aiohttp and ``bench load`` not for torch.
+
+Ctrl-C and SIGTERM stop every command the same way (``stop_on_signals``): an
+interrupted command exits 130, or 143 when SIGTERM stopped it, with one line
+and no traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+from types import FrameType
 
 from harness.processes import parent_watch
 
@@ -38,6 +44,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("harness.commands.report", "Write saved results as one self-contained HTML page."),
     "check-codec": ("harness.commands.check_codec", "Check that codecs keep the codec contract (plugins too)."),
 }
+
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM: an interrupted command that SIGTERM stopped
+_terminated: list[int] = []  # the SIGTERMs received, so the exit code can say which signal stopped the command
 
 
 def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
@@ -83,9 +94,34 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    parent_watch.terminate_as_interrupt()  # `bench serve` installs its own handlers once it runs
+    stop_on_signals()  # `bench serve` installs its own handlers once it runs
     module = importlib.import_module(COMMANDS[args.command][0])
-    return int(module.main(args) or 0)
+    try:
+        code = int(module.main(args) or 0)
+    except KeyboardInterrupt:  # a command that did not say where it stopped: still one line, no traceback
+        print(f"bench {args.command}: interrupted", file=sys.stderr)
+        code = EXIT_INTERRUPTED
+    return EXIT_TERMINATED if code == EXIT_INTERRUPTED and _terminated else code
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread where Ctrl-C's KeyboardInterrupt would be: every path that
+    stops cleanly on Ctrl-C (servers stopped, what was measured saved) stops the same way on SIGTERM."""
+
+
+def stop_on_signals() -> None:
+    """Ctrl-C and SIGTERM stop a command the same way, SIGTERM with its own exit code."""
+    parent_watch.terminate_as_interrupt()  # SIGINT back where a shell left it ignored
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    _terminated.append(signum)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        raise Terminated()
+    # Inside asyncio.run its own SIGINT handler is current: it cancels the running load, which then keeps
+    # what it measured; raising here instead would tear the event loop down mid-callback.
+    signal.raise_signal(signal.SIGINT)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,17 @@ from harness.analysis.verdict_text import format_comparison
 from harness.analysis.verdicts import Comparison
 from harness.experiment.arms import parse_codecs
 from harness.experiment.flags import add_experiment_arguments, experiment_from_args
-from harness.experiment.flow import UntilResolved, judged, pin_client, prepare
+from harness.experiment.flow import (
+    ANALYSIS,
+    PROBE,
+    Interrupted,
+    Prepared,
+    UntilResolved,
+    judged,
+    phase,
+    pin_client,
+    prepare,
+)
 from harness.experiment.probe import probe_mean_ttft, resolve_rate
 from harness.experiment.rounds import run_rounds
 from harness.loadgen.runner import BenchmarkError
@@ -48,7 +58,11 @@ example:
   bench calibrate --codec pickle --costs-pct 1,2,5 --repeat 7
 
 exit codes: 0 calibrated; 1 the probe or an arm failed; 2 bad flags;
-130 interrupted."""
+130 interrupted by Ctrl-C, 143 by SIGTERM (the servers are stopped; no
+calibration)."""
+
+EXIT_INTERRUPTED = 130  # the bench command makes it 143 when SIGTERM stopped it
+SIZING_PROBE = "the probe run that sizes the costs"
 
 
 JUDGED_FOR_DETECTION = DETECTION_FIGURE.key
@@ -169,18 +183,31 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, BenchmarkError, OSError) as exc:
         print(f"bench calibrate: error: {exc}", file=sys.stderr)
         return 2
+    except Interrupted as stop:
+        return stopped(stop.phase)
+    try:
+        return calibrate(prepared, reference, costs_pct)
+    except Interrupted as stop:
+        return stopped(stop.phase)
+
+
+def calibrate(prepared: Prepared, reference: str, costs_pct: list[float]) -> int:
+    """Probe, size the injected costs, run the rounds, print and save the calibration; its exit code.
+    Interrupted when Ctrl-C (SIGTERM) comes before the rounds or after them."""
     # --until-resolved: the probes count too; it is answered once the A/A arm is resolved and every injected
     # cost found (an injected cost under the margin is "equivalent", which is not what calibrate asks).
     clock = UntilResolved(prepared.experiment.plan.until_resolved, costs_found)
     pin_client(prepared.experiment)
-    resolved = resolve_rate(prepared.experiment, prepared.workload, prepared.tokenizer_id)
+    with phase(PROBE):
+        resolved = resolve_rate(prepared.experiment, prepared.workload, prepared.tokenizer_id)
     if resolved is None:
         return 1
     exp, rate_note = resolved
     print(f"bench calibrate: probe run of {reference} to size the injected costs", flush=True)
     try:
-        probe_ms = probe_mean_ttft(exp, reference, prepared.workload, prepared.tokenizer_id)
-    except (RuntimeError, KeyboardInterrupt) as exc:
+        with phase(SIZING_PROBE):
+            probe_ms = probe_mean_ttft(exp, reference, prepared.workload, prepared.tokenizer_id)
+    except RuntimeError as exc:
         print(f"bench calibrate: error: {exc}", file=sys.stderr)
         return 1
     injected = {delay_spec(reference, pct / 100 * probe_ms): pct for pct in costs_pct}
@@ -188,18 +215,27 @@ def main(args: argparse.Namespace) -> int:
     exp = replace(exp, arms=tuple(arms))
     keep_going = partial(clock.keep_going, exp, rate_note) if exp.plan.sequential else None
     outcomes, interrupted = run_rounds(exp, prepared.workload, prepared.tokenizer_id, keep_going)
-    result = judged(exp, rate_note, outcomes, interrupted)
-    result.stopping = clock.record() if exp.plan.sequential else None
-    if interrupted or any(not a.measured for a in result.arms):
-        print(format_comparison(result.arms, None))
-        print("bench calibrate: not every arm was measured; no calibration", file=sys.stderr)
-        return 130 if interrupted else 1
-    comparison = result.comparison
-    assert comparison is not None
-    print(format_comparison(result.arms, comparison))
-    summary = summarize(comparison, {a.label: injected[a.codec] for a in arms if a.codec in injected}, probe_ms)
-    print(format_calibration(summary, max(len(a.measured) for a in result.arms)))  # --until-resolved: as ran
-    if exp.plan.save_result:
-        path, _ = result.save("calibrate", extra={"calibration": summary})
-        print(f"Calibration saved to {path}")
+    with phase(ANALYSIS):
+        result = judged(exp, rate_note, outcomes, interrupted)
+        result.stopping = clock.record() if exp.plan.sequential else None
+        if result.stopped_in is not None:  # cut runs are not compared, and a calibration needs every arm
+            return stopped(result.stopped_in, "no calibration")
+        if any(not a.measured for a in result.arms):
+            print(format_comparison(result.arms, None))
+            print("bench calibrate: not every arm was measured; no calibration", file=sys.stderr)
+            return 1
+        comparison = result.comparison
+        assert comparison is not None
+        print(format_comparison(result.arms, comparison))
+        summary = summarize(comparison, {a.label: injected[a.codec] for a in arms if a.codec in injected}, probe_ms)
+        print(format_calibration(summary, max(len(a.measured) for a in result.arms)))  # --until-resolved: as ran
+        if exp.plan.save_result:
+            path, _ = result.save("calibrate", extra={"calibration": summary})
+            print(f"Calibration saved to {path}")
     return 0
+
+
+def stopped(where: str, what: str = "nothing left behind") -> int:
+    """The one line an interrupted calibration ends with, and its exit code (143 for SIGTERM: bench's)."""
+    print(f"bench calibrate: interrupted during {where}; {what}", file=sys.stderr)
+    return EXIT_INTERRUPTED

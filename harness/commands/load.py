@@ -4,7 +4,8 @@ Exit codes: 0 every request succeeded; 1 some requests failed (the partial
 result is still printed and saved); 2 bad flags, an unreachable server or a
 failed warmup; 4 with --strict-client, the client-bottleneck guard found that
 the client, not the server, limited the run (checked after 1; the result is
-still printed and saved); 130 interrupted by Ctrl-C (what finished is saved).
+still printed and saved); 130 interrupted by Ctrl-C, 143 by SIGTERM (what finished
+is saved).
 
 ``bench run`` reuses ``add_load_arguments`` and ``run_benchmark`` for each
 codec; ``report.print_report`` prints and ``harness.analysis.documents.save_run`` saves.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from pathlib import Path
 
 import aiohttp
 
@@ -56,7 +58,7 @@ example:
 exit codes: 0 every request succeeded; 1 some failed (the partial result is
 still printed and saved); 2 bad flags, an unreachable server or a failed
 warmup; 4 with --strict-client, the client rather than the server limited the
-run; 130 interrupted (what finished is saved)."""
+run; 130 interrupted by Ctrl-C, 143 by SIGTERM (what finished is saved)."""
 
 
 EXIT_FAILED_REQUESTS = 1
@@ -107,6 +109,13 @@ def _error(message: str) -> None:
     print(f"bench load: error: {message}", file=sys.stderr)
 
 
+def _interrupted(where: str, saved: Path | None = None) -> int:
+    """The one line an interrupted load ends with, and its exit code (143 for SIGTERM: bench's)."""
+    left = f"what finished is saved in {saved}" if saved is not None else "nothing saved"
+    print(f"bench load: interrupted during {where}; {left}", file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         settings = LoadSettings.from_args(args)
@@ -120,7 +129,7 @@ def main(args: argparse.Namespace) -> int:
         _error(str(exc))
         return EXIT_USAGE
     except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+        return _interrupted("the server check")
 
     try:
         workload, tokenizer_id = load_workload(args)
@@ -128,6 +137,8 @@ def main(args: argparse.Namespace) -> int:
     except (BenchmarkError, ValueError, OSError) as exc:
         _error(str(exc))
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        return _interrupted("preparation")
 
     conc = f", max concurrency {settings.max_concurrency}" if settings.max_concurrency else ""
     arrivals = describe_arrivals(settings.request_rate, settings.burstiness)
@@ -143,21 +154,24 @@ def main(args: argparse.Namespace) -> int:
         _error(str(exc))
         return EXIT_USAGE
     except KeyboardInterrupt:
-        _error("interrupted before the load started; nothing to save")
-        return EXIT_INTERRUPTED
+        return _interrupted("the warmup")
 
     result.tokenizer_id = tokenizer_id
     result.flags = flags_dict(args)
-    print_report(result)
-    if getattr(args, "save_result", True):
-        path = save_run(
-            result,
-            result_dir=getattr(args, "result_dir", None) or DEFAULT_RESULT_DIR,
-            filename=getattr(args, "result_filename", None),
-        )
-        print(f"Result saved to {path}")
+    path = None
+    try:
+        print_report(result)
+        if getattr(args, "save_result", True):
+            path = save_run(
+                result,
+                result_dir=getattr(args, "result_dir", None) or DEFAULT_RESULT_DIR,
+                filename=getattr(args, "result_filename", None),
+            )
+            print(f"Result saved to {path}")
+    except KeyboardInterrupt:
+        return _interrupted("the report", path)
     if result.interrupted:
-        return EXIT_INTERRUPTED
+        return _interrupted("the load", path)
     if result.failed:
         _error(failures_line(result))
         return EXIT_FAILED_REQUESTS

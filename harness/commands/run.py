@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from harness.analysis.seed_table import format_seed_table
 from harness.analysis.verdict_text import format_comparison
 from harness.experiment import presets
 from harness.experiment.flags import add_experiment_arguments, experiment_from_args
-from harness.experiment.flow import prepare, run_experiment
+from harness.experiment.flow import ANALYSIS, ExperimentResult, Interrupted, phase, prepare, run_experiment
 from harness.loadgen.runner import BenchmarkError
 
 DESCRIPTION = """\
@@ -45,7 +46,10 @@ examples:
             --arm head='--python .venv/bin/python' --repeat 7
 
 exit codes: 0 every run succeeded; 1 a run failed; 2 bad flags or settings;
-130 interrupted (the finished rounds are still judged and saved)."""
+130 interrupted by Ctrl-C, 143 by SIGTERM (the servers are stopped; the rounds
+that ran whole are judged, and what ran is saved)."""
+
+EXIT_INTERRUPTED = 130  # the bench command makes it 143 when SIGTERM stopped the run
 
 
 # bench's parser applies the chosen preset's defaults before parsing (harness.cli). Not named PRESETS:
@@ -73,19 +77,64 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, BenchmarkError, OSError) as exc:
         print(f"bench run: error: {exc}", file=sys.stderr)
         return 2
+    except Interrupted as stop:
+        return stopped(stop.phase)
     if prepared.moved_to_chat:
         print("bench run: image workload, using /v1/chat/completions")
-    result = run_experiment(prepared)
+    try:
+        result = run_experiment(prepared)
+    except Interrupted as stop:
+        return stopped(stop.phase)
     if result is None:
         return 1
-    print(format_comparison(result.arms, result.comparison))
-    if args.preset == presets.SEED_10245:
-        departures = presets.departures_from_fit(presets.SEED_10245, vars(args))
-        by_arm = presets.arm_departures(presets.SEED_10245, vars(args), result.experiment.server.arm_flags)
-        print(format_seed_table(result.arms, args.output_codec, departures, by_arm))
-    if result.experiment.plan.save_result and result.outcomes:
-        path, _ = result.save("compare")
-        print(f"Comparison saved to {path}")
-    if result.interrupted:
-        return 130
+    try:
+        with phase(ANALYSIS):
+            saved = report(args, result)
+    except Interrupted:
+        return stopped(ANALYSIS, runs_folder(result))
+    if result.stopped_in is not None:
+        return stopped(result.stopped_in, saved)
     return 1 if result.any_failed else 0
+
+
+def report(args: argparse.Namespace, result: ExperimentResult) -> Path | None:
+    """Print the comparison (of the rounds that ran whole, after a line saying so, when a round was
+    cut short) and save the compare document; its path, or None when not saved."""
+    shown = result
+    if result.stopped_in is not None:
+        shown = result.finished_rounds()
+        print(f"\n{interrupted_note(result.stopped_in, shown)}", flush=True)
+    if shown.outcomes:
+        print(format_comparison(shown.arms, shown.comparison))
+        if args.preset == presets.SEED_10245:
+            departures = presets.departures_from_fit(presets.SEED_10245, vars(args))
+            by_arm = presets.arm_departures(presets.SEED_10245, vars(args), result.experiment.server.arm_flags)
+            print(format_seed_table(shown.arms, args.output_codec, departures, by_arm))
+    if not (result.experiment.plan.save_result and result.outcomes):
+        return None
+    path, _ = result.save("compare")  # every run, the cut ones marked interrupted
+    print(f"Comparison saved to {path}")
+    return path
+
+
+def interrupted_note(where: str, finished: ExperimentResult) -> str:
+    """What an interrupted run's table holds: the rounds that ran whole, or nothing."""
+    rounds = len({o.round for o in finished.outcomes})
+    if not rounds:
+        return f"interrupted during {where}: no round ran whole, so no comparison (each run's file has what it did)"
+    return (
+        f"interrupted during {where}: the table and verdicts below are of the {rounds} round(s) that ran whole; "
+        "the runs cut short are left out"
+    )
+
+
+def runs_folder(result: ExperimentResult) -> Path | None:
+    """Where the runs' own files went, when any was saved."""
+    return Path(result.experiment.plan.result_dir) if any(o.path for o in result.outcomes) else None
+
+
+def stopped(where: str, saved: Path | None = None) -> int:
+    """The one line an interrupted run ends with, and its exit code (bench turns it into 143 for SIGTERM)."""
+    left = f"what ran is saved in {saved}" if saved is not None else "nothing left behind"
+    print(f"bench run: interrupted during {where}; {left}", file=sys.stderr)
+    return EXIT_INTERRUPTED

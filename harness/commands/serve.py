@@ -282,6 +282,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
     client: ZmqEngineClient | None = None
     runner: web.AppRunner | None = None
     sender = None
+    engine_ready = False  # an engine stopped while it starts hears no shutdown: it is terminated at once
     try:
         sender = transport.sender(sender_settings)
         segment = sender.segment if sender is not None else None
@@ -324,6 +325,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
             return 130
         stop_task.cancel()
         info = ready_task.result()
+        engine_ready = True
         client.start()
         settings = FrontendSettings.from_engine_config(
             config,
@@ -371,7 +373,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
         elif sender is not None:  # a start that failed before the client took the sender
             sender.close()
         if process is not None:
-            process.join(timeout=5)
+            process.join(timeout=5 if engine_ready else 0)
             if process.is_alive():
                 process.terminate()
                 process.join(timeout=5)

@@ -95,8 +95,8 @@ examples:
   bench sweep --codec pickle,msgspec --rates 5,10,20,40 --repeat 3
   bench sweep --quick      (a tiny sweep, to see it work)
 
-exit codes: 0 done; 1 a point failed; 2 bad flags; 130 interrupted (what
-finished is saved)."""
+exit codes: 0 done; 1 a point failed; 2 bad flags; 130 interrupted by Ctrl-C,
+143 by SIGTERM (what finished is saved)."""
 
 
 DEFAULT_CODECS = "pickle,msgspec-b64,msgspec-oob"

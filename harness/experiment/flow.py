@@ -4,6 +4,10 @@ prepare (check the settings, build the workload, check the endpoint) → fix the
 rate (a capacity probe for auto) → run the rounds → the arms with their runs →
 judge → the compare document. Commands parse flags into an ``Experiment`` and
 print; everything between is here, once.
+
+Ctrl-C (or SIGTERM, which the bench command turns into the same exception) in a
+phase before the rounds raises ``Interrupted`` naming the phase; in a round it
+ends the rounds, and the result says which round it cut (``stopped_in``).
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ import functools
 import os
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -26,11 +31,37 @@ from harness.analysis.verdict_text import WIDTH, judge_arms
 from harness.analysis.verdicts import Arm, Comparison, compare_document
 from harness.experiment.arms import ArmSpec
 from harness.experiment.probe import resolve_rate
-from harness.experiment.rounds import RunOutcome, Workload, run_rounds
+from harness.experiment.rounds import RunOutcome, Workload, round_name, run_rounds
 from harness.experiment.settings import Experiment
 from harness.loadgen.runner import check_endpoint
 from harness.loadgen.sysinfo import collect_sysinfo
 from harness.workloads.datasets import load_workload
+
+# The phases an interrupt can land in before and after the rounds (a round is named by round_name).
+PREPARATION = "preparation"
+PROBE = "the capacity probe"
+ANALYSIS = "analysis"
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during ``phase``; a KeyboardInterrupt still, so every handler of Ctrl-C
+    (a sweep's, a server's cleanup) treats it as one."""
+
+    def __init__(self, phase: str) -> None:
+        super().__init__(phase)
+        self.phase = phase
+
+
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Name the phase a Ctrl-C lands in: a KeyboardInterrupt raised inside becomes ``Interrupted(name)``
+    (one raised by an inner phase keeps its own, nearer name)."""
+    try:
+        yield
+    except Interrupted:
+        raise
+    except KeyboardInterrupt:
+        raise Interrupted(name) from None
 
 
 @dataclass
@@ -44,11 +75,13 @@ class Prepared:
 
 
 def prepare(exp: Experiment) -> Prepared:
-    """Check ``exp`` and build its workload; ValueError, BenchmarkError or OSError when it cannot run."""
-    exp.check()
-    exp, moved = exp.with_images_on_chat()
-    workload, tokenizer_id = load_workload(exp.workload)
-    check_endpoint(workload, exp.load.endpoint)
+    """Check ``exp`` and build its workload; ValueError, BenchmarkError or OSError when it cannot run,
+    Interrupted on Ctrl-C (SIGTERM)."""
+    with phase(PREPARATION):
+        exp.check()
+        exp, moved = exp.with_images_on_chat()
+        workload, tokenizer_id = load_workload(exp.workload)
+        check_endpoint(workload, exp.load.endpoint)
     return Prepared(exp, workload, tokenizer_id, moved)
 
 
@@ -66,10 +99,21 @@ class ExperimentResult:
     comparison: Comparison | None = None
     table: Comparison | None = None
     stopping: dict[str, Any] | None = None  # --until-resolved: how long it ran and why it stopped
+    stopped_in: str | None = None  # interrupted: the round it cut ("round 2/3")
 
     @property
     def any_failed(self) -> bool:
         return any(o.status in ("failures", "error") for o in self.outcomes)
+
+    def finished_rounds(self) -> ExperimentResult:
+        """This result judged on the rounds that ran whole: an interrupted round's runs were cut at
+        different points and are not compared as if complete (their files and the compare document
+        keep them)."""
+        cut = {o.round for o in self.outcomes if o.status == "interrupted"}
+        if self.stopped_in is not None:
+            cut.add(stopped_round(self.experiment, self.outcomes))
+        whole = [o for o in self.outcomes if o.round not in cut]
+        return judged(self.experiment, self.rate_note, whole, False)
 
     def document(self, folder: Path, **metadata: Any) -> dict[str, Any]:
         """The compare document of this experiment (paths relative to ``folder``)."""
@@ -106,16 +150,19 @@ def machine() -> dict[str, Any]:
 
 def run_experiment(prepared: Prepared) -> ExperimentResult | None:
     """Fix the rate, run every round (or, --until-resolved, rounds until the answer is known), judge.
-    None when the rate could not be fixed (said on stderr)."""
+    None when the rate could not be fixed (said on stderr); Interrupted on Ctrl-C (SIGTERM) in the
+    probe or the analysis, while one in a round ends the rounds and is the result's ``stopped_in``."""
     clock = UntilResolved(prepared.experiment.plan.until_resolved)  # the probe's time counts too
     pin_client(prepared.experiment)
-    resolved = resolve_rate(prepared.experiment, prepared.workload, prepared.tokenizer_id)
+    with phase(PROBE):
+        resolved = resolve_rate(prepared.experiment, prepared.workload, prepared.tokenizer_id)
     if resolved is None:
         return None
     exp, note = resolved
     keep_going = partial(clock.keep_going, exp, note) if exp.plan.sequential else None
     outcomes, interrupted = run_rounds(exp, prepared.workload, prepared.tokenizer_id, keep_going)
-    result = judged(exp, note, outcomes, interrupted)
+    with phase(ANALYSIS):
+        result = judged(exp, note, outcomes, interrupted)
     result.stopping = clock.record() if exp.plan.sequential else None
     return result
 
@@ -130,7 +177,21 @@ def judged(exp: Experiment, note: dict[str, Any], outcomes: list[RunOutcome], in
     """The result of these outcomes: arms with their runs, verdicts at the plan's margin."""
     arm_list, order = build_arms(outcomes, list(exp.arms))
     comparison, table = judge_arms(arm_list, exp.plan.margin_pct, sequential=exp.plan.sequential)
-    return ExperimentResult(exp, note, outcomes, interrupted, arm_list, order, comparison, table)
+    result = ExperimentResult(exp, note, outcomes, interrupted, arm_list, order, comparison, table)
+    result.stopped_in = round_name(exp, stopped_round(exp, outcomes)) if interrupted else None
+    return result
+
+
+def stopped_round(exp: Experiment, outcomes: list[RunOutcome]) -> int:
+    """The round an interrupt cut: the one with an interrupted run, else the one under way (a round
+    with fewer runs than arms, or the next, when Ctrl-C came while servers were starting)."""
+    cut = [o.round for o in outcomes if o.status == "interrupted"]
+    if cut:
+        return min(cut)
+    if not outcomes:
+        return 0
+    last = max(o.round for o in outcomes)
+    return last if sum(o.round == last for o in outcomes) < len(exp.arms) else last + 1
 
 
 class UntilResolved:

@@ -20,10 +20,13 @@ def untimed(exp: Experiment) -> Experiment:
 
 
 def probe_capacity(exp: Experiment, arm: ArmSpec, workload: Workload, tokenizer_id: str) -> float:
-    """Completed requests per second of a burst (rate inf) against ``arm``'s server: its capacity."""
+    """Completed requests per second of a burst (rate inf) against ``arm``'s server: its capacity.
+    KeyboardInterrupt when Ctrl-C (SIGTERM) cut the burst short."""
     n = min(len(workload), max(64, 2 * exp.server.engine.max_num_seqs))
     print(f"\n[probe] {arm.label}: {n} requests at rate inf to measure capacity for --request-rate auto", flush=True)
     outcome = run_one(untimed(exp.at_rate(math.inf)), arm, -1, workload[:n], tokenizer_id)
+    if outcome.status == "interrupted":  # a capacity from a burst cut short would be no capacity
+        raise KeyboardInterrupt
     if outcome.result is None or not outcome.result.metrics.completed:
         raise RuntimeError(f"the capacity probe failed: {outcome.status}: {outcome.message}")
     return float(outcome.result.metrics.request_throughput)
@@ -31,7 +34,8 @@ def probe_capacity(exp: Experiment, arm: ArmSpec, workload: Workload, tokenizer_
 
 def resolve_rate(exp: Experiment, workload: Workload, tokenizer_id: str) -> tuple[Experiment, dict[str, Any]] | None:
     """The experiment at a fixed rate, and a note of how it was fixed; with auto, from a capacity
-    probe of the first arm that can serve the workload. None (said on stderr) when no arm could."""
+    probe of the first arm that can serve the workload. None (said on stderr) when no arm could;
+    KeyboardInterrupt when Ctrl-C (SIGTERM) cut the probe short, its server stopped."""
     rate = exp.request_rate
     if own_times(workload):  # a trace's own send times: no probe
         fixed = math.inf if rate == AUTO else float(rate)
@@ -47,8 +51,6 @@ def resolve_rate(exp: Experiment, workload: Workload, tokenizer_id: str) -> tupl
             break
         except RuntimeError as exc:
             errors.append(f"{arm.label}: {exc}")
-        except KeyboardInterrupt:
-            return None
     else:
         print(f"error: --request-rate auto: no arm could be probed: {'; '.join(errors)}", file=sys.stderr)
         return None

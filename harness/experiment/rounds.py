@@ -360,12 +360,17 @@ def take_result(exp: Experiment, outcome: RunOutcome, result: BenchmarkResult, t
     result.flags = {**exp.record(), "codec": arm.codec, "arm": arm.label, "round": rnd}
     if arm.python or arm.command:  # a build arm: which server it ran
         result.flags["server_python" if arm.python else "server_command"] = arm.python or arm.command
+    refusal = None if result.metrics.completed else _codec_refusal(result.records)
     if exp.plan.full_report:
         print_report(result)
     else:
-        print(f"{arm.label} {f'r{rnd + 1}' if rnd >= 0 else 'probe'}: {run_line(result)}", flush=True)  # -1: the probe
+        line = f"{arm.label} {f'r{rnd + 1}' if rnd >= 0 else 'probe'}: {run_line(result)}"  # -1: the probe
+        if result.interrupted:
+            line += "; interrupted"
+        elif result.failed and not refusal:  # why it fell short, as its file says (a refusal is said below)
+            line += f"; {failures_line(result)}"
+        print(line, flush=True)
     outcome.result = result
-    refusal = None if result.metrics.completed else _codec_refusal(result.records)
     if refusal:
         outcome.result, outcome.status, outcome.message = None, "unsupported", refusal
         return
@@ -402,20 +407,20 @@ def run_rounds(
     turns); stops at Ctrl-C keeping what finished, or when ``keep_going`` (asked after each round in
     blocks) says so. Returns (outcomes, interrupted)."""
     outcomes: list[RunOutcome] = []
-    for tag, announce, step in _steps(exp, workload, tokenizer_id, keep_going):
-        print(announce, flush=True)
-        try:
+    try:
+        for tag, announce, step in _steps(exp, workload, tokenizer_id, keep_going):
+            print(announce, flush=True)
             done = step()
-        except KeyboardInterrupt:
-            return outcomes, True
-        outcomes += done
-        for outcome in done:
-            if outcome.status in ("error", "unsupported"):
-                print(f"{tag} {outcome.arm.label}: {outcome.status}: {outcome.message}", flush=True)
-        if any(o.status == "interrupted" for o in done):
-            return outcomes, True
-        if keep_going is not None and not _kept(exp) and not keep_going(outcomes):  # kept servers ask it per round
-            break
+            outcomes += done
+            for outcome in done:
+                if outcome.status in ("error", "unsupported"):
+                    print(f"{tag} {outcome.arm.label}: {outcome.status}: {outcome.message}", flush=True)
+            if any(o.status == "interrupted" for o in done):
+                return outcomes, True
+            if keep_going is not None and not _kept(exp) and not keep_going(outcomes):  # kept servers: per round
+                break
+    except KeyboardInterrupt:  # a server starting or stopping, or a round being judged (--until-resolved)
+        return outcomes, True
     return outcomes, False
 
 

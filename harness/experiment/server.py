@@ -113,7 +113,8 @@ class ServerProcess:
             self.proc.send_signal(sig)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
-        """Signal the server and wait; past the timeout kill its whole process group."""
+        """Signal the server and wait; past the timeout kill its whole process group. A second Ctrl-C
+        (or SIGTERM) while it stops kills the server at once and goes on up."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
@@ -121,10 +122,20 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)  # the engine too, not just the frontend
                 self.proc.wait()
+            except KeyboardInterrupt:
+                # The frontend alone: its engine sees its parent gone and removes its shared memory and
+                # ipc folder itself (docs/reliability.md, "Nothing left behind").
+                self.proc.kill()
+                self.proc.wait()
+                self._close_log()
+                raise
+        self._close_log()
+        return self.proc.returncode
+
+    def _close_log(self) -> None:
         if self._log:
             self._log.close()
             self._log = None
-        return self.proc.returncode
 
 
 def free_port() -> int:

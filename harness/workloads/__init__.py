@@ -9,4 +9,5 @@ sharegpt, custom, trace   replayed from a file: ShareGPT JSON, JSONL requests, a
 datasets        the workload flags, build_workload, load_workload
 chat, images    a request's chat message and its token count; synthetic images, their data URLs, reuse
 sample          SampleRequest, one prepared request
+progress        what a long build shows while it runs (bars on a terminal, else one line)
 """

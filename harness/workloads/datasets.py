@@ -14,6 +14,7 @@ import argparse
 from harness.settings.declare import add_arguments, declared
 from harness.tokenizers.tokenizer import TextTokenizer
 from harness.workloads.chat import chat_prompt_len, user_message
+from harness.workloads.progress import building
 from harness.workloads.registry import datasets
 from harness.workloads.sample import SampleRequest
 from harness.workloads.sonnet import EMBEDDED_SONNETS
@@ -49,5 +50,6 @@ def load_workload(spec: WorkloadSpec) -> tuple[list[SampleRequest], str]:
     """The workload and the tokenizer's name, built before any clock starts."""
     from harness.tokenizers.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(spec.tokenizer)
-    return build_workload(spec, tokenizer), tokenizer.name
+    with building(spec.num_prompts, spec.dataset_name):
+        tokenizer = load_tokenizer(spec.tokenizer)
+        return build_workload(spec, tokenizer), tokenizer.name

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from harness.workloads.progress import bar
+
 # Formats we write, with the PIL format name and MIME type.
 FORMATS: dict[str, tuple[str, str]] = {
     "png": ("PNG", "image/png"),
@@ -145,9 +147,18 @@ def draw_image_urls(sizes: Sequence[Sequence[Size]], fmt: str, seed: int, reuse:
         image_seed = int(np.random.SeedSequence([seed, i, j]).generate_state(1)[0])
         return to_data_url(synthetic_image(width, height, image_seed), fmt)
 
-    # numpy and zlib/libjpeg release the GIL, so threads do speed this up.
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        made = dict(zip((job[0] for job in jobs), pool.map(one, jobs)))
+    # numpy and zlib/libjpeg release the GIL, so threads do speed this up. Ctrl-C (SIGTERM) reaches this
+    # thread while it waits for an image: the pool then drops the images not started and waits only
+    # for the few being encoded.
+    pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1))
+    made: dict[int, str] = {}
+    try:
+        with bar(len(jobs), "drawing images", "image") as shown:
+            for job, url in zip(jobs, pool.map(one, jobs)):
+                made[job[0]] = url
+                shown.update(1)
+    finally:
+        pool.shutdown(cancel_futures=True)
     return [tuple(made[image] for image in chosen) for chosen in plan]
 
 

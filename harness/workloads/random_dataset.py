@@ -17,6 +17,7 @@ import numpy as np
 from harness.settings.declare import setting
 from harness.tokenizers.tokenizer import TextTokenizer
 from harness.workloads.base import Sampling, check_counts, token_count
+from harness.workloads.progress import bar
 from harness.workloads.sample import SampleRequest
 
 
@@ -106,9 +107,11 @@ def sample_random_requests(
     output_lens = _uniform_lengths(rng, output_len, range_ratio, num_requests)
     pool = _text_token_ids(tokenizer)
     requests = []
-    for n_in, n_out in zip(input_lens.tolist(), output_lens.tolist()):
-        text, actual = _random_text(tokenizer, rng, pool, n_in)
-        requests.append(SampleRequest(prompt=text, prompt_len=actual, expected_output_len=n_out))
+    with bar(num_requests, "drawing random prompts", "prompt") as shown:
+        for n_in, n_out in zip(input_lens.tolist(), output_lens.tolist()):
+            text, actual = _random_text(tokenizer, rng, pool, n_in)
+            requests.append(SampleRequest(prompt=text, prompt_len=actual, expected_output_len=n_out))
+            shown.update(1)
     return requests
 
 
