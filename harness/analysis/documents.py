@@ -237,6 +237,7 @@ def run_document(result: BenchmarkResult, sysinfo: dict[str, Any] | None = None)
             "codec_figures": _codec_dict(result.codec_figures, m.ttft.mean),
             "ipc": _ipc_dict(result.ipc, m.ttft.mean),
             "client": health_dict(result.client_health),  # the client-bottleneck guard (loadgen/guard.py)
+            "saturation": saturation.as_dict() if (saturation := result.saturation) else None,  # loadgen/saturation.py
             "process_cpu": result.process_cpu,  # client, frontend, engine CPU (loadgen/process_cpu.py)
             # generated_text is left out here: generated_texts has it.
             "records": [{k: v for k, v in dataclasses.asdict(r).items() if k != "generated_text"} for r in records],
@@ -440,6 +441,8 @@ def run_figures(doc: dict[str, Any]) -> dict[str, float]:
         "failed": as_float(doc.get("failed")),
         "duration_s": as_float(doc.get("duration")),
         "request_rate": _planned_rate(doc),
+        # How well the server kept up with the offered rate, in % (harness.loadgen.saturation).
+        "kept_up_pct": 100.0 * as_float((doc.get("saturation") or {}).get("kept_up")),
     }
     for key in ("request_throughput", "request_goodput", "output_throughput", "total_token_throughput"):
         out[key] = as_float(doc.get(key))

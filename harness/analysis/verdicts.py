@@ -49,6 +49,7 @@ from harness.analysis.documents import COMPARE_SCHEMA, ResultsError, is_compare,
 from harness.analysis.figures import CODEC_FIGURES, CODEC_PATH_FIGURES, LATENCY_FIGURES, THROUGHPUT_FIGURES, Figure
 from harness.analysis.runs import RunEntry, collect_runs
 from harness.analysis.stats import PairStats, Verdict
+from harness.loadgen.saturation import KEPT_UP_MIN
 
 
 def judged_figures(runs: Sequence[RunEntry]) -> list[Figure]:
@@ -113,6 +114,12 @@ class Comparison:
     primary: Figure | None = None
     excluded: dict[str, int] = field(default_factory=dict)  # arm → runs left out of the verdicts
     sequential: bool = False  # judged from block pairs with the anytime-valid test (--until-resolved)
+    # arm → its runs whose server did not keep up with the offered rate (harness.loadgen.saturation)
+    saturated: dict[str, int] = field(default_factory=dict)
+
+    def marked_saturated(self, cell: VerdictCell) -> bool:
+        """A TTFT verdict where either side's runs were saturated: it compares queues, not serving paths."""
+        return "ttft" in cell.figure.key and bool({cell.arm, self.reference.label} & self.saturated.keys())
 
     @property
     def reference(self) -> Arm:
@@ -221,7 +228,12 @@ def compare(
         ordered.append(VerdictCell(arm.label, first, first_pairs[i], firsts[i], "primary"))
         ordered += [VerdictCell(arm.label, f, q, w, "codec") for f, q, w in zip(codec_figs, codec_pairs[i], codecs[i])]
         ordered += [VerdictCell(arm.label, f, q, w) for f, q, w in zip(others, other_pairs[i], seconds[i], strict=True)]
-    return Comparison(list(arms), figures, ordered, margin_pct, alpha, first, excluded, sequential)
+    saturated = {a.label: n for a in arms if (n := sum(_saturated(r) for r in a.measured))}
+    return Comparison(list(arms), figures, ordered, margin_pct, alpha, first, excluded, sequential, saturated)
+
+
+def _saturated(run: RunEntry) -> bool:
+    return (run.figures or {}).get("kept_up_pct", math.nan) < 100.0 * KEPT_UP_MIN
 
 
 def _sequential_verdicts(
@@ -373,11 +385,27 @@ ROLE_NOTES = {"primary": " (primary)", "codec": " (codec)"}
 def verdict_lines(comparison: Comparison) -> list[str]:
     ref = comparison.reference.label
     lines = [f"verdicts against {ref} ({method_line(comparison)}):"]
+    if comparison.saturated:
+        counts = ", ".join(
+            f"{a.label} {comparison.saturated[a.label]} of {len(a.measured)}"
+            for a in comparison.arms
+            if a.label in comparison.saturated
+        )
+        lines.append(
+            f" SATURATED runs ({counts}): the server kept up with less than {KEPT_UP_MIN:.0%} of the offered "
+            "rate, so its queue, not the codec, set their TTFT; those TTFT verdicts are marked [saturated]"
+        )
     for arm in comparison.arms[1:]:
         cells = [c for c in comparison.cells if c.arm == arm.label]
         if comparison.sequential:  # the other figures are in the table above; none has a verdict here
             cells = [c for c in cells if c.role != "secondary"]
-        rows = [[f"  {c.figure.label}" + ROLE_NOTES.get(c.role, ""), c.verdict.text] for c in cells]
+        rows = [
+            [
+                f"  {c.figure.label}" + ROLE_NOTES.get(c.role, ""),
+                c.verdict.text + (" [saturated]" if comparison.marked_saturated(c) else ""),
+            ]
+            for c in cells
+        ]
         lines.append(f" {arm.label}:")
         lines += text_table.format_table(["", ""], rows, left=2)[1:]
     if comparison.sequential:
@@ -458,6 +486,7 @@ def comparison_dict(comparison: Comparison) -> dict[str, Any]:
         "primary": comparison.primary.key if comparison.primary else None,
         "sequential": comparison.sequential,
         "excluded_runs": comparison.excluded,
+        "saturated_runs": comparison.saturated,
         "figures": [
             {"key": f.key, "label": f.label, "higher_is_better": f.higher_is_better} for f in comparison.figures
         ],
@@ -467,6 +496,8 @@ def comparison_dict(comparison: Comparison) -> dict[str, Any]:
         entry = verdict_dict(c.verdict)
         entry["paired"] = c.pair.paired if c.pair else None
         entry["role"] = c.role
+        if comparison.marked_saturated(c):
+            entry["saturated"] = True
         out["verdicts"].setdefault(c.arm, {})[c.figure.key] = entry
     return out
 

@@ -176,6 +176,9 @@ def run_line(result: BenchmarkResult) -> str:
     figures = result.codec_figures
     if figures is not None and math.isfinite(figures.request.encode_us):
         line += f"; req encode {figures.request.encode_us:.1f} µs"
+    saturation = result.saturation
+    if saturation is not None and saturation.saturated:
+        line += f"; {saturation.note}"
     return line
 
 

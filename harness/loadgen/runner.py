@@ -33,6 +33,7 @@ from harness.loadgen.client import (
 )
 from harness.loadgen.looplag import LoopLagProbe
 from harness.loadgen.progress import Progress
+from harness.loadgen.saturation import KeptUp, kept_up
 from harness.loadgen.serverstats import (
     CodecFigures,
     codec_figures,
@@ -105,6 +106,11 @@ class BenchmarkResult:
     @property
     def failed(self) -> int:
         return self.metrics.failed
+
+    @property
+    def saturation(self) -> KeptUp | None:
+        """Whether the server kept up with the offered rate (harness.loadgen.saturation); None at rate inf."""
+        return kept_up(self.records, int(self.flags.get("block_size") or 0))
 
 
 def payload_kind(workload: list[SampleRequest]) -> str:
