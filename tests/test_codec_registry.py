@@ -24,7 +24,7 @@ from test_check_codec import check_codec
 from test_check_codec import install_plugin as install_distribution
 
 import wirecodecs
-from harness.wire.policy import LinkSettings, transport_refusal, unpickling_codec
+from harness.transports.policy import LinkSettings, transport_refusal, unpickling_codec
 from wirecodecs import registry
 
 from serve_process import start_serve

@@ -207,3 +207,15 @@ def test_no_gc_freeze_reaches_the_engines_config_and_the_servers_flags() -> None
         assert engine_config_from_args(parser.parse_args(argv), tokenizer).gc_freeze is frozen
     parser, _ = build_parser(["run", "--no-gc-freeze"])
     assert "--no-gc-freeze" in server_flags(vars(parser.parse_args(["run", "--no-gc-freeze"])), 0)
+
+
+def test_what_travels_names_no_transport() -> None:
+    """harness.wire sits under harness.transports: the link's rules, which name transports, live with them."""
+    upward = [
+        f"{name} -> {dep}"
+        for name, deps in _graph().items()
+        if name.startswith("harness.wire")
+        for dep in deps
+        if dep.startswith("harness.transports")
+    ]
+    assert not upward, "\n".join(upward)

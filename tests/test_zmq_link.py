@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.wire import curve, policy, zmq_link
-from harness.wire.policy import LinkSettings, check_shm, check_transport_safety, insecure_warnings
+from harness.transports import policy
+from harness.transports.policy import LinkSettings, check_shm, check_transport_safety, insecure_warnings
+from harness.wire import curve, zmq_link
 from harness.wire.zmq_link import EngineAddresses
 
 

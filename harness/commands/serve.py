@@ -33,9 +33,9 @@ from harness.processes.heap import freeze_heap
 from harness.settings import declare
 from harness.transports import SenderSettings, get_transport
 from harness.transports.base import DEFAULT_ARENA_MIB, DEFAULT_THRESHOLD
+from harness.transports.policy import LinkSettings, check_shm, check_transport_safety, insecure_warnings
 from harness.transports.registry import remove_leftovers, remove_stale
 from harness.wire import curve, zmq_link
-from harness.wire.policy import LinkSettings, check_shm, check_transport_safety, insecure_warnings
 from harness.wire.spans import trace_events
 from harness.wire.zmq_link import EngineAddresses
 from wirecodecs import codec_listing
@@ -225,7 +225,7 @@ def machine_refusal(config: EngineConfig | None, transport: str, sender: SenderS
 
 
 def link_settings(args: argparse.Namespace) -> LinkSettings:
-    """The engine link's choices, as the rules of harness.wire.policy judge them."""
+    """The engine link's choices, as the rules of harness.transports.policy judge them."""
     return declare.from_args(
         LinkSettings,
         args,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from harness.transports import transport_names
-from harness.wire.policy import transport_refusal
+from harness.transports.policy import transport_refusal
 from wirecodecs import UnknownCodecError, available_codecs, check_codec_spec
 
 T = TypeVar("T")

@@ -2,6 +2,7 @@
 
 base       what a transport is (Transport, its sender and receiver halves) and the helpers they share
 registry   names to transports: the built-ins and any registered by entry point (wirebench.transports)
+policy     the engine link's rules, checked before any server starts (codec x transport, pickle, auth)
 zmq        every frame through the ZeroMQ socket
 shm        big frames through a shared-memory arena the frontend owns
 torch_shm  big frames through torch shared storages, one per frame

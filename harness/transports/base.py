@@ -319,5 +319,5 @@ def check_sender(kind: int, envelope: Any, link: EngineAddresses, transport: Tra
         pid = zmq_link.sender_pid(envelope) if isinstance(envelope, zmq.Frame) else None
         if pid != link.frontend_pid:
             raise RefusedSender(f"sent by process {pid}, not by this engine's frontend ({link.frontend_pid})")
-    elif not link.authenticated:  # refused at start (harness.wire.policy); never trusted here either
+    elif not link.authenticated:  # refused at start (harness.transports.policy); never trusted here either
         raise RefusedSender("an unauthenticated tcp link cannot tell the frontend from any other process")

@@ -9,7 +9,7 @@ can name memory, never code.
 
 Lifetime: the sender holds the tensor until the receiver reports it taken; torch's own reference
 counting keeps the memory until the receiver's tensor is gone too. Refused where there is no CUDA
-device (harness.wire.policy). The engine copies the bytes back to host memory for the codec: this
+device (harness.transports.policy). The engine copies the bytes back to host memory for the codec: this
 transport shows what handing over GPU memory costs, the model here runs on the CPU anyway.
 """
 
