@@ -51,7 +51,8 @@ def test_blocks_start_on_an_empty_queue_and_are_read_apart():
         sends.append(send + 100.0 * b)
         ttfts.append(ttft + 0.05 * b)  # a slow drift across blocks is not a queue within one
     records = _records(np.concatenate(sends), np.concatenate(ttfts))
-    assert not kept_up(records, block_size=20).saturated  # type: ignore[union-attr]
+    found = kept_up(records, block_size=20)
+    assert found is not None and not found.saturated
 
 
 def test_no_rate_offered_or_too_few_requests_give_no_figure():

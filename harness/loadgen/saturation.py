@@ -58,9 +58,7 @@ class KeptUp:
 
 def kept_up(records: Sequence[RequestRecord], block_size: int = 0) -> KeptUp | None:
     """The run's ``KeptUp`` (module docstring), or None when it offered no rate or timed too few requests."""
-    timed = [
-        r for r in records if r.success and math.isfinite(r.planned_send) and math.isfinite(r.ttft) and r.ttft > 0
-    ]
+    timed = [r for r in records if r.success and math.isfinite(r.planned_send) and math.isfinite(r.ttft) and r.ttft > 0]
     if len(timed) < MIN_REQUESTS:
         return None
     groups: dict[int, list[RequestRecord]] = {}
