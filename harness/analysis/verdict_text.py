@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import replace
 
 from harness.analysis import table as text_table
-from harness.analysis.figures import CODEC_FIGURES, IPC_FIGURES, LATENCY_FIGURES, SHOWN_FIGURES, Figure
+from harness.analysis.figures import (
+    CODEC_FIGURES,
+    IPC_FIGURES,
+    IPC_SPAN_FIGURES,
+    LATENCY_FIGURES,
+    SHOWN_FIGURES,
+    Figure,
+)
 from harness.analysis.verdicts import Arm, Comparison, compare, median_cell, verdict_lines
 
 WIDTH = 100  # the widest line printed (a terminal's); a verdict longer than this wraps
@@ -31,6 +39,9 @@ def judge_arms(
     return comparison, full
 
 
+# The IPC total and the spans it sums that a server may not expose (a real vLLM's queues).
+IPC_TOTAL = "ipc_ipc_mean_us"
+QUEUE_FIGURES = ("ipc_request_queue_p50_us", "ipc_output_queue_p50_us")
 # Rows shown only where some arm has them: a codec adapter's time (vllm's; 0 for every other codec).
 ONLY_WHEN_NONZERO = ("ipc_request_adapt_p50_us", "ipc_output_adapt_p50_us")
 
@@ -49,13 +60,16 @@ def row_label(figure: Figure) -> str:
     return f"{label}, {figure.unit}"
 
 
-def figure_rows(arm_list: Sequence[Arm], figures: Sequence[Figure], rounds: bool = True) -> list[str]:
-    """One row per figure some arm measured, one column per arm: median over rounds ± half the range.
-    Arms that would make a line wider than WIDTH go on to a table of their own below, the rows repeated."""
+def figure_rows(
+    arm_list: Sequence[Arm], figures: Sequence[Figure], rounds: bool = True, always: Collection[str] = ()
+) -> list[str]:
+    """One row per figure some arm measured (or named in ``always``, then ``-`` where none did), one
+    column per arm: median over rounds ± half the range. Arms that would make a line wider than WIDTH
+    go on to a table of their own below, the rows repeated."""
     rows = [["rounds", *(str(len(a.measured)) for a in arm_list)]] if rounds else []
     for figure in figures:
         cells = [median_cell(a, figure.key) for a in arm_list]
-        if all(c == "-" for c in cells):
+        if all(c == "-" for c in cells) and figure.key not in always:
             continue
         if figure.key in ONLY_WHEN_NONZERO and not _measured(arm_list, figure.key, nonzero=True):
             continue
@@ -84,13 +98,28 @@ def _groups(label_width: int, widths: Sequence[int]) -> list[list[int]]:
 
 
 def ipc_lines(arm_list: list[Arm]) -> list[str]:
-    """The IPC budget, figures as rows; nothing when no run had request timelines."""
+    """The IPC budget, figures as rows; nothing when no run had request timelines. Every span has its
+    row: one no arm's server exposes (a real vLLM's queues) shows ``-``, and the total says what it sums."""
     measured = [a for a in arm_list if a.measured]
     if not _measured(measured, "ipc_ipc_mean_us"):
         return []
     title = "IPC budget on the first-token path: p50 over a run's requests, median over rounds"
-    note = "wire = send → receive; IPC mean = the sum of the spans on a request's way to its first token"
-    return ["", title, *figure_rows(measured, IPC_FIGURES, rounds=False), note]
+    notes = ["wire = send → receive; IPC mean = the sum of the spans on a request's way to its first token"]
+    queues_seen = [_measured(measured, key) for key in QUEUE_FIGURES]
+    if not all(queues_seen):
+        notes.append("engine in-queue, out queue: - where the server does not expose them (a real vLLM's)")
+    figures = [ipc_total(queues_seen) if f.key == IPC_TOTAL else f for f in IPC_FIGURES]
+    spans = {f.key for f in IPC_SPAN_FIGURES}
+    return ["", title, *figure_rows(measured, figures, rounds=False, always=spans), *notes]
+
+
+def ipc_total(queues_seen: Sequence[bool]) -> Figure:
+    """The IPC total's figure, labelled by what it sums: the queues only where the server exposed them."""
+    total = next(f for f in IPC_FIGURES if f.key == IPC_TOTAL)
+    if all(queues_seen):
+        return total
+    sums = "codec + wire + queues where seen" if any(queues_seen) else "codec + wire"
+    return replace(total, detail=f"IPC mean: {sums}")
 
 
 def _wrapped(lines: Sequence[str]) -> list[str]:

@@ -172,14 +172,15 @@ def main(args: argparse.Namespace) -> int:
         costs_pct = parse_costs(args.costs_pct)
         if args.arm_flags:
             raise ValueError("calibrate makes its own arms: --arm-flags does not apply")
-        codecs = parse_codecs(args.codec)
+        server = getattr(args, "server", "wirebench")
+        codecs = parse_codecs(args.codec, server)
         if len(codecs) != 1:
             raise ValueError("calibrate takes one codec")
         reference = codecs[0].codec
         if "+" in reference:
             raise ValueError("calibrate takes one plain codec (it adds the injected arms itself)")
         # Its A/A pair to begin with (the injected arms join once a probe has sized them).
-        prepared = prepare(experiment_from_args(args, arms=parse_codecs(f"{reference},{reference}")))
+        prepared = prepare(experiment_from_args(args, arms=parse_codecs(f"{reference},{reference}", server)))
     except (ValueError, BenchmarkError, OSError) as exc:
         print(f"bench calibrate: error: {exc}", file=sys.stderr)
         return 2
@@ -211,7 +212,7 @@ def calibrate(prepared: Prepared, reference: str, costs_pct: list[float]) -> int
         print(f"bench calibrate: error: {exc}", file=sys.stderr)
         return 1
     injected = {delay_spec(reference, pct / 100 * probe_ms): pct for pct in costs_pct}
-    arms = parse_codecs(",".join([reference, reference, *injected]))
+    arms = parse_codecs(",".join([reference, reference, *injected]), prepared.experiment.arms[0].server)
     exp = replace(exp, arms=tuple(arms))
     keep_going = partial(clock.keep_going, exp, rate_note) if exp.plan.sequential else None
     outcomes, interrupted = run_rounds(exp, prepared.workload, prepared.tokenizer_id, keep_going)

@@ -19,7 +19,9 @@ from typing import TypeVar
 
 from harness.transports import transport_names
 from harness.transports.policy import transport_refusal
+from harness.vllm_plugin import OWN_CODEC
 from wirecodecs import UnknownCodecError, available_codecs, check_codec_spec
+from wirecodecs import registry as codec_registry
 
 T = TypeVar("T")
 
@@ -42,7 +44,7 @@ class ArmSpec:
         return transport_refusal(self.codec, self.transport)
 
 
-def parse_arms(codec_spec: str, transport_spec: str = "zmq") -> list[ArmSpec]:
+def parse_arms(codec_spec: str, transport_spec: str = "zmq", server: str = "wirebench") -> list[ArmSpec]:
     """Every codec × transport (codec-major); labels carry the transport when several are compared."""
     transports = [t.strip() for t in transport_spec.split(",") if t.strip()]
     bad = [t for t in transports if t not in transport_names()]
@@ -52,27 +54,58 @@ def parse_arms(codec_spec: str, transport_spec: str = "zmq") -> list[ArmSpec]:
         )
     transports = list(dict.fromkeys(transports))
     arms = []
-    for codec_arm in parse_codecs(codec_spec):
+    for codec_arm in parse_codecs(codec_spec, server):
         for t in transports:
             label = codec_arm.label if len(transports) == 1 else f"{codec_arm.label}/{t}"
             arms.append(ArmSpec(label, codec_arm.codec, t))
     return arms
 
 
-def parse_codecs(spec: str) -> list[ArmSpec]:
-    """``--codec``: names (with calibration options), comma-separated, or 'all'. A repeated codec gets NAME#2."""
+def arm_codecs(server: str = "wirebench") -> list[str]:
+    """The codec names an arm of ``server`` accepts: wirebench's installed codecs and, in a real vLLM,
+    vLLM's own serializer, which lives inside the server, not in this venv."""
     known = available_codecs()
+    return [*known, OWN_CODEC] if server == "vllm" and OWN_CODEC not in known else known
+
+
+def codec_refusal(name: str, server: str = "wirebench") -> str | None:
+    """Why an arm of ``server`` cannot use codec ``name`` (one line), or None. A codec whose package is
+    missing here is named with the flag that installs it."""
+    if server == "vllm" and name == OWN_CODEC:
+        return None  # the plugin keeps vLLM's serializer inside vLLM: nothing to load here
+    try:
+        check_codec_spec(name)
+    except UnknownCodecError as exc:
+        why = str(exc)
+        if name == OWN_CODEC and server != "vllm":
+            why += (
+                f"; with --server vllm, '{OWN_CODEC}' is vLLM's own serializer inside the server and needs none of it"
+            )
+        return why
+    return None
+
+
+def parse_codecs(spec: str, server: str = "wirebench") -> list[ArmSpec]:
+    """``--codec``: names (with calibration options), comma-separated, or 'all'. A repeated codec gets NAME#2.
+    ``server``: whose server the arms run (a real vLLM also accepts its own serializer, ``vllm``)."""
+    known = arm_codecs(server)
     names = known if spec.strip() == "all" else [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
         raise ValueError(f"no codec given; available: {', '.join(known)}, or all")
-    bad = []
+    registered = {*available_codecs(), *codec_registry.unavailable_codecs()}
+    unknown, problems = [], []
     for name in dict.fromkeys(names):
-        try:
-            check_codec_spec(name)
-        except UnknownCodecError:
-            bad.append(name)
-    if bad:
-        raise ValueError(f"unknown codec(s) {', '.join(bad)}; available: {', '.join(known)}, or all")
+        why = codec_refusal(name, server)
+        if why is None:
+            continue
+        if codec_registry.split_spec(name)[0] in registered:
+            problems.append(why)  # not installed here, unusable, or bad options: the codec's own reason
+        else:
+            unknown.append(name)
+    if unknown:
+        problems.insert(0, f"unknown codec(s) {', '.join(unknown)}; available: {', '.join(known)}, or all")
+    if problems:
+        raise ValueError("; ".join(problems))
     arms: list[ArmSpec] = []
     for name in names:
         seen = sum(1 for a in arms if a.codec == name)
@@ -122,9 +155,10 @@ ARM_HELP = (
 
 
 def parse_build_arms(
-    specs: Sequence[str], default_codec: str, default_transport: str = "zmq"
+    specs: Sequence[str], default_codec: str, default_transport: str = "zmq", server: str = "wirebench"
 ) -> tuple[list[ArmSpec], dict[str, tuple[str, ...]]]:
-    """``--arm NAME=SPEC`` (repeatable): the arms and their extra bench serve flags."""
+    """``--arm NAME=SPEC`` (repeatable): the arms and their extra bench serve flags; ``server`` as in
+    ``parse_codecs``."""
     arms: list[ArmSpec] = []
     flags: dict[str, tuple[str, ...]] = {}
     for spec in specs:
@@ -159,12 +193,9 @@ def parse_build_arms(
             raise ValueError(f"--arm {label}: --command runs a server of its own: no --python or serve flags with it")
         transport = options.get("transport", default_transport)
         if "command" not in options:
-            try:
-                check_codec_spec(codec)
-            except UnknownCodecError:
-                raise ValueError(
-                    f"--arm {label}: unknown codec {codec!r}; available: {', '.join(available_codecs())}"
-                ) from None
+            why = codec_refusal(codec, server)
+            if why is not None:
+                raise ValueError(f"--arm {label}: {why}")
             if transport not in transport_names():
                 raise ValueError(
                     f"--arm {label}: unknown transport {transport!r}; choose from {', '.join(transport_names())}"

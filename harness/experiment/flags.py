@@ -105,10 +105,11 @@ def experiment_from_args(args: argparse.Namespace, arms: list[ArmSpec] | None = 
     """The experiment a parsed command line describes (ValueError or BenchmarkError on bad flags).
     ``arms``: the command's own (calibrate makes them); default: --codec × --transport."""
     build_flags: dict[str, tuple[str, ...]] = {}
+    server_kind = getattr(args, "server", "wirebench")  # a real vLLM's arms accept its own serializer too
     if arms is None and getattr(args, "arm", None):
-        arms, build_flags = parse_build_arms(args.arm, args.codec, args.transport)
-    arms = arms if arms is not None else parse_arms(args.codec, args.transport)
-    vllm = from_args(VllmServer, args) if getattr(args, "server", "wirebench") == "vllm" else None
+        arms, build_flags = parse_build_arms(args.arm, args.codec, args.transport, server_kind)
+    arms = arms if arms is not None else parse_arms(args.codec, args.transport, server_kind)
+    vllm = from_args(VllmServer, args) if server_kind == "vllm" else None
     if vllm is not None:
         arms = [a if a.command else replace(a, server="vllm") for a in arms]
     arm_flags = parse_arm_flags(args.arm_flags, arms)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.settings.declare import setting
-from harness.vllm_plugin import ENV_CODEC, ENV_IPC_ONLY, ENV_SPANS
+from harness.vllm_plugin import ENV_CODEC, ENV_IPC_ONLY, ENV_SPANS, OWN_CODEC
 from harness.wire.hook_policy import VLLM_OPT_IN
 from wirecodecs import unpickles_peer_data
 
@@ -170,7 +170,9 @@ class VllmServer:
         opt-in, with the plugin holding every engine-link socket to ipc, while this arm's flags keep the
         link on this host. Nothing for any other codec, or when the user sets the opt-in himself (vLLM's
         own choice, as vLLM reads it). ValueError when the flags may put the link on tcp."""
-        if not unpickles_peer_data(codec) or VLLM_OPT_IN.variable in {**self._given_env(), **(arm_env or {})}:
+        if codec == OWN_CODEC or not unpickles_peer_data(codec):  # vLLM's own coder: vLLM's own rules
+            return {}
+        if VLLM_OPT_IN.variable in {**self._given_env(), **(arm_env or {})}:
             return {}
         remote = remote_link_flags([*shlex.split(self.args), *arm_flags])
         if remote:

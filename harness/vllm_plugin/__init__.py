@@ -23,6 +23,9 @@ A codec that unpickles what its peer sends (``pickle``, ``pickle-oob``) is refus
 server's start, unless vLLM's own opt-in ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` is set: vLLM's decoder
 refuses pickled data without it, and the plugin must not reopen that hole (``harness.wire.hook_policy``).
 
+A vLLM whose modules do not have the names the plugin rebinds and reads (``harness.vllm_plugin.layout``)
+is refused the same way, in one line naming what is missing and the vLLM version.
+
 Nothing here imports vLLM until ``register`` runs inside vLLM.
 """
 
@@ -34,6 +37,9 @@ ENV_CODEC = "WIREBENCH_VLLM_CODEC"
 ENV_SPANS = "WIREBENCH_VLLM_SPANS"
 ENV_CPU_TIME = "WIREBENCH_VLLM_CPU_TIME"
 ENV_IPC_ONLY = "WIREBENCH_VLLM_IPC_ONLY"
+# The codec name that keeps vLLM's own serializer inside the server (only timed): it needs no wirebench
+# codec of that name, nor vLLM in the venv that drives the run.
+OWN_CODEC = "vllm"
 
 
 def register() -> None:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from harness.vllm_plugin import OWN_CODEC
 from harness.vllm_plugin.records import (
     OUTPUT_DECODE,
     OUTPUT_ENCODE,
@@ -45,15 +46,21 @@ def _nbytes(frames: Sequence[Any]) -> int:
 
 
 def install(codec_name: str, folder: str | None, cpu_time: bool = False, ipc_only: bool = False) -> None:
-    """Rebind vLLM's serializer names in the modules that build them (once a process). A codec that
-    unpickles peer data without vLLM's own opt-in ends the process with one line (SystemExit): a server
-    that quietly kept vLLM's serializer would be measured under the wrong name. ``ipc_only``: every
-    engine-link socket these modules open must be a local ipc one."""
+    """Rebind vLLM's serializer names in the modules that build them (once a process). A vLLM laid out
+    otherwise than the plugin knows (``harness.vllm_plugin.layout``), or a codec that unpickles peer data
+    without vLLM's own opt-in, ends the process with one line (SystemExit): a server that quietly kept
+    vLLM's serializer would be measured under the wrong name. ``ipc_only``: every engine-link socket
+    these modules open must be a local ipc one."""
     global _installed
     if _installed is not None:
         if _installed != codec_name:
             raise RuntimeError(f"wirebench plugin: codec {_installed!r} already in place, asked for {codec_name!r}")
         return
+    from harness.vllm_plugin.layout import problem_line
+
+    unknown_layout = problem_line()  # before anything is rebound: never a plain vLLM under the codec's name
+    if unknown_layout is not None:
+        raise SystemExit(unknown_layout)
     import vllm.v1.engine.core as core
     import vllm.v1.engine.core_client as core_client
     from vllm import envs
@@ -104,7 +111,7 @@ def timed_coders(
     from harness.wire.spans import host_clock_id
     from wirecodecs import CodecError, UnsupportedPayloadError, get_codec
 
-    swap = codec_name != "vllm"
+    swap = codec_name != OWN_CODEC
     if swap:
         get_codec(codec_name)  # an unknown name fails here, in the log, before any request
     meta = {"codec": codec_name, "clock": host_clock_id(), "cpu_time": cpu_time, **(link or {})}
