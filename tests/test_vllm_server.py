@@ -372,3 +372,26 @@ def test_a_kept_vllms_caches_are_all_emptied_and_a_refused_prefix_reset_is_tried
         assert calls[-2:] == ["/reset_mm_cache", "/reset_encoder_cache"]
     finally:
         server.shutdown()
+
+
+def test_two_vllm_builds_are_two_arms_each_served_by_its_own_python(tmp_path: Path) -> None:
+    """--arm NAME='--python PATH' with --server vllm: each arm's vLLM from its own venv, its flags vLLM's."""
+    other = tmp_path / "head" / "bin" / "python"
+    other.parent.mkdir(parents=True)
+    other.write_text("")
+    exp = _experiment(
+        "--server", "vllm", "--codec", "vllm", "--vllm-python", sys.executable,
+        "--arm", f"base=--python {sys.executable}", "--arm", f"head=--python {other} --enforce-eager",
+    )  # fmt: skip
+    exp.check()
+    base, head = exp.arms
+    assert (base.server, head.server) == ("vllm", "vllm") and head.python == str(other)
+    command = exp.server.vllm.command("/m", "tiny", 2048, exp.server.arm_flags["head"], head.python)
+    assert command.startswith(f"{other} -m vllm.entrypoints.openai.api_server") and command.endswith("--enforce-eager")
+    assert exp.server.vllm.command("/m", "tiny", 2048, ()).startswith(f"{sys.executable} -m vllm")
+    gone = _experiment(
+        "--server", "vllm", "--codec", "vllm", "--vllm-python", sys.executable,
+        "--arm", f"base=--python {sys.executable}", "--arm", f"head=--python {tmp_path / 'none'}",
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="--arm head: no Python at"):
+        gone.check()

@@ -33,7 +33,8 @@ class ArmSpec:
     label: str
     codec: str
     transport: str = "zmq"
-    python: str | None = None  # the interpreter that runs `-m harness.cli serve` (default: this one)
+    # The interpreter that runs `-m harness.cli serve` (default: this one), or a vLLM arm's own vLLM venv.
+    python: str | None = None
     command: str | None = None  # any server command instead, {port} replaced; ready when /health answers
     server: str = "wirebench"  # or "vllm": a real vLLM with wirebench's plugin (harness.experiment.vllm_server)
 
@@ -149,7 +150,8 @@ def split_arm_env(words: tuple[str, ...]) -> tuple[dict[str, str], tuple[str, ..
 ARM_HELP = (
     "an arm by name (repeatable; replaces --codec's arms, the first is the reference): "
     "NAME='[--python PY] [--codec C] [--transport T] [bench serve flags...]' runs PY -m harness.cli serve "
-    "(PY: another checkout's venv, e.g. base against head), or NAME='--command \"CMD ... {port} ...\"' "
+    "(PY: another checkout's venv, e.g. base against head; with --server vllm, PY is the arm's own vLLM venv "
+    "and the flags are vLLM's), or NAME='--command \"CMD ... {port} ...\"' "
     "runs any server on a free port, ready when GET /health answers 200"
 )
 

@@ -71,7 +71,7 @@ def start_server(exp: Experiment, arm: ArmSpec, rnd: int) -> Served:
         spans = spans_folder(exp.plan.result_dir, arm.label)
         model = _vllm_model(vllm, exp.workload.tokenizer)
         arm_env, own = split_arm_env(own)
-        command = vllm.command(model, server.served_model, server.engine.max_model_len, own)
+        command = vllm.command(model, server.served_model, server.engine.max_model_len, own, arm.python)
         env = vllm.environment(arm.codec, spans, arm_env, own)
         if ENV_IPC_ONLY in env:
             print(

