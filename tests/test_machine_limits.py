@@ -15,6 +15,7 @@ import pytest
 from harness.cli import build_parser
 from harness.commands import serve as serve_command
 from harness.engine.config import EngineConfig
+from harness.engine.device import cpu_memory_asks
 from harness.processes import machine_limits
 from harness.processes.machine_limits import MachineRoom, Room, SizeAsk, first_refusal, read_machine, refusal
 from harness.transports import SenderSettings, get_transport, transport_names
@@ -87,7 +88,7 @@ def test_the_refusal_comes_before_the_transport_or_engine_starts(
 def test_every_default_fits_a_small_machine() -> None:
     """The defaults of every transport and the default engine (torch on the CPU) start on 24 GiB with a
     smaller /dev/shm."""
-    engine = serve_command.engine_memory_asks(EngineConfig(device="cpu"))
+    engine = cpu_memory_asks(EngineConfig(device="cpu"))
     assert [a.flag for a in engine] == ["--kv-cache-tokens"]
     for name in transport_names():
         asks = machine_limits.shared_memory_asks(name, SenderSettings()) + engine
@@ -110,21 +111,21 @@ def test_the_shared_sizes_are_those_each_sender_creates() -> None:
 
 
 def test_a_cpu_engine_too_big_for_memory_is_refused_with_what_to_lower() -> None:
-    too_many = serve_command.engine_memory_asks(EngineConfig(device="cpu", kv_cache_tokens=10**11))
+    too_many = cpu_memory_asks(EngineConfig(device="cpu", kv_cache_tokens=10**11))
     line = first_refusal(too_many, SMALL_MACHINE)
     assert line is not None and line.startswith("--kv-cache-tokens 100000000000 (46.6 TiB with the tiny model's ")
     assert "is more than /proc/meminfo's MemAvailable (20.0 GiB); choose at most --kv-cache-tokens " in line
     fit = int(line.rsplit(" ", 1)[1])
-    fitting = serve_command.engine_memory_asks(EngineConfig(device="cpu", kv_cache_tokens=fit))
+    fitting = cpu_memory_asks(EngineConfig(device="cpu", kv_cache_tokens=fit))
     assert first_refusal(fitting, SMALL_MACHINE) is None
-    big = serve_command.engine_memory_asks(EngineConfig(device="cpu", model_preset="llama-8b"))
+    big = cpu_memory_asks(EngineConfig(device="cpu", model_preset="llama-8b"))
     line = first_refusal(big, SMALL_MACHINE)
     assert line is not None
     assert line.endswith("the weights alone do not fit: choose a smaller --model-preset or --dtype")
     assert "its default is --max-num-seqs x --max-model-len" in line
     # sim computes nothing; CUDA memory is the engine's own check
-    assert serve_command.engine_memory_asks(EngineConfig(device="cpu", executor="sim")) == []
-    assert serve_command.engine_memory_asks(EngineConfig(device="cuda")) == []
+    assert cpu_memory_asks(EngineConfig(device="cpu", executor="sim")) == []
+    assert cpu_memory_asks(EngineConfig(device="cuda")) == []
 
 
 # -- the check and the readings, with the machine faked --------------------------------------------

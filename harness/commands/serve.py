@@ -23,6 +23,7 @@ from aiohttp import web
 
 from harness.analysis.documents import write_json
 from harness.engine.config import EngineConfig, codec_spec
+from harness.engine.device import cpu_memory_asks
 from harness.experiment.server import ready_line
 from harness.experiment.server_flags import add_model_arguments
 from harness.frontend.engine_client import REQUEST_TIMEOUT_S, ZmqEngineClient
@@ -185,42 +186,11 @@ def _key_dir(args: argparse.Namespace) -> Path:
     return Path(args.curve_dir) if args.curve_dir else curve.default_dir(args.engine_port)
 
 
-def engine_memory_asks(config: EngineConfig) -> list[machine_limits.SizeAsk]:
-    """On the CPU, the torch engine's weights and KV cache are this machine's memory from its start (on
-    CUDA the engine checks its device's free memory itself, harness.engine.device.check_fits)."""
-    from harness.engine.device import count_params, kv_bytes_per_token, resolve_device, resolve_dtype
-    from harness.engine.model import get_model_config
-
-    if config.executor != "torch" or config.device == "cuda":
-        return []
-    try:
-        device = resolve_device(config.device)
-        dtype = resolve_dtype(config.dtype, device)
-        model = get_model_config(config.model_preset, config.vocab_size)
-    except ValueError:  # the engine says why at its start
-        return []
-    if device.type != "cpu":
-        return []
-    weights = count_params(model) * dtype.itemsize
-    default = "" if config.kv_cache_tokens is not None else "; its default is --max-num-seqs x --max-model-len"
-    return [
-        machine_limits.SizeAsk(
-            "--kv-cache-tokens",
-            config.kv_capacity,
-            unit=kv_bytes_per_token(model, dtype),
-            shared=False,
-            fixed=weights,
-            what=f" with the {config.model_preset} model's {machine_limits.human(weights)} of weights{default}",
-            fixed_advice="the weights alone do not fit: choose a smaller --model-preset or --dtype",
-        )
-    ]
-
-
 def machine_refusal(config: EngineConfig | None, transport: str, sender: SenderSettings | None) -> str | None:
     """A size beyond what this machine has room for: the sender's shared memory, the engine's memory
     (None: this process starts none), checked before either is allocated (harness.processes.machine_limits)."""
     asks = machine_limits.shared_memory_asks(transport, sender) if sender is not None else []
-    asks += engine_memory_asks(config) if config is not None else []
+    asks += cpu_memory_asks(config) if config is not None else []
     return machine_limits.first_refusal(asks)
 
 

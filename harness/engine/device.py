@@ -13,7 +13,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from harness.processes import machine_limits
+
 if TYPE_CHECKING:
+    from harness.engine.config import EngineConfig
     from harness.engine.model import ModelConfig
 
 GIB = 1 << 30
@@ -175,3 +178,34 @@ def synchronize(device: torch.device) -> None:
     """Wait for queued kernels, so a step's wall time covers its compute (no-op on the CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def cpu_memory_asks(config: EngineConfig) -> list[machine_limits.SizeAsk]:
+    """On the CPU, the torch engine's weights and KV cache are this machine's memory from its start (on
+    CUDA the engine checks its device's free memory itself, ``check_fits``), checked at start by bench serve
+    (harness.processes.machine_limits)."""
+    from harness.engine.model import get_model_config
+
+    if config.executor != "torch" or config.device == "cuda":
+        return []
+    try:
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device)
+        model = get_model_config(config.model_preset, config.vocab_size)
+    except ValueError:  # the engine says why at its start
+        return []
+    if device.type != "cpu":
+        return []
+    weights = count_params(model) * dtype.itemsize
+    default = "" if config.kv_cache_tokens is not None else "; its default is --max-num-seqs x --max-model-len"
+    return [
+        machine_limits.SizeAsk(
+            "--kv-cache-tokens",
+            config.kv_capacity,
+            unit=kv_bytes_per_token(model, dtype),
+            shared=False,
+            fixed=weights,
+            what=f" with the {config.model_preset} model's {machine_limits.human(weights)} of weights{default}",
+            fixed_advice="the weights alone do not fit: choose a smaller --model-preset or --dtype",
+        )
+    ]
