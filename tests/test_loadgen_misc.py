@@ -102,7 +102,8 @@ def test_declared_load_settings_are_flags_read_back_once() -> None:
     assert (s.warmup_requests, s.logprobs, s.continuous_usage) == (2, 5, False)
     assert declare.flag_values(s).items() <= vars(parser.parse_args(argv)).items()
     assert LoadSettings.from_args(argparse.Namespace(endpoint=None, burstiness=None)) == LoadSettings()
-    assert declare.comparable(LoadSettings) == ("endpoint", "burstiness", "max_concurrency", "logprobs")
+    ramp = ("ramp_up_strategy", "ramp_up_start_rps", "ramp_up_end_rps")
+    assert declare.comparable(LoadSettings) == ("endpoint", "burstiness", *ramp, "max_concurrency", "logprobs")
     for bad, message in (
         (["--logprobs", "21"], "--logprobs must be in [0, 20] (OpenAI's limit), got 21"),
         (["--warmup-requests", "-1"], "--warmup-requests must be >= 0, got -1"),

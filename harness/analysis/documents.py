@@ -13,7 +13,8 @@ Schema history (``schema_version`` in every document):
   ``metadata`` (versions, machine, flags). Also read: benchmark_serving's own
   files (no ``records``). Later gained ``metadata.own_send_times`` (read by ``own_send_times``),
   ``failures`` (the failed requests counted by status and the server's message) and each record's
-  ``status`` and ``error_message``.
+  ``status`` and ``error_message``, then each record's ``offered_rps`` (the rate offered at its
+  send: a ramp's rate at that request, else ``--request-rate``).
 - compare 1: ``codecs``, ``repeat``, ``runs`` (codec, round, status, message,
   ``result_file`` relative to the compare file), ``table`` (median and spread
   per figure), ``changes_vs_first``.
@@ -423,10 +424,11 @@ def own_send_times(doc: dict[str, Any]) -> bool:
 
 
 def _planned_rate(doc: dict[str, Any]) -> float:
-    """The rate the run planned its sends at: NaN when the requests' own send times set them (its
-    recorded --request-rate, inf by default, played no part), so its throughput is never judged as
-    at rate inf."""
-    if own_send_times(doc):
+    """The rate the run planned its sends at: NaN when the requests' own send times or a load ramp
+    set them (its recorded --request-rate, inf by default, played no part), so its throughput is
+    never judged as at rate inf: a ramp's throughput is its schedule's, not the server's."""
+    ramped = ((doc.get("metadata") or {}).get("flags") or {}).get("ramp_up_strategy")
+    if own_send_times(doc) or ramped:
         return math.nan
     return as_float(doc.get("request_rate"))
 

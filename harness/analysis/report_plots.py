@@ -1,5 +1,6 @@
-"""The HTML report's plots of runs: latency CDFs, the codec and IPC budget, send times over the run;
-each a matplotlib figure, embedded by ``figure_uri`` as a data URI."""
+"""The HTML report's plots of runs: latency CDFs, the codec and IPC budget, send times over the run
+(and, for a ramped load, the figures against the offered rate, drawn as a sweep's curves); each a
+matplotlib figure, embedded by ``figure_uri`` as a data URI."""
 
 from __future__ import annotations
 
@@ -7,11 +8,15 @@ import base64
 import io
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
+from harness.analysis.documents import as_float
 from harness.analysis.figures import CODEC_FIGURES, IPC_SPAN_FIGURES
 from harness.analysis.plots import arm_colors, pyplot
 from harness.analysis.runs import RunEntry
+from harness.analysis.student_t import interval
+from harness.analysis.sweep_plots import _curve
+from harness.loadgen.ramp import EXPONENTIAL, Ramp, by_offered_rate, ramp_from
 
 MIME = {"png": "image/png", "svg": "image/svg+xml"}
 
@@ -125,9 +130,10 @@ def budget_figure(runs: Any, codecs: Sequence[str]) -> Any | None:
 
 
 def send_times(entries: Sequence[RunEntry]) -> list[dict[str, Any]]:
-    """Per successful request: codec, round, seconds since the run's first send, TTFT ms."""
+    """Per successful request: codec, round, run (its entry's place), seconds since the run's first send,
+    TTFT ms, and for a ramped run (``harness.loadgen.ramp``) its ramp, offered rate and codec µs."""
     rows = []
-    for entry in entries:
+    for run, entry in enumerate(entries):
         records = (entry.doc or {}).get("records")
         if not isinstance(records, list):
             continue
@@ -136,25 +142,115 @@ def send_times(entries: Sequence[RunEntry]) -> list[dict[str, Any]]:
         if not finite:
             continue
         start = min(finite)
+        ramp = ramp_of(entry)
         for r in records:
             send, ttft = r.get("actual_send"), r.get("ttft")
             if not (r.get("success") and isinstance(send, (int, float)) and isinstance(ttft, (int, float))):
                 continue
-            rows.append({"codec": entry.codec, "round": entry.round, "t_s": send - start, "ttft_ms": ttft * 1e3})
+            row: dict[str, Any] = {"codec": entry.codec, "round": entry.round, "run": run}
+            row.update(t_s=send - start, ttft_ms=ttft * 1e3)
+            if ramp is not None:
+                row.update({key: as_float(r.get(key)) for key in RAMP_RECORD_KEYS}, ramp=ramp)
+            rows.append(row)
     return rows
 
 
-def timeline_figure(rows: Sequence[dict[str, Any]], codecs: Sequence[str]) -> Any | None:
-    """TTFT against send time, one panel per codec, rounds overlaid, with a running median."""
-    import numpy as np
+RAMP_RECORD_KEYS = ("offered_rps", "codec_us", "codec_wire_us")  # what a ramped run's rows add
 
+
+def ramp_of(entry: RunEntry) -> Ramp | None:
+    """The load ramp a run file's flags record (--ramp-up-strategy), None without a usable one."""
+    flags = ((entry.doc or {}).get("metadata") or {}).get("flags") or {}
+    try:
+        return ramp_from(flags.get("ramp_up_strategy"), flags.get("ramp_up_start_rps"), flags.get("ramp_up_end_rps"))
+    except (ValueError, TypeError):
+        return None
+
+
+class _Request(NamedTuple):
+    """A row of ``send_times`` as ``ramp.by_offered_rate`` reads a request."""
+
+    offered_rps: float
+    ttft: float  # seconds
+    codec_us: float
+    codec_wire_us: float
+    success: bool = True
+
+
+# What the ramp panels show per offered-rate bucket: (RateBucket field, title, unit).
+RAMP_FIGURES = (
+    ("ttft_p50_ms", "TTFT p50", "ms"),
+    ("ttft_mean_ms", "TTFT mean", "ms"),
+    ("codec_us", "Codec µs, first-token path", "µs"),
+)
+
+
+def ramp_points(rows: Sequence[dict[str, Any]], codecs: Sequence[str]) -> tuple[Ramp, list[dict[str, Any]]] | None:
+    """A ramped run's figures per offered-rate bucket, shaped as a sweep's points (``sweep_plots``):
+    per bucket and codec the t-interval over its runs of each run's bucket figure. None without a ramp;
+    runs of another ramp than the first met are left out."""
+    ramp = next((r["ramp"] for r in rows if r.get("ramp") is not None), None)
+    if ramp is None:
+        return None
+    runs: dict[tuple[str, int], list[_Request]] = {}
+    for r in rows:
+        if r.get("ramp") == ramp:
+            request = _Request(r["offered_rps"], r["ttft_ms"] / 1e3, r["codec_us"], r["codec_wire_us"])
+            runs.setdefault((r["codec"], r["run"]), []).append(request)
+    buckets = {key: by_offered_rate(requests, ramp) for key, requests in runs.items()}
+    points = []
+    for k, bucket in enumerate(next(iter(buckets.values()))):
+        per_codec = {}
+        for codec in codecs:
+            mine = [bs[k] for (c, _), bs in buckets.items() if c == codec]
+            if mine:
+                figures = {key: interval([getattr(b, key) for b in mine]) for key, _, _ in RAMP_FIGURES}
+                per_codec[codec] = {"figures": figures}
+        points.append({"at": {"offered_rps": ramp.centre(bucket.low_rps, bucket.high_rps)}, "codecs": per_codec})
+    return ramp, points
+
+
+def timeline_figure(rows: Sequence[dict[str, Any]], codecs: Sequence[str]) -> Any | None:
+    """TTFT against send time, one panel per codec, rounds overlaid, with a running median; for a ramped
+    run, below them TTFT and the codec's µs against the offered rate (``ramp_points``)."""
     if not rows:
         return None
     plt = pyplot()
     present = [c for c in codecs if any(r["codec"] == c for r in rows)]
     ncols = min(3, len(present))
     nrows = math.ceil(len(present) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.4 * ncols, 3.4 * nrows), squeeze=False, sharey=True)
+    size = (4.4 * ncols, 3.4 * nrows)
+    ramped = ramp_points(rows, codecs)
+    if ramped is None:
+        fig = plt.figure(figsize=size)
+        _draw_timeline(fig, rows, codecs, present, ncols, nrows)
+        fig.tight_layout()
+        return fig
+    ramp, points = ramped
+    shown = [f for f in RAMP_FIGURES if _has_values(points, f[0])]
+    ramp_height = 3.8
+    fig = plt.figure(figsize=(max(size[0], 4.4 * len(shown)), size[1] + ramp_height), layout="constrained")
+    top, bottom = fig.subfigures(2, 1, height_ratios=(size[1], ramp_height))
+    _draw_timeline(top, rows, codecs, present, ncols, nrows)
+    _draw_ramp(bottom, ramp, points, codecs, shown)
+    return fig
+
+
+def _has_values(points: Sequence[dict[str, Any]], key: str) -> bool:
+    return any(row["figures"][key]["n"] for p in points for row in p["codecs"].values())
+
+
+def _draw_timeline(
+    container: Any,
+    rows: Sequence[dict[str, Any]],
+    codecs: Sequence[str],
+    present: Sequence[str],
+    ncols: int,
+    nrows: int,
+) -> None:
+    import numpy as np
+
+    axes = container.subplots(nrows, ncols, squeeze=False, sharey=True)
     colors = arm_colors(codecs)
     for i, codec in enumerate(present):
         ax = axes[i // ncols][i % ncols]
@@ -175,8 +271,38 @@ def timeline_figure(rows: Sequence[dict[str, Any]], codecs: Sequence[str]) -> An
         ax.grid(alpha=0.3)
     for j in range(len(present), nrows * ncols):
         axes[j // ncols][j % ncols].set_visible(False)
-    fig.tight_layout()
-    return fig
+
+
+def _draw_ramp(
+    container: Any,
+    ramp: Ramp,
+    points: Sequence[dict[str, Any]],
+    codecs: Sequence[str],
+    shown: Sequence[tuple[str, str, str]],
+) -> None:
+    """One panel per figure against the offered rate, drawn as a sweep's curves (mean over runs, t-interval)."""
+    if not shown:
+        return
+    axes = container.subplots(1, len(shown), squeeze=False)[0]
+    colors = arm_colors(codecs)
+    for ax, (key, title, unit) in zip(axes, shown, strict=True):
+        drawn = [codec for codec in codecs if _curve(ax, points, codec, key, _offered, colors[codec])]
+        if ramp.strategy == EXPONENTIAL:
+            ax.set_xscale("log")
+        ax.set_title(f"{title}, by offered rate", fontsize=10)
+        ax.set_xlabel("offered rate, bucket centre (req/s)")
+        ax.set_ylabel(unit)
+        ax.grid(True, which="both", alpha=0.25)
+        if drawn:
+            ax.legend(fontsize=7)
+    container.suptitle(
+        f"{ramp.describe()}: each run's figure per offered-rate bucket, mean over runs (bars: t-interval)",
+        fontsize=10,
+    )
+
+
+def _offered(point: dict[str, Any]) -> float:
+    return float(point["at"]["offered_rps"])
 
 
 # --- HTML pieces ----------------------------------------------------------------------------------

@@ -141,7 +141,7 @@ def main(args: argparse.Namespace) -> int:
         return _interrupted("preparation")
 
     conc = f", max concurrency {settings.max_concurrency}" if settings.max_concurrency else ""
-    arrivals = describe_arrivals(settings.request_rate, settings.burstiness)
+    arrivals = describe_arrivals(settings.request_rate, settings.burstiness, settings.ramp)
     if own_times(workload):
         arrivals = describe_own_times(workload)
     print(

@@ -34,12 +34,17 @@ def probe_capacity(exp: Experiment, arm: ArmSpec, workload: Workload, tokenizer_
 
 def resolve_rate(exp: Experiment, workload: Workload, tokenizer_id: str) -> tuple[Experiment, dict[str, Any]] | None:
     """The experiment at a fixed rate, and a note of how it was fixed; with auto, from a capacity
-    probe of the first arm that can serve the workload. None (said on stderr) when no arm could;
-    KeyboardInterrupt when Ctrl-C (SIGTERM) cut the probe short, its server stopped."""
+    probe of the first arm that can serve the workload (a ramp replaces the probe: it sets the rates).
+    None (said on stderr) when no arm could; KeyboardInterrupt when Ctrl-C (SIGTERM) cut the probe
+    short, its server stopped."""
     rate = exp.request_rate
     if own_times(workload):  # a trace's own send times: no probe
         fixed = math.inf if rate == AUTO else float(rate)
         return exp.at_rate(fixed), {"rate": fixed, "auto": False, "dataset_arrivals": True}
+    ramp = exp.load.ramp
+    if ramp is not None:  # the ramp sets every request's rate: nothing to probe
+        print(f"\n[ramp] every arm runs a {ramp.describe()} over its requests (no capacity probe)", flush=True)
+        return exp.at_rate(math.inf), {"rate": math.inf, "auto": False, "ramp": ramp.as_dict()}
     if rate != AUTO:
         return exp.at_rate(float(rate)), {"rate": float(rate), "auto": False}
     errors = []

@@ -2,6 +2,7 @@
 
 One job per module:
   arrivals  planned send offsets (Poisson / gamma), computed before the clock
+  ramp      a load ramp (--ramp-up-strategy): each request's offered rate, figures per rate bucket
   client    the streaming OpenAI-compatible request function (never raises)
   metrics   one pure function from per-request records to a result
   report    the console block and the JSON result file

@@ -11,8 +11,10 @@ interval is ``1 / rate`` whatever the burstiness. ``burstiness == 1`` is the
 exponential distribution, i.e. a Poisson process; below 1 arrivals are
 burstier, above 1 more regular. ``rate == inf`` sends everything at once.
 The first request is planned at offset 0 (as benchmark_serving does).
+A ramp (``harness.loadgen.ramp``, ``--ramp-up-strategy``) replaces the one rate: the gap before
+request i is drawn as above at the rate the ramp offers request i.
 A dataset may carry its own send times (the trace dataset's timestamps): ``planned_offsets``
-then uses them instead.
+then uses them instead, and neither a rate nor a ramp plays a part.
 """
 
 from __future__ import annotations
@@ -24,14 +26,18 @@ from typing import Protocol
 
 import numpy as np
 
+from harness.loadgen.ramp import Ramp
+
 
 def plan_arrivals(
     num_requests: int,
     request_rate: float = math.inf,
     burstiness: float = 1.0,
     seed: int | None = 0,
+    ramp: Ramp | None = None,
 ) -> list[float]:
-    """Planned send offsets in seconds from the start, one per request, non-decreasing."""
+    """Planned send offsets in seconds from the start, one per request, non-decreasing. With a
+    ``ramp``, ``request_rate`` plays no part."""
     if num_requests < 0:
         raise ValueError(f"num_requests must be >= 0, got {num_requests}")
     if not request_rate > 0:  # also rejects NaN
@@ -40,6 +46,8 @@ def plan_arrivals(
         raise ValueError(f"burstiness must be a positive finite number, got {burstiness}")
     if num_requests == 0:
         return []
+    if ramp is not None:
+        return _ramped(num_requests, ramp, burstiness, seed)
     if math.isinf(request_rate):
         return [0.0] * num_requests
     rng = np.random.default_rng(seed)
@@ -47,6 +55,26 @@ def plan_arrivals(
     intervals = rng.gamma(shape=burstiness, scale=scale, size=num_requests - 1)
     offsets = np.concatenate(([0.0], np.cumsum(intervals)))
     return [float(x) for x in offsets]
+
+
+def _ramped(num_requests: int, ramp: Ramp, burstiness: float, seed: int | None) -> list[float]:
+    """A ramp's offsets: the gap before request i is gamma(burstiness, 1 / (rate_i * burstiness))."""
+    rates = np.array(ramp.rates(num_requests)[1:])  # the first request goes at 0: no gap drawn for it
+    rng = np.random.default_rng(seed)
+    intervals = rng.gamma(shape=burstiness, scale=1.0 / (rates * burstiness))
+    offsets = np.concatenate(([0.0], np.cumsum(intervals)))
+    return [float(x) for x in offsets]
+
+
+def offered_rates(workload: Sequence[Timed], request_rate: float = math.inf, ramp: Ramp | None = None) -> list[float]:
+    """The rate offered to each request when it was planned (a record's ``offered_rps``): the ramp's
+    at its place, else ``request_rate`` (inf: all at once); NaN where the workload's own send times
+    were kept, as no rate was offered."""
+    if own_times(workload):
+        return [math.nan] * len(workload)
+    if ramp is not None:
+        return ramp.rates(len(workload))
+    return [float(request_rate)] * len(workload)
 
 
 class Timed(Protocol):
@@ -74,21 +102,24 @@ def planned_offsets(
     request_rate: float = math.inf,
     burstiness: float = 1.0,
     seed: int | None = 0,
+    ramp: Ramp | None = None,
 ) -> list[float]:
     """The workload's own send times (seconds, the first at 0) when every request carries one, as a
-    trace's timestamps do; --request-rate and --burstiness then play no part. Otherwise plan_arrivals."""
+    trace's timestamps do; --request-rate, a ramp and --burstiness then play no part. Otherwise plan_arrivals."""
     if own_times(workload):
         times = [float(r.arrival_s) for r in workload if r.arrival_s is not None]
         first = min(times)
         return [t - first for t in times]
-    return plan_arrivals(len(workload), request_rate, burstiness, seed)
+    return plan_arrivals(len(workload), request_rate, burstiness, seed, ramp)
 
 
-def describe_arrivals(request_rate: float, burstiness: float) -> str:
+def describe_arrivals(request_rate: float, burstiness: float, ramp: Ramp | None = None) -> str:
     """One line naming the process, for the console."""
+    kind = "Poisson process" if burstiness == 1.0 else f"gamma intervals, burstiness {burstiness:g}"
+    if ramp is not None:
+        return f"{ramp.describe()}, {kind}"
     if math.isinf(request_rate):
         return "all requests at once (rate inf)"
-    kind = "Poisson process" if burstiness == 1.0 else f"gamma intervals, burstiness {burstiness:g}"
     return f"{request_rate:g} req/s, {kind}"
 
 

@@ -85,6 +85,9 @@ class RequestRecord:
     # timelines (harness.wire.spans.CODEC_SPANS, CODEC_WIRE_SPANS); NaN for a server without them.
     codec_us: float = math.nan
     codec_wire_us: float = math.nan
+    # The rate (req/s) the load offered when this request was planned: a ramp's at its place
+    # (--ramp-up-strategy), else --request-rate (inf: all at once); NaN at a trace's own send times.
+    offered_rps: float = math.nan
 
     @property
     def schedule_lag(self) -> float:

@@ -18,6 +18,7 @@ from harness.loadgen.settings import LoadSettings
 from harness.settings.declare import add_arguments, declared
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+RAMP_FLAGS = ("ramp_up_strategy", "ramp_up_start_rps", "ramp_up_end_rps")  # harness.loadgen.ramp
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +51,7 @@ def add_load_arguments(
         default=rate_default,
         help=rate_help,
     )
-    add_settings(group, "burstiness", "max_concurrency", "warmup_requests", "request_timeout")
+    add_settings(group, "burstiness", *RAMP_FLAGS, "max_concurrency", "warmup_requests", "request_timeout")
     add_settings(group, "logprobs")
     add_settings(group, "no_continuous_usage")
 

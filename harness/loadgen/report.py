@@ -20,8 +20,10 @@ from harness.loadgen.client import RequestRecord, describe_failure, failure_key
 from harness.loadgen.guard import format_lines as client_health_lines
 from harness.loadgen.ipc import report_lines as ipc_report_lines
 from harness.loadgen.metrics import METRICS, MetricStats, percentile_key
+from harness.loadgen.ramp import bucket_lines, by_offered_rate
 from harness.loadgen.runner import BenchmarkResult
 from harness.loadgen.serverstats import CodecFigures, DirectionFigures
+from harness.loadgen.settings import LoadSettings
 from harness.server_metrics import engine_info
 
 WIDTH = 50
@@ -99,7 +101,7 @@ def format_report(result: BenchmarkResult) -> str:
         _row("Codec:", codec_label(result.codec, result.engine)),
         _row("Payload kind:", result.payload_kind),
         _row("Endpoint:", s.endpoint),
-        _row("Request rate (req/s):", "inf" if math.isinf(s.request_rate) else f"{s.request_rate:g}"),
+        _rate_row(s),
         _row("Burstiness:", f"{s.burstiness:g}"),
         _row("Max concurrency:", s.max_concurrency if s.max_concurrency else "none"),
     ]
@@ -107,6 +109,7 @@ def format_report(result: BenchmarkResult) -> str:
     reserve = [r.prompt_len + r.expected_output_len for r in result.records]  # KV each request reserves
     lines += [_row(k, v) for k, v in engine_info.report_rows(result.engine, sum(reserve) / max(len(reserve), 1))]
     lines += ipc_report_lines(result.ipc, m.ttft.mean, WIDTH)
+    lines += ramp_lines(result)
     lag = m.schedule_lag
     lines += [
         _title("Client schedule lag", "-"),
@@ -128,6 +131,21 @@ def format_report(result: BenchmarkResult) -> str:
         lines.append("Interrupted: unfinished requests were counted as failed (cancelled).")
     lines.append("=" * WIDTH)
     return "\n".join(lines)
+
+
+def _rate_row(s: LoadSettings) -> str:
+    ramp = s.ramp
+    if ramp is not None:
+        return _row("Request rate (req/s):", f"{ramp.strategy} ramp {ramp.start_rps:g} -> {ramp.end_rps:g}")
+    return _row("Request rate (req/s):", "inf" if math.isinf(s.request_rate) else f"{s.request_rate:g}")
+
+
+def ramp_lines(result: BenchmarkResult) -> list[str]:
+    """A ramped run's TTFT and codec figures per offered-rate bucket (harness.loadgen.ramp); none without a ramp."""
+    ramp = result.settings.ramp
+    if ramp is None or result.own_send_times:
+        return []
+    return [_title("TTFT and codec by offered rate", "-"), *bucket_lines(by_offered_rate(result.records, ramp))]
 
 
 def _codec_rows(figures: CodecFigures | None, mean_ttft_ms: float) -> list[str]:

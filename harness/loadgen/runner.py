@@ -22,7 +22,7 @@ import aiohttp
 
 from harness.loadgen import fanout, guard, ipc
 from harness.loadgen import metrics as M
-from harness.loadgen.arrivals import own_times, planned_offsets
+from harness.loadgen.arrivals import offered_rates, own_times, planned_offsets
 from harness.loadgen.client import (
     ENDPOINTS,
     RequestRecord,
@@ -183,7 +183,9 @@ class ServerLoad:
             )
             for s in workload
         ]
-        self.offsets = planned_offsets(workload, settings.request_rate, settings.burstiness, settings.seed)
+        ramp = settings.ramp
+        self.offsets = planned_offsets(workload, settings.request_rate, settings.burstiness, settings.seed, ramp)
+        self.offered = offered_rates(workload, settings.request_rate, ramp)  # each record's offered_rps
         self.own_send_times = own_times(workload)  # what planned_offsets went by, for the run file
         self.started_at = datetime.now().astimezone()
         self.records: list[RequestRecord] = []
@@ -278,6 +280,8 @@ class ServerLoad:
             self.records += [self._cancelled(i) for i in self.unsent]
             self.unsent = range(0)
         records = self.records
+        for record in records:  # however they were sent (blocks, workers, never), by workload index
+            record.offered_rps = self.offered[record.index]
         load = self.outcome or fanout.single(records, self.duration, self.interrupted, self.loop_lag_s)
         served = [r.server_id for r in records if r.success]
         figures = codec_figures(self.before, after)
@@ -315,7 +319,7 @@ class ServerLoad:
             # A real vLLM's processes as the plugin saw them: codec, clock, vLLM's opt-in, ipc held.
             extra={"vllm_plugin": self.plugin.roles()} if self.plugin is not None else {},
             client_health=fanout.health(
-                load, settings.request_rate, settings.max_concurrency, outputs_behind_share(self.before, after)
+                load, settings.peak_rate, settings.max_concurrency, outputs_behind_share(self.before, after)
             ),
             ipc=budget,
             engine=engine_info.with_device_time(

@@ -15,6 +15,7 @@ from harness.loadgen import fanout
 from harness.loadgen import metrics as M
 from harness.loadgen.arrivals import positive_float
 from harness.loadgen.client import CHAT_COMPLETIONS, COMPLETIONS, ENDPOINTS, RequestRecord
+from harness.loadgen.ramp import STRATEGIES, Ramp, ramp_from
 from harness.loadgen.workers import WorkerCount, parse_workers
 from harness.settings import declare
 from harness.settings.declare import setting
@@ -56,6 +57,32 @@ class LoadSettings:
         flag="--burstiness",
         type=positive_float,
         help="gamma shape of the arrival intervals: 1.0 = Poisson, <1 burstier, >1 more regular",
+        comparable=True,
+    )
+    # vLLM bench serve's load ramp (harness.loadgen.ramp); it replaces --request-rate.
+    ramp_up_strategy: str | None = setting(
+        None,
+        flag="--ramp-up-strategy",
+        choices=STRATEGIES,
+        help="ramp the offered rate from --ramp-up-start-rps (the first request) to --ramp-up-end-rps (the last), "
+        "as vLLM bench serve does, in place of --request-rate (bench run: of the capacity probe); the report "
+        "shows TTFT and the codec per offered-rate bucket (default: no ramp)",
+        comparable=True,
+    )
+    ramp_up_start_rps: float | None = setting(
+        None,
+        flag="--ramp-up-start-rps",
+        type=float,
+        metavar="RPS",
+        help="the ramp's first rate (> 0 for exponential)",
+        comparable=True,
+    )
+    ramp_up_end_rps: float | None = setting(
+        None,
+        flag="--ramp-up-end-rps",
+        type=float,
+        metavar="RPS",
+        help="the ramp's last rate, at least the first",
         comparable=True,
     )
     seed: int | None = 0  # the dataset flags own --seed: it seeds the arrivals too
@@ -115,6 +142,28 @@ class LoadSettings:
     # A real vLLM's timings folder (its plugin's WIREBENCH_VLLM_SPANS): bench load's --vllm-spans, or each
     # vLLM arm's own in bench run. The run's codec figures and IPC budget are read from it.
     vllm_spans: str | None = None
+
+    def __post_init__(self) -> None:
+        # Here, not in from_args, so every copy (bench sweep's rate per point among them) is checked.
+        try:
+            ramp = self.ramp
+        except ValueError as exc:
+            raise BenchmarkError(str(exc)) from None
+        if ramp is not None and math.isfinite(self.request_rate):
+            raise BenchmarkError(
+                f"--ramp-up-strategy sets the rate over the run: drop --request-rate {self.request_rate:g}"
+            )
+
+    @property
+    def ramp(self) -> Ramp | None:
+        """The load ramp the flags describe (ValueError for one that cannot run), None without one."""
+        return ramp_from(self.ramp_up_strategy, self.ramp_up_start_rps, self.ramp_up_end_rps)
+
+    @property
+    def peak_rate(self) -> float:
+        """The highest rate offered: a ramp's end, else --request-rate (inf: all at once)."""
+        ramp = self.ramp
+        return ramp.end_rps if ramp is not None else self.request_rate
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LoadSettings:
