@@ -88,3 +88,31 @@ def test_verdicts_on_ttft_from_saturated_runs_are_marked():
     assert doc["saturated_runs"] == {"b": 4} and doc["verdicts"]["b"]["mean_ttft_ms"]["saturated"] is True
     calm = compare([arm("a", 100.0, 99.0), arm("b", 101.0, 98.0)])
     assert not calm.saturated and "SATURATED" not in "\n".join(verdict_lines(calm))
+
+
+def test_a_mean_set_by_a_few_stalls_is_said_on_the_run_line_and_marks_its_verdicts():
+    from harness.analysis.runs import RunEntry
+    from harness.analysis.verdicts import Arm, compare, comparison_dict, verdict_lines
+    from harness.loadgen.saturation import STALL_RATIO, stall_note, stalled
+
+    # 95 requests at 20 ms, 5 that waited 4 s: the mean (219 ms, 10.9x) is the stalls', the median is not.
+    ttfts = [20.0] * 95 + [4000.0] * 5
+    mean, median = sum(ttfts) / len(ttfts), 20.0
+    assert stalled(mean, median) and "STALLS: TTFT mean 10.9x its median" in stall_note(mean, median)
+    assert not stalled(1.9 * median, median)  # the skew of a healthy run
+    assert not stalled(math.nan, median) and not stalled(mean, 0.0) and STALL_RATIO == 3.0
+
+    def arm(label: str, mean_ms: float) -> Arm:
+        runs = []
+        for r in range(4):
+            figures = {"mean_ttft_ms": mean_ms * (1 + 0.01 * r), "median_ttft_ms": 20.0, "mean_tpot_ms": 3.0}
+            runs.append(RunEntry(label, r, "ok", "", None, None, figures))
+        return Arm(label, runs)
+
+    comparison = compare([arm("a", 25.0), arm("b", mean)])
+    assert comparison.stalls == {"b": 4}
+    text = "\n".join(verdict_lines(comparison))
+    assert "STALLS in runs (b 4 of 4)" in text
+    assert next(line for line in text.splitlines() if "TTFT mean (primary)" in line).endswith("[stalls]")
+    assert comparison_dict(comparison)["verdicts"]["b"]["mean_ttft_ms"]["stalls"] is True
+    assert not compare([arm("a", 25.0), arm("b", 26.0)]).stalls

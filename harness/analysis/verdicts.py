@@ -49,7 +49,7 @@ from harness.analysis.documents import COMPARE_SCHEMA, ResultsError, is_compare,
 from harness.analysis.figures import CODEC_FIGURES, CODEC_PATH_FIGURES, LATENCY_FIGURES, THROUGHPUT_FIGURES, Figure
 from harness.analysis.runs import RunEntry, collect_runs
 from harness.analysis.stats import PairStats, Verdict
-from harness.loadgen.saturation import KEPT_UP_MIN
+from harness.loadgen.saturation import KEPT_UP_MIN, STALL_RATIO, stalled
 
 
 def judged_figures(runs: Sequence[RunEntry]) -> list[Figure]:
@@ -116,10 +116,24 @@ class Comparison:
     sequential: bool = False  # judged from block pairs with the anytime-valid test (--until-resolved)
     # arm → its runs whose server did not keep up with the offered rate (harness.loadgen.saturation)
     saturated: dict[str, int] = field(default_factory=dict)
+    # arm → its runs whose mean TTFT a few stalled requests set (harness.loadgen.saturation.stalled)
+    stalls: dict[str, int] = field(default_factory=dict)
 
     def marked_saturated(self, cell: VerdictCell) -> bool:
         """A TTFT verdict where either side's runs were saturated: it compares queues, not serving paths."""
         return "ttft" in cell.figure.key and bool({cell.arm, self.reference.label} & self.saturated.keys())
+
+    def marked_stalls(self, cell: VerdictCell) -> bool:
+        """A mean or tail TTFT verdict where either side's runs stalled: it compares the stalls (the median
+        is not marked: a few requests do not move it)."""
+        key = cell.figure.key
+        sides = {cell.arm, self.reference.label} & self.stalls.keys()
+        return "ttft" in key and "median" not in key and bool(sides)
+
+    def marks(self, cell: VerdictCell) -> str:
+        """The marks a verdict's text carries: `` [saturated]``, `` [stalls]``."""
+        saturated = " [saturated]" if self.marked_saturated(cell) else ""
+        return saturated + (" [stalls]" if self.marked_stalls(cell) else "")
 
     @property
     def reference(self) -> Arm:
@@ -229,11 +243,17 @@ def compare(
         ordered += [VerdictCell(arm.label, f, q, w, "codec") for f, q, w in zip(codec_figs, codec_pairs[i], codecs[i])]
         ordered += [VerdictCell(arm.label, f, q, w) for f, q, w in zip(others, other_pairs[i], seconds[i], strict=True)]
     saturated = {a.label: n for a in arms if (n := sum(_saturated(r) for r in a.measured))}
-    return Comparison(list(arms), figures, ordered, margin_pct, alpha, first, excluded, sequential, saturated)
+    stalls = {a.label: n for a in arms if (n := sum(_stalled(r) for r in a.measured))}
+    return Comparison(list(arms), figures, ordered, margin_pct, alpha, first, excluded, sequential, saturated, stalls)
 
 
 def _saturated(run: RunEntry) -> bool:
     return (run.figures or {}).get("kept_up_pct", math.nan) < 100.0 * KEPT_UP_MIN
+
+
+def _stalled(run: RunEntry) -> bool:
+    figures = run.figures or {}
+    return stalled(figures.get("mean_ttft_ms", math.nan), figures.get("median_ttft_ms", math.nan))
 
 
 def _sequential_verdicts(
@@ -395,6 +415,14 @@ def verdict_lines(comparison: Comparison) -> list[str]:
             f" SATURATED runs ({counts}): the server kept up with less than {KEPT_UP_MIN:.0%} of the offered "
             "rate, so its queue, not the codec, set their TTFT; those TTFT verdicts are marked [saturated]"
         )
+    if comparison.stalls:
+        counts = ", ".join(
+            f"{a.label} {n} of {len(a.measured)}" for a in comparison.arms if (n := comparison.stalls.get(a.label))
+        )
+        lines.append(
+            f" STALLS in runs ({counts}): a mean TTFT over {STALL_RATIO:g}x the run's median, set by a few "
+            "requests' waits; those mean and tail TTFT verdicts are marked [stalls]"
+        )
     for arm in comparison.arms[1:]:
         cells = [c for c in comparison.cells if c.arm == arm.label]
         if comparison.sequential:  # the other figures are in the table above; none has a verdict here
@@ -402,7 +430,7 @@ def verdict_lines(comparison: Comparison) -> list[str]:
         rows = [
             [
                 f"  {c.figure.label}" + ROLE_NOTES.get(c.role, ""),
-                c.verdict.text + (" [saturated]" if comparison.marked_saturated(c) else ""),
+                c.verdict.text + comparison.marks(c),
             ]
             for c in cells
         ]
@@ -487,6 +515,7 @@ def comparison_dict(comparison: Comparison) -> dict[str, Any]:
         "sequential": comparison.sequential,
         "excluded_runs": comparison.excluded,
         "saturated_runs": comparison.saturated,
+        "stalled_runs": comparison.stalls,
         "figures": [
             {"key": f.key, "label": f.label, "higher_is_better": f.higher_is_better} for f in comparison.figures
         ],
@@ -498,6 +527,8 @@ def comparison_dict(comparison: Comparison) -> dict[str, Any]:
         entry["role"] = c.role
         if comparison.marked_saturated(c):
             entry["saturated"] = True
+        if comparison.marked_stalls(c):
+            entry["stalls"] = True
         out["verdicts"].setdefault(c.arm, {})[c.figure.key] = entry
     return out
 

@@ -22,6 +22,7 @@ from harness.loadgen.ipc import report_lines as ipc_report_lines
 from harness.loadgen.metrics import METRICS, MetricStats, percentile_key
 from harness.loadgen.ramp import bucket_lines, by_offered_rate
 from harness.loadgen.runner import BenchmarkResult
+from harness.loadgen.saturation import stall_note, stalled
 from harness.loadgen.serverstats import CodecFigures, DirectionFigures
 from harness.loadgen.settings import LoadSettings
 from harness.server_metrics import engine_info
@@ -197,6 +198,8 @@ def run_line(result: BenchmarkResult) -> str:
     saturation = result.saturation
     if saturation is not None and saturation.saturated:
         line += f"; {saturation.note}"
+    if stalled(m.ttft.mean, m.ttft.median):
+        line += f"; {stall_note(m.ttft.mean, m.ttft.median)}"
     return line
 
 

@@ -14,6 +14,12 @@ previous one's requests finished, on an empty queue), over the successful reques
 queue's growth; ``kept_up = 1 / (1 + growth)``, capped at 1 (a falling TTFT, e.g. a warming cache, is not
 a server ahead of its load). A run at an infinite rate (every request sent at once) offers no rate to
 keep up with, and has no such figure.
+
+A server can also keep up on the whole and stall now and then: a few requests wait seconds while the
+rest are served in milliseconds. Their waits then set the mean TTFT, which no longer reads the serving
+path (the median still does). ``stalled`` says so when the mean is more than ``STALL_RATIO`` times the
+median: a ratio a right-skewed but healthy TTFT distribution stays well under (1.0-1.9 on every
+real-vLLM and wirebench run in docs/results.md that had no stall).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from harness.loadgen.client import RequestRecord
 
 KEPT_UP_MIN = 0.9  # below this share of the offered rate the run is marked saturated
 MIN_REQUESTS = 8  # fewer timed requests than this: no slope worth reading
+STALL_RATIO = 3.0  # a mean TTFT above this multiple of the median: a few requests' waits set it
 
 
 @dataclass(frozen=True)
@@ -74,3 +81,17 @@ def kept_up(records: Sequence[RequestRecord], block_size: int = 0) -> KeptUp | N
         return None
     growth = sxy / sxx
     return KeptUp(min(1.0, 1.0 / (1.0 + growth)) if growth > -1.0 else 1.0, 1000.0 * growth)
+
+
+def stalled(mean_ttft: float, median_ttft: float) -> bool:
+    """Whether a run's mean TTFT is set by a few stalled requests (module docstring); False when either is
+    missing."""
+    return math.isfinite(mean_ttft) and median_ttft > 0 and mean_ttft > STALL_RATIO * median_ttft
+
+
+def stall_note(mean_ttft: float, median_ttft: float) -> str:
+    """What a run line says of a run whose mean TTFT a few stalls set."""
+    return (
+        f"STALLS: TTFT mean {mean_ttft / median_ttft:.1f}x its median: a few requests' waits set the mean, "
+        "not the serving path"
+    )
