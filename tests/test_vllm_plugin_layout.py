@@ -49,6 +49,26 @@ def make_zmq_socket(*args: object) -> None:
     return None
 
 
+class EngineCore:
+    def add_request(self, request: object, request_wave: int = 0) -> None:
+        return None
+
+    def step(self) -> tuple[dict[int, object], bool]:
+        return {}, False
+
+    def step_with_batch_queue(self) -> tuple[dict[int, object] | None, bool]:
+        return None, False
+
+
+class EngineCoreProc(EngineCore):  # the engine process: the queues' methods inherited, as in vLLM
+    pass
+
+
+class Request:  # a plain class: its fields are what __init__ sets on self
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+
+
 def _module(name: str, **attrs: object) -> types.ModuleType:
     module = types.ModuleType(name)
     for key, value in attrs.items():
@@ -72,8 +92,9 @@ def _fake_vllm(monkeypatch: pytest.MonkeyPatch, version: str = "9.9.9", **drop: 
         "vllm.v1.serial_utils": _module(
             "vllm.v1.serial_utils", MsgpackEncoder=MsgpackEncoder, MsgpackDecoder=MsgpackDecoder
         ),
-        "vllm.v1.engine.core": _module("vllm.v1.engine.core", **builder),
+        "vllm.v1.engine.core": _module("vllm.v1.engine.core", **builder, EngineCoreProc=EngineCoreProc),
         "vllm.v1.engine.core_client": _module("vllm.v1.engine.core_client", **builder),
+        "vllm.v1.request": _module("vllm.v1.request", Request=Request),
     }
     for where, lacking in drop.items():
         delattr(modules[where.replace("__", ".")], lacking)
@@ -115,6 +136,29 @@ def test_a_message_field_the_records_read_and_a_missing_module_are_named(monkeyp
     assert any(p.startswith("module vllm.envs (ModuleNotFoundError") for p in problems), problems
 
 
+def test_the_engine_methods_the_queue_timing_wraps_and_the_request_field_it_reads_are_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Renamed:  # vLLM renamed a step method and the request's id
+        def add_request(self, request: object) -> None: ...
+
+        def step(self) -> None: ...
+
+    class Plain:
+        def __init__(self, rid: str) -> None:
+            self.rid = rid
+
+    modules = _fake_vllm(monkeypatch)
+    monkeypatch.setattr(modules["vllm.v1.engine.core"], "EngineCoreProc", Renamed)
+    monkeypatch.setattr(modules["vllm.v1.request"], "Request", Plain)
+    assert layout.layout_problems() == [
+        "vllm.v1.engine.core.EngineCoreProc.step_with_batch_queue",
+        "vllm.v1.request.Request.request_id",
+    ]
+    monkeypatch.delattr(modules["vllm.v1.engine.core"], "EngineCoreProc")
+    assert "vllm.v1.engine.core.EngineCoreProc" in layout.layout_problems()
+
+
 def test_a_builder_with_coders_of_its_own_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """The plugin wraps serial_utils' coders: in place of other classes it would drop vLLM's own."""
     modules = _fake_vllm(monkeypatch)
@@ -130,6 +174,9 @@ def test_a_module_that_does_not_import_is_read_from_its_source(tmp_path: Path, m
     (package / "core.py").write_text(
         "import not_installed_anywhere\nfrom os.path import join as make_zmq_socket\n"
         "class MsgpackEncoder: ...\nLIMIT: int = 3\n"
+        "class EngineCore:\n    stamp: float\n    def __init__(self, rid):\n        self.request_id, self.n = rid, 0\n"
+        "    def step(self): ...\n"
+        "class EngineCoreProc(EngineCore):\n    def add_request(this, r):\n        this.count += 1\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     stand_in = layout.source_loader("fakepkg_layout.core")
@@ -137,6 +184,10 @@ def test_a_module_that_does_not_import_is_read_from_its_source(tmp_path: Path, m
 
     assert stand_in.make_zmq_socket is os.path.join  # an imported name is the real object where it imports
     assert {"MsgpackEncoder", "LIMIT", "not_installed_anywhere"} <= set(vars(stand_in))
+    # A class as its methods (its bases' too), annotated fields and what its methods set on self.
+    proc = stand_in.EngineCoreProc
+    assert all(layout._has_member(proc, m) for m in ("add_request", "step", "stamp", "request_id", "n", "count"))
+    assert not layout._has_member(proc, "step_with_batch_queue")
 
 
 def test_the_check_runs_as_a_command_and_says_what_it_found(monkeypatch: pytest.MonkeyPatch, capsys) -> None:

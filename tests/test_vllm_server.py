@@ -104,12 +104,12 @@ def test_records_become_each_run_requests_first_token_path() -> None:
     a_ipc = 2 + 2 + 3 + 1 + 2 + 1
     b_ipc = 4 + 1 + 2 + 2 + 3 + 2
     assert spans["ipc"].mean_us == pytest.approx((a_ipc + b_ipc) / 2)
-    assert math.isnan(spans["request.queue"].mean_us)  # not seen inside vLLM
+    assert math.isnan(spans["request.queue"].mean_us)  # no queue records here (tests/test_vllm_plugin_queues.py)
 
 
 def test_the_budget_of_a_vllm_run_shows_its_unseen_queues_as_dashes_and_sums_codec_and_wire() -> None:
-    """vLLM's queues are not seen from its serializer: their rows say '-', and the total's label sums
-    only what was measured, in a run's own section and in bench run's comparison."""
+    """Records without vLLM's queues (a plugin that did not time them): their rows say '-', and the
+    total's label sums only what was measured, in a run's own section and in bench run's comparison."""
     from harness.analysis.runs import RunEntry
     from harness.analysis.verdict_text import ipc_lines
     from harness.analysis.verdicts import Arm
@@ -291,7 +291,11 @@ def test_bench_run_against_real_vllm_measures_the_codecs_inside_it(tmp_path: Pat
         assert figures["failed"] == 0
         for key in ("request_encode_us", "request_decode_us", "output_encode_us", "output_decode_us"):
             assert figures[key] > 0, (run["codec"], key, figures)
+        # vLLM's engine input queue and its output queue before encode, timed inside its EngineCore process.
+        for key in ("ipc_request_queue_p50_us", "ipc_output_queue_p50_us"):
+            assert figures[key] > 0, (run["codec"], key, figures)
     assert "TTFT mean (primary)" in done.stdout
+    assert "IPC mean: codec + wire + queues" in done.stdout  # the total sums the spans wirebench's server does
     # The pickle arm's vLLM had vLLM's opt-in, its engine link held to ipc, and the run file says so.
     assert "VLLM_ALLOW_INSECURE_SERIALIZATION=1 for vLLM" in done.stdout
     for path in tmp_path.glob("pickle-oob-r*.json"):

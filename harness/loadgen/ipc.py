@@ -88,7 +88,8 @@ ROWS: tuple[tuple[str, str, str | None], ...] = (
 )
 
 
-# The queue spans of the IPC total: a real vLLM does not expose them (harness.loadgen.vllm_spans).
+# The queue spans of the IPC total, which a server may not expose (a vLLM whose plugin records no queues:
+# harness.loadgen.vllm_spans).
 QUEUE_SPANS = ("request.queue", "output.queue")
 
 
@@ -113,7 +114,7 @@ def report_lines(ipc: IpcBudget | None, mean_ttft_ms: float, width: int = 50) ->
     for label, name, cpu in ROWS:
         s = ipc.spans.get(name)
         if s is None or not s.count or (name.endswith(".adapt") and not s.p99_us):
-            if traced and name in QUEUE_SPANS:  # a span the total would sum, not exposed (a real vLLM's)
+            if traced and name in QUEUE_SPANS:  # a span the total would sum, not exposed by this server
                 lines.append(f"{label:<32}{'-':>17}")
             continue
         c = ipc.spans.get(cpu) if cpu else None

@@ -6,10 +6,13 @@ each file ends; after it, ``figures`` reads what came since and gives what wireb
 gives through ``/metrics`` and ``/v1/wirebench/spans``:
 
 - ``CodecFigures``: per direction, messages, µs (wall and thread CPU), bytes and frames per message;
-- ``IpcBudget``: per request of the run, its first-token path through vLLM's engine link: request
-  encode, wire (encode end → the engine's decode start), decode; the output batch that carried its
-  first token: encode, wire, decode. Inside vLLM the input queue and the output queue before encode
-  are not seen, so they are absent (NaN) and ``ipc`` sums the six spans measured.
+- ``IpcBudget``: per request of the run, its first-token path through vLLM's engine link, the spans
+  wirebench's own server has (``harness.wire.spans``): request encode, wire (encode end → the engine's
+  decode start), decode, the engine's input queue (decode end → the busy loop added it to the
+  scheduler); then the output batch that carried its first token: the output queue (its step returned
+  it → its encode starts), encode, wire, decode. ``ipc`` sums the eight, as on wirebench's server.
+  Records without the queues (a plugin that did not time them) leave those two NaN and ``ipc`` the sum
+  of the six spans measured.
 """
 
 from __future__ import annotations
@@ -25,16 +28,20 @@ from harness.server_metrics.prometheus import CodecCell
 from harness.vllm_plugin.records import (
     OUTPUT_DECODE,
     OUTPUT_ENCODE,
+    OUTPUT_QUEUED,
     REFUSED,
+    REQUEST_ADDED,
     REQUEST_DECODE,
     REQUEST_ENCODE,
     read_rows,
 )
-from harness.wire.spans import IpcBudget, budget, span_stats
+from harness.wire.spans import CODEC_WIRE_SPANS, REQUEST_SPANS, IpcBudget, budget, span_stats
 
-KINDS = (REQUEST_ENCODE, REQUEST_DECODE, OUTPUT_ENCODE, OUTPUT_DECODE)
-# The spans a timeline measured inside vLLM has, in path order; ipc is their sum.
-MEASURED = ("request.encode", "request.wire", "request.decode", "output.encode", "output.wire", "output.decode")
+KINDS = (REQUEST_ENCODE, REQUEST_DECODE, OUTPUT_ENCODE, OUTPUT_DECODE, REQUEST_ADDED, OUTPUT_QUEUED)
+# What ipc sums: every span of the first-token path (wirebench's own server's), or, from records without
+# the queues, the codec and wire spans alone.
+WITH_QUEUES = tuple(f"{d}.{w}" for d, w in REQUEST_SPANS)
+MEASURED = CODEC_WIRE_SPANS
 
 
 class PluginSpans:
@@ -70,9 +77,7 @@ class PluginSpans:
 
     def rows_since(self, cursor: dict[str, int]) -> dict[str, list[list[Any]]]:
         """Every record written after ``cursor``, by kind."""
-        kinds: dict[str, list[list[Any]]] = {
-            k: [] for k in (REQUEST_ENCODE, REQUEST_DECODE, OUTPUT_ENCODE, OUTPUT_DECODE)
-        }
+        kinds: dict[str, list[list[Any]]] = {k: [] for k in KINDS}
         for path in self.files():
             rows, _ = read_rows(path, cursor.get(str(path), 0))
             for row in rows:
@@ -133,11 +138,23 @@ def _of_run(external_id: str, server_ids: set[str]) -> bool:
     return external_id in server_ids or external_id.rsplit("-", 1)[0] in server_ids
 
 
+def _first_times(rows: list[list[Any]]) -> dict[Any, int]:
+    """Per key (a request id, a batch stamp), the earliest time recorded: ``[kind, key, time]`` rows."""
+    first: dict[Any, int] = {}
+    for _, key, at in rows:
+        if key not in first or at < first[key]:
+            first[key] = at
+    return first
+
+
 def ipc_budget(rows: dict[str, list[list[Any]]], server_ids: Sequence[str]) -> IpcBudget:
     """Each of the run's requests' spans (µs) through vLLM's engine link, summarised."""
     wanted = set(server_ids)
     decoded = {r[2]: r for r in rows[REQUEST_DECODE]}
     received = {r[1]: r for r in rows[OUTPUT_DECODE]}  # by batch stamp
+    added = _first_times(rows.get(REQUEST_ADDED, []))  # by request id
+    queued = _first_times(rows.get(OUTPUT_QUEUED, []))  # by batch stamp
+    summed = WITH_QUEUES if added and queued else MEASURED
     first_batch: dict[str, list[Any]] = {}
     for batch in sorted(rows[OUTPUT_ENCODE], key=lambda r: r[2]):
         for rid in batch[7]:
@@ -155,15 +172,15 @@ def ipc_budget(rows: dict[str, list[list[Any]]], server_ids: Sequence[str]) -> I
             "request.wire": _us(enc[4], dec[3]) if dec else math.nan,
             "request.decode": _us(dec[3], dec[4]) if dec else math.nan,
             "request.decode_cpu": _cpu_us(dec[5]) if dec else math.nan,
+            "request.queue": _us(dec[4], added.get(rid, 0)) if dec else math.nan,
+            "output.queue": _us(queued.get(out[1], 0), out[2]) if out else math.nan,
             "output.encode": _us(out[2], out[3]) if out else math.nan,
             "output.encode_cpu": _cpu_us(out[4]) if out else math.nan,
             "output.wire": _us(out[3], back[2]) if out and back else math.nan,
             "output.decode": _us(back[2], back[3]) if back else math.nan,
             "output.decode_cpu": _cpu_us(back[4]) if back else math.nan,
-            "request.queue": math.nan,  # not seen inside vLLM
-            "output.queue": math.nan,
         }
-        spans["ipc"] = sum(spans[name] for name in MEASURED)
+        spans["ipc"] = sum(spans[name] for name in summed)
         # Named by the response id the client saw, so the run's records find their spans.
         timelines.append({"request_id": ext if ext in wanted else ext.rsplit("-", 1)[0], "spans_us": spans})
     result = budget(timelines)

@@ -4,7 +4,9 @@ vLLM's engine link for a wirebench codec and times it in both processes.
 vLLM loads its general plugins in the API-server process and in the EngineCore process before either
 builds its serializers, and both build them by module-level name: ``vllm.v1.engine.core_client`` (the
 request encoder, the outputs decoder) and ``vllm.v1.engine.core`` (the input thread's decoders, the
-output thread's encoder). ``register`` rebinds those names to timed wrappers (``harness.vllm_plugin.coders``).
+output thread's encoder). ``register`` rebinds those names to timed wrappers (``harness.vllm_plugin.coders``)
+and, with the timings on, wraps the EngineCore process's methods that take a request off its input queue
+and hand output batches to its output queue (``harness.vllm_plugin.queues``).
 
 Off unless ``WIREBENCH_VLLM_CODEC`` names a codec, so a server without it is plain vLLM:
 

@@ -7,6 +7,8 @@ coordinator's messages) goes to vLLM's coder untouched and untimed. A handled me
 codec call plus two wall-clock reads and a deque append (``records.Recorder``); what to write is
 built later, on the recorder's thread. The thread's CPU time is read too only when asked
 (``cpu_time``): that clock is a system call (~0.4 µs a read here, two a message), the wall clock is not.
+Where the messages are timed, so are the engine's two queues (``harness.vllm_plugin.queues``), into the
+same records.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from harness.vllm_plugin import OWN_CODEC
@@ -25,6 +28,7 @@ from harness.vllm_plugin.records import (
     REQUEST_DECODE,
     REQUEST_ENCODE,
     Recorder,
+    Recorders,
     warn_once,
 )
 
@@ -72,12 +76,17 @@ def install(codec_name: str, folder: str | None, cpu_time: bool = False, ipc_onl
     if refusal is not None:
         raise SystemExit(f"wirebench plugin: {refusal}")
     link = {"opt_in": opted_in, "ipc_only": ipc_only}
-    encoder, decoder = timed_coders(codec_name, folder, cpu_time, link)
+    recorders = Recorders(folder, process_meta(codec_name, cpu_time, link))
+    encoder, decoder = timed_coders(codec_name, folder, cpu_time, link, recorders)
     for module in (core, core_client):
         setattr(module, "MsgpackEncoder", encoder)  # noqa: B010  # the name vLLM builds its coders by
         setattr(module, "MsgpackDecoder", decoder)  # noqa: B010
         if ipc_only:
             setattr(module, "make_zmq_socket", _local_sockets_only(module.make_zmq_socket, codec_name))  # noqa: B010
+    if folder is not None:  # the engine's queues are timed only where its messages are
+        from harness.vllm_plugin.queues import hook_engine_queues
+
+        hook_engine_queues(core.EngineCoreProc, partial(recorders.get, "engine"))
     _installed = codec_name
     if folder is not None:
         try:
@@ -99,33 +108,35 @@ def _local_sockets_only(make: Callable[..., Any], codec_name: str) -> Callable[.
     return make_local_socket
 
 
+def process_meta(codec_name: str, cpu_time: bool, link: dict[str, bool] | None) -> dict[str, Any]:
+    """What each process's records say of it first (``harness.vllm_plugin.records``)."""
+    from harness.wire.spans import host_clock_id
+
+    return {"codec": codec_name, "clock": host_clock_id(), "cpu_time": cpu_time, **(link or {})}
+
+
 def timed_coders(
-    codec_name: str, folder: str | None, cpu_time: bool = False, link: dict[str, bool] | None = None
+    codec_name: str,
+    folder: str | None,
+    cpu_time: bool = False,
+    link: dict[str, bool] | None = None,
+    recorders: Recorders | None = None,
 ) -> tuple[type, type]:
     """The encoder and decoder classes to put in place of vLLM's. With ``cpu_time`` each timed call's
     thread CPU time is recorded too; without, its CPU field is null. ``link``: how the engine link was
-    allowed (vLLM's opt-in seen, sockets held to ipc), written in each process's records."""
+    allowed (vLLM's opt-in seen, sockets held to ipc), written in each process's records. ``recorders``:
+    the process's, shared with what else it times (the engine's queues); by default its own."""
     from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest
     from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
-    from harness.wire.spans import host_clock_id
     from wirecodecs import CodecError, UnsupportedPayloadError, get_codec
 
     swap = codec_name != OWN_CODEC
     if swap:
         get_codec(codec_name)  # an unknown name fails here, in the log, before any request
-    meta = {"codec": codec_name, "clock": host_clock_id(), "cpu_time": cpu_time, **(link or {})}
     cpu_clock = time.thread_time_ns if cpu_time else None
-    recorders: dict[str, Recorder | None] = {}
-
-    def recorder(role: str) -> Recorder | None:
-        """This process's recorder, made when it first handles a message (its role known by then); None
-        when the records are off, or their file could not be made (said once)."""
-        if folder is None:
-            return None
-        if role not in recorders:
-            recorders[role] = Recorder.open(folder, role, meta)
-        return recorders[role]
+    # Each role's recorder is made when it first handles a message (its role known by then).
+    recorder = (recorders or Recorders(folder, process_meta(codec_name, cpu_time, link))).get
 
     refused: set[str] = set()
 

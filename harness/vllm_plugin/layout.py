@@ -1,14 +1,17 @@
 """The vLLM module layout the plugin is written against, checked before it rebinds anything.
 
-The plugin swaps vLLM's engine-link serializer by rebinding module-level names and reads a few fields of
-vLLM's messages. A vLLM that moved or renamed any of them would otherwise run as plain vLLM, untimed,
-and a run would learn only afterwards that the timings are missing; ``install`` ends the server's start
-with one line instead (``problem_line``).
+The plugin swaps vLLM's engine-link serializer by rebinding module-level names, wraps the EngineCore
+process's methods that take a request off its input queue and hand output batches to its output queue
+(``harness.vllm_plugin.queues``), and reads a few fields of vLLM's messages. A vLLM that moved or
+renamed any of them would otherwise run as plain vLLM, untimed, and a run would learn only afterwards
+that the timings are missing; ``install`` ends the server's start with one line instead
+(``problem_line``).
 
 Checked against the versions in ``CHECKED_VERSIONS``: 0.32.0 (vLLM's CPU build in ``.venv-vllm``) by
 importing it, 0.33.0 (``.venv``, installed ``--no-deps``, so ``vllm.v1.engine.core`` does not import
 there) with ``python -m harness.vllm_plugin.layout --read-source``, which reads the top-level names
-of a module that does not import from its source instead.
+of a module that does not import from its source instead (a class as its methods, annotated fields and
+the attributes its methods set on ``self``).
 """
 
 from __future__ import annotations
@@ -17,33 +20,45 @@ import argparse
 import ast
 import importlib
 import importlib.util
+import inspect
 import sys
+import textwrap
 import types
 from collections.abc import Callable
 from typing import Any
 
+from harness.vllm_plugin.queues import ADD_METHOD, STEP_METHODS
+
 CHECKED_VERSIONS = ("0.32.0", "0.33.0")
 SERIAL_UTILS = "vllm.v1.serial_utils"
 ENGINE = "vllm.v1.engine"
+ENGINE_CORE = "vllm.v1.engine.core"
+REQUEST = "vllm.v1.request"
 # The modules that build the engine link's coders and sockets, by these module-level names: the plugin
 # rebinds them there (``coders.install``).
-BUILDERS = ("vllm.v1.engine.core", "vllm.v1.engine.core_client")
+BUILDERS = (ENGINE_CORE, "vllm.v1.engine.core_client")
 REBOUND = ("MsgpackEncoder", "MsgpackDecoder", "make_zmq_socket")
 # Every other name the plugin uses, per module.
 NAMES: dict[str, tuple[str, ...]] = {
     **{module: REBOUND for module in BUILDERS},
+    ENGINE_CORE: (*REBOUND, "EngineCoreProc"),  # the engine process's class: its queues' methods are wrapped
     ENGINE: ("EngineCoreRequest", "EngineCoreOutputs", "EngineCoreOutput"),
     SERIAL_UTILS: ("MsgpackEncoder", "MsgpackDecoder"),
+    REQUEST: ("Request",),
     "vllm.envs": ("VLLM_ALLOW_INSECURE_SERIALIZATION",),
 }
-# What the plugin reads of a class: the messages' fields the records name, the coders' methods it calls.
+# What the plugin reads of a class: the messages' fields the records name, the methods it calls or wraps.
 MEMBERS: dict[tuple[str, str], tuple[str, ...]] = {
     (ENGINE, "EngineCoreRequest"): ("request_id", "external_req_id"),
     (ENGINE, "EngineCoreOutputs"): ("timestamp", "outputs", "utility_output"),
     (ENGINE, "EngineCoreOutput"): ("request_id",),
     (SERIAL_UTILS, "MsgpackEncoder"): ("encode", "encode_into"),
     (SERIAL_UTILS, "MsgpackDecoder"): ("decode",),
+    (ENGINE_CORE, "EngineCoreProc"): (ADD_METHOD, *STEP_METHODS),
+    (REQUEST, "Request"): ("request_id",),  # what add_request is given: the "ra" record names it
 }
+# A class read from source (``source_loader``) carries the attributes its methods set on ``self`` here.
+SELF_ATTRIBUTES = "__wirebench_self_attributes__"
 MAX_NAMED = 8  # problems named in the one line; the rest counted
 
 Loader = Callable[[str], Any]
@@ -75,9 +90,50 @@ def _has(module: Any, attr: str) -> bool:
 
 
 def _has_member(cls: type, member: str) -> bool:
-    """A message's field (a msgspec Struct's, or an annotated one) or a coder's method."""
-    fields = (*getattr(cls, "__struct_fields__", ()), *getattr(cls, "__annotations__", {}))
-    return member in fields or callable(getattr(cls, member, None))
+    """A message's field (a msgspec Struct's, an annotated one, or one a plain class's methods set on
+    ``self``, as vLLM's Request does) or a method."""
+    annotated = (name for klass in getattr(cls, "__mro__", (cls,)) for name in vars(klass).get("__annotations__", {}))
+    fields = (*getattr(cls, "__struct_fields__", ()), *annotated)
+    return member in fields or callable(getattr(cls, member, None)) or member in _assigned_on_self(cls)
+
+
+def _assigned_on_self(cls: type) -> set[str]:
+    """The attributes the methods of ``cls`` and its bases set on ``self``, read from their source."""
+    names: set[str] = set()
+    for klass in getattr(cls, "__mro__", ()):
+        known = vars(klass).get(SELF_ATTRIBUTES)
+        if known is not None:  # a stand-in read from source
+            names |= known
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):  # a builtin, or a class without its source
+            continue
+        names |= {name for node in tree.body if isinstance(node, ast.ClassDef) for name in _self_attributes(node)}
+    return names
+
+
+def _self_attributes(node: ast.ClassDef) -> set[str]:
+    """``self.NAME = ...`` (or ``: T =``, ``+=``) in the class's own methods, ``self`` their first argument."""
+    found: set[str] = set()
+    for method in node.body:
+        if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or not method.args.args:
+            continue
+        me = method.args.args[0].arg
+        for statement in ast.walk(method):
+            if isinstance(statement, ast.Assign):
+                targets = statement.targets
+            elif isinstance(statement, (ast.AnnAssign, ast.AugAssign)):
+                targets = [statement.target]
+            else:
+                continue
+            for target in targets:
+                found |= {
+                    t.attr
+                    for t in ast.walk(target)
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == me
+                }
+    return found
 
 
 def _rebinding_problems(modules: dict[str, Any]) -> list[str]:
@@ -129,23 +185,45 @@ def source_loader(name: str) -> Any:
         tree = ast.parse(f.read(), spec.origin)
     stand_in = types.ModuleType(name)
     for node in tree.body:
-        for bound, value in _top_level_names(node):
+        for bound, value in _top_level_names(node, stand_in):
             setattr(stand_in, bound, value)
     return stand_in
 
 
-def _top_level_names(node: ast.stmt) -> list[tuple[str, Any]]:
+def _top_level_names(node: ast.stmt, module: types.ModuleType) -> list[tuple[str, Any]]:
+    """The names a statement of a module's body binds, with a stand-in value each (``module``: the
+    stand-in so far, where a class finds its bases)."""
     if isinstance(node, ast.ImportFrom) and node.module and not node.level:
         return [(a.asname or a.name, _imported(node.module, a.name)) for a in node.names]
     if isinstance(node, ast.Import):
         return [((a.asname or a.name).split(".")[0], object()) for a in node.names]
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+    if isinstance(node, ast.ClassDef):
+        return [(node.name, _stand_in_class(node, module))]
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return [(node.name, object())]
     if isinstance(node, ast.Assign):
         return [(t.id, object()) for t in node.targets if isinstance(t, ast.Name)]
     if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
         return [(node.target.id, object())]
     return []
+
+
+def _stand_in_method(*args: Any, **kwargs: Any) -> None:
+    """What a method of a class read from source stands for: only its name is checked."""
+
+
+def _stand_in_class(node: ast.ClassDef, module: types.ModuleType) -> type:
+    """A class of a module read from source: its methods (as stand-ins), its annotated fields, the
+    attributes its methods set on ``self``, and its bases where they are stand-ins of the same module."""
+    bases = [getattr(module, b.id, None) for b in node.bases if isinstance(b, ast.Name)]
+    namespace: dict[str, Any] = {
+        item.name: _stand_in_method for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    fields = [item.target for item in node.body if isinstance(item, ast.AnnAssign)]
+    namespace["__annotations__"] = {field.id: object for field in fields if isinstance(field, ast.Name)}
+    namespace[SELF_ATTRIBUTES] = frozenset(_self_attributes(node))
+    namespace["__module__"] = module.__name__
+    return type(node.name, tuple(b for b in bases if isinstance(b, type) and SELF_ATTRIBUTES in vars(b)), namespace)
 
 
 def _imported(module: str, attr: str) -> Any:

@@ -10,12 +10,16 @@ time over the call, null unless the process was asked to read it (``WIREBENCH_VL
   ["rd", external id, request id, start, end, cpu ns, bytes, frames]   engine: a request decoded
   ["oe", batch stamp, start, end, cpu ns, bytes, frames, [request ids]]  engine: an output batch encoded
   ["od", batch stamp, start, end, cpu ns, bytes, frames]               API: an output batch decoded
+  ["ra", request id, added]     engine: the busy loop added a request to vLLM's scheduler (off the input queue)
+  ["oq", batch stamp, queued]   engine: a step returned an output batch, which vLLM puts on the output queue
   ["refused", why]          the codec could not carry a message (vLLM answered its request 500), once a reason
 
 The send follows the encode at once on the same thread, and the decode follows the receive, so
 "sent" is the encode's end and "received" the decode's start. A batch is joined across the processes
 by its stamp: the ``timestamp`` vLLM gives each ``EngineCoreOutputs`` (``time.monotonic()`` as a float),
-which travels inside the message whatever the codec.
+which travels inside the message whatever the codec. "ra" and "oq" (``harness.vllm_plugin.queues``) are
+joined to the engine's "rd" by request id and to its "oe" by stamp: the engine's input queue is a
+request's "rd" end → its "ra", the output queue before encode a batch's "oq" → its "oe" start.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 REQUEST_ENCODE, REQUEST_DECODE, OUTPUT_ENCODE, OUTPUT_DECODE = "rq", "rd", "oe", "od"
+REQUEST_ADDED, OUTPUT_QUEUED = "ra", "oq"
 REFUSED = "refused"
 FLUSH_S = 0.2
 # A new file only (O_EXCL), never through a symbolic link (O_NOFOLLOW), closed in any child exec.
@@ -73,7 +78,11 @@ class Recorder:
     def flush(self) -> None:
         rows = []
         while self.pending:
-            rows.append(_row(self.pending.popleft()))
+            record = self.pending.popleft()
+            try:
+                rows.append(_row(record))
+            except Exception as exc:  # a message laid out otherwise: that record lost, never the flushing
+                warn_once(f"cannot write a {record[0]!r} record: {type(exc).__name__}: {exc}")
         if rows:
             self._write(rows)
 
@@ -96,6 +105,25 @@ class Recorder:
             self.flush()
 
 
+class Recorders:
+    """A process's recorder per role, made when the role's first message comes (``Recorder.open``); None
+    when the records are off (no folder) or their file could not be made. The engine's output thread and
+    its busy loop may both come first: a lock, so one file a role."""
+
+    def __init__(self, folder: str | None, meta: dict[str, Any]) -> None:
+        self.folder, self.meta = folder, meta
+        self._made: dict[str, Recorder | None] = {}
+        self._lock = threading.Lock()
+
+    def get(self, role: str) -> Recorder | None:
+        if self.folder is None:
+            return None
+        with self._lock:
+            if role not in self._made:
+                self._made[role] = Recorder.open(self.folder, role, self.meta)
+            return self._made[role]
+
+
 _warned = False
 
 
@@ -109,7 +137,8 @@ def warn_once(why: str) -> None:
 
 def _row(record: tuple[Any, ...]) -> list[Any]:
     """A record as written (the module's docstring), its message's names read here, off the message path:
-    the message path stores (kind, the message or a batch's stamp, start, end, cpu, bytes, frames)."""
+    the message path stores (kind, the message or a batch's stamp, start, end, cpu, bytes, frames), or
+    (kind, the message, its time) for the queues."""
     kind, ref, *times = record
     if kind == REFUSED:
         return [kind, ref]
@@ -117,6 +146,10 @@ def _row(record: tuple[Any, ...]) -> list[Any]:
         return [kind, ref.external_req_id or ref.request_id, ref.request_id, *times]
     if kind == OUTPUT_ENCODE:
         return [kind, ref.timestamp, *times, [o.request_id for o in ref.outputs]]
+    if kind == REQUEST_ADDED:  # vLLM's own Request, as its scheduler got it
+        return [kind, ref.request_id, *times]
+    if kind == OUTPUT_QUEUED:
+        return [kind, ref.timestamp, *times]
     return [kind, ref, *times]
 
 

@@ -11,6 +11,11 @@ once as the plugin runs by default, wall time only, once with ``WIREBENCH_VLLM_C
 in alternating rounds with the garbage collector off (a collection landing in one batch of calls
 moves it by tens of µs); the overhead is the per-call time of the wrapper minus vLLM's in each
 round, and its median and interquartile range over the rounds.
+
+Then the engine's queues (``harness.vllm_plugin.queues``): the busy loop's two calls the plugin wraps,
+``add_request`` (once a request) and a step (once a step, one record per output batch), as methods
+that do nothing themselves, plain and hooked: what the hook adds to a request's or a batch's path,
+on top of its decode or encode above.
 """
 
 from __future__ import annotations
@@ -49,6 +54,38 @@ def messages() -> tuple[Any, Any]:
     return request, outputs
 
 
+class BusyLoop:
+    """The two calls of vLLM's busy loop the plugin wraps, doing nothing themselves: the difference
+    between this and its hooked copy is the hook's own cost."""
+
+    def __init__(self, outputs: Any) -> None:
+        self.stepped = ({0: outputs}, True)  # one client's batch, as vLLM's step returns it
+
+    def add_request(self, request: Any, request_wave: int = 0) -> None:
+        return None
+
+    def step(self) -> tuple[dict[int, Any], bool]:
+        return self.stepped
+
+    def step_with_batch_queue(self) -> tuple[dict[int, Any], bool]:
+        return self.stepped
+
+
+def queue_ops(folder: str, request: Any, outputs: Any) -> dict[str, tuple[Any, Any]]:
+    """The busy loop's calls, plain and with the plugin's queue hooks recording to ``folder``."""
+    from harness.vllm_plugin.queues import hook_engine_queues
+    from harness.vllm_plugin.records import Recorders
+
+    hooked_class = type("HookedBusyLoop", (BusyLoop,), {})
+    recorders = Recorders(folder, {"codec": "vllm"})
+    hook_engine_queues(hooked_class, partial(recorders.get, "engine"))
+    plain, hooked = BusyLoop(outputs), hooked_class(outputs)
+    return {
+        "request added": (partial(plain.add_request, request), partial(hooked.add_request, request)),
+        "output batch queued": (plain.step, hooked.step),
+    }
+
+
 def per_call_us(fn: Any, calls: int) -> float:
     """Each result is kept until the batch ends, as vLLM keeps what it decodes (a request lives until it
     finishes): the timed wrapper's recorder holds each message until its next flush, and a plain call
@@ -62,8 +99,9 @@ def per_call_us(fn: Any, calls: int) -> float:
     return elapsed / calls / 1000.0
 
 
-def compare(name: str, plain: Any, timed: Any, rounds: int, calls: int) -> dict[str, float]:
-    """Per-call µs of vLLM's coder and the wrapper's extra, in alternating rounds; median and IQR."""
+def compare(name: str, plain: Any, timed: Any, rounds: int, calls: int, plain_name: str = "vLLM") -> dict[str, float]:
+    """Per-call µs of the plain call (vLLM's coder; ``plain_name`` names it) and the wrapper's extra, in
+    alternating rounds; median and IQR."""
     diffs, plains = [], []
     for r in range(rounds):
         first, second = (plain, timed) if r % 2 == 0 else (timed, plain)
@@ -80,7 +118,7 @@ def compare(name: str, plain: Any, timed: Any, rounds: int, calls: int) -> dict[
         "overhead_us_q3": round(q3, 3),
     }
     print(
-        f"  {name:20s} vLLM {row['vllm_us']:8.2f} us   plugin {row['overhead_us_median']:+.2f} us "
+        f"  {name:20s} {plain_name} {row['vllm_us']:8.2f} us   plugin {row['overhead_us_median']:+.2f} us "
         f"(IQR {row['overhead_us_q1']:.2f} to {row['overhead_us_q3']:.2f})"
     )
     return row
@@ -129,6 +167,12 @@ def main() -> int:
                 ),
             }
             results[mode] = {name: compare(name, *pair, args.rounds, args.calls) for name, pair in ops.items()}
+    print("timing the engine's queues (wall):")
+    with tempfile.TemporaryDirectory() as folder:
+        ops = queue_ops(folder, request, outputs)
+        results["queues"] = {
+            name: compare(name, *pair, args.rounds, args.calls, plain_name="plain") for name, pair in ops.items()
+        }
     if args.out:
         import vllm
 
