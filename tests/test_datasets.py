@@ -15,10 +15,12 @@ from PIL import Image
 from harness.frontend.images import decode_data_url
 from harness.tokenizers.tokenizer import TextTokenizer, load_tokenizer
 from harness.workloads.chat import chat_prompt_len
+from harness.workloads.custom import sample_custom_requests
 from harness.workloads.datasets import add_dataset_arguments, build_workload
 from harness.workloads.images import synthetic_image, to_data_url
 from harness.workloads.random_dataset import RandomOptions, sample_random_requests
 from harness.workloads.sample import SampleRequest
+from harness.workloads.sharegpt import sample_sharegpt_requests
 from harness.workloads.sonnet import (
     EMBEDDED_SONNETS,
     SONNET_BASE_PROMPT,
@@ -28,6 +30,7 @@ from harness.workloads.sonnet import (
     sample_sonnet_requests,
 )
 from harness.workloads.spec import WorkloadSpec
+from harness.workloads.trace import sample_trace_requests
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE_SONNET = Path("/work/shared/reference/sonnet.txt")
@@ -183,6 +186,25 @@ def test_random_bad_settings(tok: TextTokenizer) -> None:
         sample_random_requests(tok, 1, range_ratio=1.0)
     with pytest.raises(ValueError, match="num-prompts"):
         sample_random_requests(tok, 0)
+
+
+@pytest.mark.parametrize(
+    ("sample", "flag"),
+    [
+        (sample_custom_requests, "--custom-output-len"),
+        (sample_sharegpt_requests, "--sharegpt-output-len"),
+        (sample_trace_requests, None),
+    ],
+    ids=["custom", "sharegpt", "trace"],
+)
+def test_file_datasets_refuse_counts_below_one_before_reading(tok: TextTokenizer, sample, flag) -> None:
+    """The shared count checks run first: no file is needed to be told which flag is wrong."""
+    missing = "/nonexistent/dataset.jsonl"
+    with pytest.raises(ValueError, match=r"^--num-prompts must be >= 1, got 0$"):
+        sample(tok, 0, dataset_path=missing)
+    if flag is not None:
+        with pytest.raises(ValueError, match=rf"^{flag} must be >= 1, got 0$"):
+            sample(tok, 1, output_len=0, dataset_path=missing)
 
 
 # -- images ---------------------------------------------------------------------

@@ -114,16 +114,6 @@ def judge(current: dict[str, Any], baseline: dict[str, Any], threshold_pct: floa
     return CountGate(rows, missing, threshold_pct)
 
 
-def format_counts(counts: Iterable[Any]) -> list[str]:
-    rows = [[c.codec, c.payload, c.op, f"{c.per_call:,.0f}", _spread(c.per_layout)] for c in counts]
-    return text_table.format_table(["codec", "payload", "op", "instructions/call", "layouts min..max"], rows, left=3)
-
-
-def _spread(values: Iterable[float]) -> str:
-    vals = list(values)
-    return f"{min(vals):,.0f}..{max(vals):,.0f}" if vals else "-"
-
-
 def format_gate(gate: CountGate) -> list[str]:
     rows = [
         [r.codec, r.payload, r.op, f"{r.baseline:,.0f}", f"{r.current:,.0f}", f"{r.change_pct:+.2f}%", r.outcome]

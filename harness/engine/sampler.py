@@ -120,10 +120,6 @@ def uses_penalties(params: SamplingParams) -> bool:
     return params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
 
 
-def has_filters(params: SamplingParams) -> bool:
-    return params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0
-
-
 def _argmax(logits: Tensor) -> Tensor:
     """Greedy pick per row, with NaN logits treated as never chosen."""
     return logits.masked_fill(logits.isnan(), float("-inf")).argmax(dim=-1)

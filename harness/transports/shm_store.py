@@ -151,10 +151,6 @@ class MmStore:
         start = entry.block + HEADER
         return memoryview(self.arena._mm)[start : start + entry.length]
 
-    @property
-    def held_bytes(self) -> int:
-        return self.arena.used_bytes
-
     def close(self) -> None:
         self.arena.close()
 

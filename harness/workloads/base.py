@@ -48,10 +48,15 @@ class Dataset(Protocol):
         ...
 
 
-def check_counts(num_requests: int, output_len: int, output_flag: str) -> None:
+def check_num_requests(num_requests: int) -> None:
     if num_requests < 1:
         raise ValueError(f"--num-prompts must be >= 1, got {num_requests}")
-    if output_len < 1:
+
+
+def check_counts(num_requests: int, output_len: int | None, output_flag: str) -> None:
+    """ValueError naming the flag of a count below 1; no ``output_len`` (None) keeps each request's own."""
+    check_num_requests(num_requests)
+    if output_len is not None and output_len < 1:
         raise ValueError(f"{output_flag} must be >= 1, got {output_len}")
 
 

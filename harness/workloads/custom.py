@@ -24,7 +24,7 @@ from typing import Any
 
 from harness.settings.declare import setting
 from harness.tokenizers.tokenizer import TextTokenizer
-from harness.workloads.base import Sampling, token_count
+from harness.workloads.base import Sampling, check_counts, token_count
 from harness.workloads.chat import user_message
 from harness.workloads.files import DatasetFileError, count_field, dataset_file, field, read_jsonl
 from harness.workloads.sample import SampleRequest
@@ -129,10 +129,7 @@ def sample_custom_requests(
     dataset_path: str | Path | None = None,
     seed: int = 0,
 ) -> list[SampleRequest]:
-    if num_requests < 1:
-        raise ValueError(f"--num-prompts must be >= 1, got {num_requests}")
-    if output_len is not None and output_len < 1:
-        raise ValueError(f"--custom-output-len must be >= 1, got {output_len}")
+    check_counts(num_requests, output_len, "--custom-output-len")
     lines = read_custom_lines(dataset_file(dataset_path, SAMPLE))
     rng = random.Random(seed)
     rng.shuffle(lines)

@@ -24,7 +24,7 @@ from typing import Any
 
 from harness.settings.declare import setting
 from harness.tokenizers.tokenizer import TextTokenizer
-from harness.workloads.base import Sampling, token_count
+from harness.workloads.base import Sampling, check_counts, token_count
 from harness.workloads.files import DatasetFileError, dataset_file, field, read_json_array
 from harness.workloads.sample import SampleRequest
 
@@ -112,10 +112,7 @@ def sample_sharegpt_requests(
     dataset_path: str | Path | None = None,
     seed: int = 0,
 ) -> list[SampleRequest]:
-    if num_requests < 1:
-        raise ValueError(f"--num-prompts must be >= 1, got {num_requests}")
-    if output_len is not None and output_len < 1:
-        raise ValueError(f"--sharegpt-output-len must be >= 1, got {output_len}")
+    check_counts(num_requests, output_len, "--sharegpt-output-len")
     file = dataset_file(dataset_path, SAMPLE)
     pairs = read_pairs(file)
     rng = random.Random(seed)

@@ -30,7 +30,7 @@ from pathlib import Path
 from harness.engine.step_plan import blocks_for
 from harness.settings.declare import setting
 from harness.tokenizers.tokenizer import TextTokenizer
-from harness.workloads.base import Sampling, token_count
+from harness.workloads.base import Sampling, check_num_requests, token_count
 from harness.workloads.files import DatasetFileError, count_field, dataset_file, field, read_jsonl
 from harness.workloads.sample import SampleRequest
 
@@ -168,8 +168,7 @@ def sample_trace_requests(
     dataset_path: str | Path | None = None,
     seed: int = 0,
 ) -> list[SampleRequest]:
-    if num_requests < 1:
-        raise ValueError(f"--num-prompts must be >= 1, got {num_requests}")
+    check_num_requests(num_requests)
     if not options.trace_speedup > 0:
         raise ValueError(f"--trace-speedup must be > 0, got {options.trace_speedup}")
     lines = read_trace(dataset_file(dataset_path, SAMPLE))
