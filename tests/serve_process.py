@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import zmq
@@ -125,6 +126,41 @@ def sim_engine() -> Iterator[tuple[multiprocessing.process.BaseProcess, zmq.Sock
         ctx.term()
 
 
+# --- talking to it over HTTP ----------------------------------------------------------------------
+
+
+async def post_json(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[int, Any]:
+    """(status, parsed reply) of one JSON POST on an open session."""
+    async with session.post(url, json=body) as resp:
+        return resp.status, await resp.json(content_type=None)
+
+
+async def post(base_url: str, path: str, body: dict | str) -> tuple[int, Any]:
+    """(status, parsed reply) of one POST on a session of its own; a str body is sent as it is (bad JSON too)."""
+    async with aiohttp.ClientSession() as session:
+        if isinstance(body, dict):
+            return await post_json(session, f"{base_url}{path}", body)
+        headers = {"Content-Type": "application/json"}
+        async with session.post(f"{base_url}{path}", data=body, headers=headers) as resp:
+            return resp.status, await resp.json(content_type=None)
+
+
+async def get_text(base_url: str, path: str) -> tuple[int, str]:
+    """(status, body) of one GET on a session of its own."""
+    async with aiohttp.ClientSession() as session, session.get(f"{base_url}{path}") as resp:
+        return resp.status, await resp.text()
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of the sample ``name`` with exactly ``labels`` in a /metrics text; fails the test when absent."""
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    prefix = f"{name}{{{want}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith(prefix + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{prefix} not in /metrics")
+
+
 async def chat_with_images(base: str, seeds: list[int], tokens: int = 4) -> list[tuple[int, dict]]:
     """One chat request with an 80x80 image per seed, all at once; the same seed sends the same image bytes."""
 
@@ -137,8 +173,7 @@ async def chat_with_images(base: str, seeds: list[int], tokens: int = 4) -> list
             "ignore_eos": True,
             "messages": [{"role": "user", "content": content}],
         }
-        async with session.post(f"{base}/v1/chat/completions", json=body) as resp:
-            return resp.status, await resp.json(content_type=None)
+        return await post_json(session, f"{base}/v1/chat/completions", body)
 
     async with aiohttp.ClientSession() as session:
         return await asyncio.gather(*(one(session, s) for s in seeds))

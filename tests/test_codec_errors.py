@@ -7,6 +7,7 @@ truncation, garbage, wrong frame counts and orders, lying headers.
 
 from __future__ import annotations
 
+import enum
 import itertools
 import pickle
 import random
@@ -470,41 +471,90 @@ def test_pickle_oob_malformed_image_header(header: Any) -> None:
 # --- encode errors --------------------------------------------------------------------
 
 
-def _expect_refused(name: str, msg: EngineCoreRequest, kind: str) -> None:
-    """EncodeError where ``kind`` travels as a rawbuf header; text-only codecs name the payload.
+class Outcome(enum.Enum):
+    """What comes of encoding, then decoding, a value outside rawbuf's dtypes and modes."""
 
-    Codecs that leave ``kind`` to its library's own pickling may carry it; if
-    that library cannot read back what it wrote (torch cannot unpickle
-    float8/uint16/complex32 tensors), decode must still fail cleanly.
-    """
-    codec = wirecodecs.get_codec(name)
+    UNSUPPORTED = "unsupported"  # the codec carries no such kind: UnsupportedPayloadError at encode
+    ENCODE_ERROR = "encode_error"  # the kind travels as a rawbuf header, which has no such dtype/mode
+    DECODE_ERROR = "decode_error"  # its library pickles the value but cannot unpickle it
+    ROUND_TRIP = "round_trip"  # its library carries the value: the same value comes back
+
+
+# Built-in codecs that leave a kind to its library (not rawbuf), and what that library makes of the odd
+# values below: torch pickles float8/uint16/complex32 tensors it cannot unpickle; numpy and PIL pickle
+# structured arrays and I;16N images whole; vLLM's encoder sends any tensor as raw bytes plus its dtype's name.
+LEFT_TO_LIBRARY: dict[tuple[str, str], Outcome] = {
+    ("pickle", "tensor"): Outcome.DECODE_ERROR,
+    ("pickle", "array"): Outcome.ROUND_TRIP,
+    ("pickle", "image"): Outcome.ROUND_TRIP,
+    ("pickle-oob", "array"): Outcome.ROUND_TRIP,
+    ("vllm", "tensor"): Outcome.ROUND_TRIP,
+}
+
+
+def expected_outcome(name: str, kind: str) -> Outcome:
+    """The one outcome ``name`` must give for an odd value of ``kind`` (a third-party codec must refuse it)."""
     if kind not in wirecodecs.registry.multimodal_kinds(name):
+        return Outcome.UNSUPPORTED
+    if name not in EXPECTATIONS or kind in EXPECTATIONS[name].rawbuf:
+        return Outcome.ENCODE_ERROR
+    return LEFT_TO_LIBRARY[(name, kind)]  # a new built-in codec states its outcome here
+
+
+def odd_value_cases(kind: str, values: dict[str, Any]) -> list[Any]:
+    """(codec, value, outcome) for every codec and value, each case's id naming the outcome it asserts."""
+    cases = []
+    for name in CODECS:
+        outcome = expected_outcome(name, kind)
+        cases += [pytest.param(name, v, outcome, id=f"{name}-{label}-{outcome.value}") for label, v in values.items()]
+    return cases
+
+
+def _expect_refused(name: str, msg: EngineCoreRequest, outcome: Outcome) -> None:
+    """The codec refuses ``msg`` with exactly the error ``outcome`` names."""
+    codec = wirecodecs.get_codec(name)
+    if outcome is Outcome.UNSUPPORTED:
         with pytest.raises(wirecodecs.UnsupportedPayloadError):
             codec.encode(msg)
-    elif name not in EXPECTATIONS or kind in EXPECTATIONS[name].rawbuf:
-        with pytest.raises(EncodeError):
+    elif outcome is Outcome.ENCODE_ERROR:
+        with pytest.raises(EncodeError) as refused:
             codec.encode(msg)
+        assert not isinstance(refused.value, wirecodecs.UnsupportedPayloadError), "it carries the kind, not the value"
     else:
+        assert outcome is Outcome.DECODE_ERROR, outcome
         frames = codec.encode(msg)
-        try:
-            decoded = wirecodecs.get_codec(name).decode(frames, type(msg))
-        except DecodeError:
-            return
-        assert_delivered(name, msg, decoded)
+        with pytest.raises(DecodeError):
+            wirecodecs.get_codec(name).decode(frames, type(msg))
+
+
+def _expect_round_trip(name: str, msg: EngineCoreRequest) -> None:
+    """The codec carries ``msg``: a fresh instance decodes the very same message."""
+    frames = wirecodecs.get_codec(name).encode(msg)
+    assert_delivered(name, msg, wirecodecs.get_codec(name).decode(frames, type(msg)))
+
+
+def _expect(name: str, msg: EngineCoreRequest, outcome: Outcome) -> None:
+    if outcome is Outcome.ROUND_TRIP:
+        _expect_round_trip(name, msg)
+    else:
+        _expect_refused(name, msg, outcome)
+
+
+ODD_TENSOR_DTYPES = {str(d): d for d in (torch.float8_e4m3fn, torch.uint16, torch.complex32)}
 
 
 @pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
-@pytest.mark.parametrize("name", CODECS)
-@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.uint16, torch.complex32], ids=str)
-def test_unsupported_tensor_dtype(name: str, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(("name", "dtype", "outcome"), odd_value_cases("tensor", ODD_TENSOR_DTYPES))
+def test_odd_tensor_dtype(name: str, dtype: torch.dtype, outcome: Outcome) -> None:
     tensor = torch.zeros(300, dtype=torch.float64).to(dtype)
-    _expect_refused(name, multimodal_request([{"pixel_values": tensor}]), "tensor")
+    _expect(name, multimodal_request([{"pixel_values": tensor}]), outcome)
 
 
-@pytest.mark.parametrize("name", CODECS)
-def test_unsupported_array_dtype(name: str) -> None:
-    structured = np.zeros(4, dtype=[("a", "<i4"), ("b", "<f8")])
-    _expect_refused(name, multimodal_request([{"a": structured}]), "array")
+@pytest.mark.parametrize(
+    ("name", "dtype", "outcome"), odd_value_cases("array", {"structured": [("a", "<i4"), ("b", "<f8")]})
+)
+def test_odd_array_dtype(name: str, dtype: Any, outcome: Outcome) -> None:
+    _expect(name, multimodal_request([{"a": np.zeros(4, dtype=dtype)}]), outcome)
 
 
 @pytest.mark.parametrize("name", [n for n in CAPABLE if n in EXPECTATIONS and "array" in EXPECTATIONS[n].rawbuf])
@@ -514,11 +564,11 @@ def test_object_array_refused(name: str) -> None:
         wirecodecs.get_codec(name).encode(multimodal_request([{"a": objects}]))
 
 
-@pytest.mark.parametrize("name", CODECS)
-def test_unsupported_image_mode(name: str) -> None:
+@pytest.mark.parametrize(("name", "mode", "outcome"), odd_value_cases("image", {"I;16N": "I;16N"}))
+def test_odd_image_mode(name: str, mode: str, outcome: Outcome) -> None:
     from PIL import Image
 
-    _expect_refused(name, multimodal_request([Image.new("I;16N", (4, 4))]), "image")
+    _expect(name, multimodal_request([Image.new(mode, (4, 4))]), outcome)
 
 
 UNENCODABLE = [

@@ -24,7 +24,7 @@ from PIL import Image
 
 from wirecodecs import available_codecs, codecs_that_carry_multimodal
 
-from serve_process import free_port_pair, ipc_dirs, start_serve, still_alive
+from serve_process import free_port_pair, get_text, ipc_dirs, metric, post, start_serve, still_alive
 
 pytestmark = pytest.mark.slow  # each test starts real server processes
 
@@ -75,20 +75,6 @@ async def stream_completion(base_url: str, body: dict) -> tuple[list[dict], bool
     return chunks, done
 
 
-async def post(base_url: str, path: str, body: dict | str) -> tuple[int, dict]:
-    async with aiohttp.ClientSession() as session:
-        kwargs = (
-            {"data": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, str) else {"json": body}
-        )
-        async with session.post(f"{base_url}{path}", **kwargs) as resp:
-            return resp.status, await resp.json(content_type=None)
-
-
-async def get_text(base_url: str, path: str) -> tuple[int, str]:
-    async with aiohttp.ClientSession() as session, session.get(f"{base_url}{path}") as resp:
-        return resp.status, await resp.text()
-
-
 async def stream_then_kill(base_url: str, kill) -> list[bytes]:
     """Stream a long completion, call ``kill`` after two events; the events until the stream ended."""
     async with aiohttp.ClientSession() as session:
@@ -106,15 +92,6 @@ async def stream_then_kill(base_url: str, kill) -> list[bytes]:
 def error_message(event: bytes) -> str:
     """The message of a ``data: {"error": ...}`` event."""
     return json.loads(event.removeprefix(b"data:"))["error"]["message"]
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    prefix = f"{name}{{{want}}}" if labels else name
-    for line in text.splitlines():
-        if line.startswith(prefix + " "):
-            return float(line.split()[-1])
-    raise AssertionError(f"{prefix} not in /metrics")
 
 
 @pytest.fixture(scope="module")

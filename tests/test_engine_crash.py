@@ -15,7 +15,7 @@ import pytest
 from harness.transports.shm import SHM_DIR
 from harness.workloads.images import synthetic_image, to_data_url
 
-from serve_process import MODEL, shm_segments, start_serve
+from serve_process import MODEL, metric, shm_segments, start_serve
 
 pytestmark = pytest.mark.slow  # real server processes and large images
 
@@ -28,10 +28,7 @@ def leftovers() -> set[str]:
 
 async def _requests_running(session: aiohttp.ClientSession, base: str) -> float:
     async with session.get(f"{base}/metrics") as resp:
-        for line in (await resp.text()).splitlines():
-            if line.startswith("wirebench_requests_running "):
-                return float(line.split()[1])
-    return 0.0
+        return metric(await resp.text(), "wirebench_requests_running")
 
 
 async def _kill_under_load(base: str, engine_pid: int, n: int = 40) -> tuple[list[int], list[float]]:

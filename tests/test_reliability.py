@@ -28,16 +28,20 @@ from PIL import Image
 
 from harness.transports.shm import SHM_DIR
 
-from serve_process import free_port_pair, shm_segments, start_serve, still_alive
+from serve_process import (
+    free_port_pair,
+    get_text,
+    metric,
+    post,
+    post_json,
+    shm_segments,
+    start_serve,
+    still_alive,
+)
 
 pytestmark = pytest.mark.slow  # each test starts real server processes
 
 MODEL = "wirebench-tiny"
-
-
-async def post_json(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[int, dict]:
-    async with session.post(url, json=body) as resp:
-        return resp.status, await resp.json(content_type=None)
 
 
 async def stream_tokens(session: aiohttp.ClientSession, base_url: str, max_tokens: int) -> tuple[int, bool, bytes]:
@@ -53,15 +57,6 @@ async def stream_tokens(session: aiohttp.ClientSession, base_url: str, max_token
                 elif b'"text"' in raw:
                     chunks += 1
     return chunks, done, last
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    prefix = f"{name}{{{want}}}" if labels else name
-    for line in text.splitlines():
-        if line.startswith(prefix + " "):
-            return float(line.split()[-1])
-    raise AssertionError(f"{prefix} not in /metrics")
 
 
 async def until(check, timeout_s: float, every_s: float = 0.2):
@@ -339,7 +334,8 @@ def test_sixteen_large_images_at_once_take_memory_for_the_budget_not_for_sixteen
             )
 
     try:
-        asyncio.run(post_json_once(server.base_url, body))  # warm: first-use allocations are not the images'
+        # warm: first-use allocations are not the images'
+        asyncio.run(post(server.base_url, "/v1/chat/completions", body))
         before = _resident_mb(pids)
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
@@ -353,11 +349,6 @@ def test_sixteen_large_images_at_once_take_memory_for_the_budget_not_for_sixteen
     assert {status for status, _ in replies} <= {200, 503}, [r for r in replies if r[0] not in (200, 503)]
     assert peak[0] - before < 850, (peak[0] - before, kept)
     assert kept < 250, kept
-
-
-async def post_json_once(base_url: str, body: dict) -> tuple[int, dict]:
-    async with aiohttp.ClientSession() as session:
-        return await post_json(session, f"{base_url}/v1/chat/completions", body)
 
 
 @pytest.mark.parametrize(
@@ -405,11 +396,6 @@ def test_a_body_that_never_finishes_times_out():
     assert reply.startswith(b"HTTP/1.1 408")
 
 
-async def get_status(url: str) -> int:
-    async with aiohttp.ClientSession() as session, session.get(url) as resp:
-        return resp.status
-
-
 def _port(server) -> int:
     return int(server.base_url.rsplit(":", 1)[1])
 
@@ -430,7 +416,7 @@ def test_slow_header_connections_are_closed_at_the_header_timeout():
             for _ in range(100):
                 trickle.sendall(b"X")
                 time.sleep(0.2)
-        health = asyncio.run(get_status(server.base_url + "/health"))
+        health, _ = asyncio.run(get_text(server.base_url, "/health"))
         for sock in socks[1:]:
             assert sock.recv(4096) == b""  # closed by the server, not timed out here
             sock.close()
