@@ -193,3 +193,34 @@ def test_dashboard_exports_have_the_documented_shapes(tmp_path: Path) -> None:
     assert set(doc) == {"pickle", "msgspec"}
     m = doc["pickle"]["ttft-mean"]
     assert m["lower_value"] <= m["value"] <= m["upper_value"]
+
+
+# --- within 100 columns ----------------------------------------------------------------------
+
+WIDTH = 100
+WIDEST = BASELINES / "seed-10245-16core.json"  # the committed compare file with the most figures and arms
+
+
+def widest_line(text: str) -> int:
+    return max(len(line) for line in text.splitlines())
+
+
+@pytest.mark.parametrize("flags", [[], ["--gate"]], ids=["compare", "gate"])
+def test_compare_and_gate_print_within_100_columns_and_wide_restores_the_rows_per_arm(flags: list[str]) -> None:
+    default = bench("compare", WIDEST, *flags)
+    assert default.stdout and widest_line(default.stdout) <= WIDTH, default.stdout
+    wide = bench("compare", WIDEST, *flags, "--wide")
+    assert wide.returncode == default.returncode and widest_line(wide.stdout) > WIDTH
+    # The same verdicts or decision either way (the last paragraph): only the layout differs.
+    assert default.stdout.split("\n\n")[-1].split() == wide.stdout.split("\n\n")[-1].split()
+
+
+def test_every_committed_compare_file_prints_within_100_columns(capsys: pytest.CaptureFixture[str]) -> None:
+    from harness import cli
+
+    docs = {p: json.loads(p.read_text()) for p in sorted(BASELINES.glob("*.json"))}
+    files = [p for p, doc in docs.items() if isinstance(doc, dict) and doc.get("kind") == "compare"]
+    assert len(files) > 50
+    for path in files:
+        if cli.main(["compare", str(path)]) == 0:  # a file of one arm is refused (exit 2)
+            assert widest_line(capsys.readouterr().out) <= WIDTH, path

@@ -151,6 +151,7 @@ def test_counts_repeat_and_gate_against_a_committed_style_baseline(tmp_path: Pat
     (tmp_path / "cheaper.json").write_text(json.dumps(cheaper))
     gated = micro("--json", tmp_path / "again.json", "--baseline", tmp_path / "cheaper.json")
     assert gated.returncode == ic.EXIT_REGRESSION, gated.stdout + gated.stderr
+    assert max(len(line) for line in gated.stdout.splitlines()) <= 100  # as scripts/ci_gate.sh prints it
     recount = json.loads((tmp_path / "again.json").read_text())
     assert [r.outcome for r in ic.judge(recount, cheaper).rows] == ["REGRESSION"] * 2  # both cells
     for a, b in zip(counted["cells"], recount["cells"], strict=True):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -17,6 +19,8 @@ from harness.analysis.documents import MICRO_SCHEMA
 from harness.commands import micro
 from harness.micro import delivery, payloads, timing, token_path
 from harness.tokenizers.tokenizer import load_tokenizer
+from harness.transports import transport_names
+from harness.transports.registry import loaded_transports
 from harness.wire.messages import EngineCoreOutputs, EngineCoreRequest
 
 BASELINE = Path(__file__).resolve().parents[1] / "results" / "baselines" / "micro.json"
@@ -274,9 +278,38 @@ def test_the_path_payload_is_in_the_default_set_and_defined_in_the_output(
     doc = tmp_path / "micro.json"
     argv = ["micro", "--codec", "pickle,msgspec-packed", "--payload", "text-550-path", *FAST, "--json", str(doc)]
     assert cli.main(argv) == 0
-    assert micro.PATH_LEGEND in capsys.readouterr().out
+    assert micro.PATH_LEGEND in " ".join(capsys.readouterr().out.split())  # wrapped to the default width
     cells = [(c["codec"], c["payload"], c["status"]) for c in json.loads(doc.read_text())]
     assert cells == [("pickle", "text-550-path", "ok"), ("msgspec-packed", "text-550-path", "ok")]
+
+
+def test_the_default_tables_fit_100_columns_whatever_is_chosen() -> None:
+    """The widest selection (every codec, payload, transport and variant) still fits; --wide does not."""
+    every_transport = [(t, "") for t in transport_names()] + [
+        (t.name, v) for t in loaded_transports() for v in t.variants
+    ]
+    tables: list[tuple[Callable[..., micro.Table], tuple[Any, ...]]] = [
+        (micro.cell_table, (wirecodecs.available_codecs(), micro.ALL_PAYLOADS)),
+        (micro.delivery_table, (wirecodecs.available_codecs(), list(payloads.PAYLOADS), every_transport)),
+    ]
+    for make, selection in tables:
+        assert all(len(line) <= micro.WIDTH for line in make(*selection).header_lines())
+        assert len(make(*selection, wide=True).header_lines()[0]) > micro.WIDTH
+
+
+def test_the_adapter_column_shows_only_where_a_chosen_codec_has_an_adapter() -> None:
+    assert "adapter" not in micro.cell_table(["pickle", "msgspec"], ["text-550"]).header_lines()[0]
+    if "vllm" in wirecodecs.available_codecs():
+        assert "adapter" in micro.cell_table(["pickle", "vllm"], ["text-550"]).header_lines()[0]
+
+
+def test_default_output_lines_fit_100_columns(capsys: pytest.CaptureFixture[str]) -> None:
+    """The longest codec and payload names, the legends and an unsupported row, as printed."""
+    argv = ["micro", "--codec", "msgspec,msgspec-packed", "--payload", "outputs-64-logprobs5,image-336,text-550-path"]
+    assert cli.main([*argv, *FAST]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("msgspec ") and "unsupported" in line for line in lines)
+    assert [line for line in lines if len(line) > micro.WIDTH] == []
 
 
 def test_cold_memcpy_is_timed_with_its_arrays_out_of_cache() -> None:
@@ -289,7 +322,7 @@ def test_cold_memcpy_is_timed_with_its_arrays_out_of_cache() -> None:
 def test_delivery_table_and_document_carry_the_cold_memcpy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "d.json"
     argv = ["micro", "--codec", "msgspec-oob", "--payload", "tensor-fp16-336", "--transport", "shm"]
-    assert cli.main([*argv, "--delivery-iterations", "3", "--json", str(out), *FAST]) == 0
+    assert cli.main([*argv, "--delivery-iterations", "3", "--json", str(out), "--wide", *FAST]) == 0
     assert "cold memcpy µs" in capsys.readouterr().out
     (row,) = [r for r in json.loads(out.read_text()) if r.get("kind") == "delivery"]
     assert row["status"] == "ok" and row["memcpy_cold_p50_us"] > 0 and row["memcpy_p50_us"] > 0

@@ -201,13 +201,22 @@ def summary(result: GateResult) -> str:
     return head + ("; ".join(parts) if parts else "pass")
 
 
-def format_text(result: GateResult) -> str:
-    lines = text_table.format_table(HEADERS, [_cells(result, a) for a in result.arms], left=5)
+def format_text(result: GateResult, wide: bool = False) -> str:
+    """The gate as text: within ``table.WIDTH`` columns, each arm's verdict on a line of its own under
+    the table; ``wide``: the verdict a column of the table and no line wrapped."""
+    rows = [_cells(result, a) for a in result.arms]
+    if wide:
+        lines = text_table.format_table(HEADERS, rows, left=5)
+    else:
+        verdict = HEADERS.index("verdict (arm vs base)")
+        narrow = [h for i, h in enumerate(HEADERS) if i != verdict]
+        lines = text_table.format_table(narrow, [[c for i, c in enumerate(r) if i != verdict] for r in rows], left=4)
+        lines += ["verdict (arm vs base):", *(f"  {r[0]}: {r[verdict]}" for r in rows)]
     lines.append(f"({method_line(result.comparison)})")
     for c in secondary_regressions(result):
         lines.append(f"secondary, reported only: {c.arm} {c.figure.label} {c.verdict.text}")
     lines += ["", summary(result)]
-    return "\n".join(lines)
+    return "\n".join(lines if wide else text_table.wrapped(lines))
 
 
 def to_markdown(result: GateResult) -> str:

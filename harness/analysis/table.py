@@ -8,7 +8,10 @@ these tables are pasted into READMEs and CI logs, where box drawing breaks.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Iterable, Sequence
+
+WIDTH = 100  # the columns a command's default output keeps within (a terminal's); --wide lifts it
 
 
 def column_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
@@ -33,3 +36,12 @@ def format_table(
     widths = column_widths(headers, rows)
     head = format_line(headers, widths, left)
     return [head, *(["-" * len(head)] if rule else []), *(format_line(r, widths, left) for r in rows)]
+
+
+def wrapped(lines: Iterable[str], width: int = WIDTH, hang: int = 4) -> list[str]:
+    """Each line within ``width``, its continuation indented ``hang`` past the line's own indent."""
+    out: list[str] = []
+    for line in lines:
+        indent = " " * (len(line) - len(line.lstrip()) + hang)
+        out += textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False) or [""]
+    return out

@@ -8,7 +8,6 @@ Figures are rows and arms are columns (as pyperf's ``compare_to --table``), so f
 from __future__ import annotations
 
 import math
-import textwrap
 from collections.abc import Collection, Sequence
 from dataclasses import replace
 
@@ -23,7 +22,7 @@ from harness.analysis.figures import (
 )
 from harness.analysis.verdicts import Arm, Comparison, compare, median_cell, verdict_lines
 
-WIDTH = 100  # the widest line printed (a terminal's); a verdict longer than this wraps
+WIDTH = text_table.WIDTH  # the widest line printed (a terminal's); a verdict longer than this wraps
 
 
 def judge_arms(
@@ -107,7 +106,7 @@ def ipc_lines(arm_list: list[Arm]) -> list[str]:
     notes = ["wire = send → receive; IPC mean = the sum of the spans on a request's way to its first token"]
     queues_seen = [_measured(measured, key) for key in QUEUE_FIGURES]
     if not all(queues_seen):
-        notes.append("engine in-queue, out queue: - where the server does not expose them (a real vLLM's)")
+        notes.append("engine in-queue, out queue: - where the server does not expose them")
     figures = [ipc_total(queues_seen) if f.key == IPC_TOTAL else f for f in IPC_FIGURES]
     spans = {f.key for f in IPC_SPAN_FIGURES}
     return ["", title, *figure_rows(measured, figures, rounds=False, always=spans), *notes]
@@ -124,11 +123,7 @@ def ipc_total(queues_seen: Sequence[bool]) -> Figure:
 
 def _wrapped(lines: Sequence[str]) -> list[str]:
     """Each line within WIDTH, its continuation indented under its start."""
-    out: list[str] = []
-    for line in lines:
-        indent = " " * (len(line) - len(line.lstrip()) + 4)
-        out += textwrap.wrap(line, WIDTH, subsequent_indent=indent, break_on_hyphens=False) or [""]
-    return out
+    return text_table.wrapped(lines, WIDTH)
 
 
 def format_comparison(arm_list: list[Arm], comparison: Comparison | None) -> str:

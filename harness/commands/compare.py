@@ -17,13 +17,16 @@ import sys
 from pathlib import Path
 
 from harness.analysis import gate, like_for_like, stats
+from harness.analysis import table as text_table
 from harness.analysis.documents import ResultsError, write_json
 from harness.analysis.exports import write_exports
 from harness.analysis.figures import Figure
 from harness.analysis.like_for_like import UNLIKE_FLAG, UNLIKE_HINT, Difference
+from harness.analysis.verdict_text import figure_rows
 from harness.analysis.verdicts import (
     DEFAULT_PRIMARY,
     Arm,
+    Comparison,
     arms_from_sources,
     compare,
     compare_document,
@@ -31,7 +34,9 @@ from harness.analysis.verdicts import (
     format_text,
     judged_figures,
     median_cell,
+    summary_line,
     to_markdown,
+    verdict_lines,
 )
 
 DESCRIPTION = """\
@@ -108,6 +113,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "verdicts, under a line naming the differences; not with --gate or --json",
     )
     p.add_argument("--unpaired", action="store_true", help="compare as independent samples even when rounds match")
+    p.add_argument(
+        "--wide",
+        action="store_true",
+        help=f"lines past {text_table.WIDTH} characters, none wrapped: one row per arm and a column per figure "
+        f"(with --gate, the verdict a column); by default figures are rows and arms columns, within "
+        f"{text_table.WIDTH}",
+    )
     p.add_argument("--markdown", type=Path, default=None, help="also write the table as Markdown here")
     p.add_argument("--json", type=Path, default=None, help="also write the compare document (JSON) here")
     dash = p.add_argument_group("dashboard exports (the figures of SOURCE: median over rounds, min..max)")
@@ -169,13 +181,26 @@ def main(args: argparse.Namespace) -> int:
         return run_gate_command(args, arms)
     if unlike:
         return show_side_by_side(args, arms, unlike)
-    print(format_text(comparison))
+    print(comparison_text(comparison, args.wide))
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(to_markdown(comparison))
     if args.json:
         write_json(args.json, compare_document(comparison, folder=args.json.parent), indent=2)
     return 0
+
+
+def comparison_text(comparison: Comparison, wide: bool) -> str:
+    """The arms' figures and the verdicts: figures as rows and arms as columns within WIDTH (arms that do
+    not fit go on to a table of their own), the verdicts wrapped; ``wide``: one row per arm."""
+    if wide:
+        return format_text(comparison)
+    lines = [*figure_rows(comparison.arms, comparison.figures), MEDIAN_NOTE, ""]
+    lines += text_table.wrapped([*verdict_lines(comparison), f"in all: {summary_line(comparison)}"])
+    return "\n".join(lines)
+
+
+MEDIAN_NOTE = "median over rounds ± half the range"
 
 
 def one_bench_run(sources: list[str]) -> bool:
@@ -199,7 +224,11 @@ def show_side_by_side(args: argparse.Namespace, arms: list[Arm], unlike: list[Di
     """--unlike: the arms' figures without verdicts, under the line that says why."""
     table = like_for_like.side_by_side(arms)
     header = like_for_like.not_judged_line(unlike)
-    print("\n".join([header, *(f"  {d.text}" for d in unlike), "", *figures_table(table)]))
+    if args.wide:
+        print("\n".join([header, *(f"  {d.text}" for d in unlike), "", *figures_table(table)]))
+    else:
+        why = text_table.wrapped([header, *(f"  {d.text}" for d in unlike)])
+        print("\n".join([*why, "", *figure_rows(table.arms, table.figures), MEDIAN_NOTE]))
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(side_by_side_markdown(arms, table.figures, header, unlike))
@@ -222,7 +251,7 @@ def run_gate_command(args: argparse.Namespace, arms: list[Arm], prog: str = PROG
     except (ResultsError, ValueError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return gate.EXIT_UNUSABLE
-    print(gate.format_text(result))
+    print(gate.format_text(result, wide=args.wide))
     if args.markdown:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(args.markdown).write_text(gate.to_markdown(result))

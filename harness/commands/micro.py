@@ -1,8 +1,9 @@
 """``bench micro``: time each codec on fixed payloads against one memcpy.
 
 Prints one table row per codec x payload cell as it is measured: encode and
-decode p50/p99, wire bytes and frames of one encode, the memcpy reference and
-ratio = (enc p50 + dec p50) / memcpy p50. What is timed and how is
+decode p50 (and p99 with ``--wide``), wire bytes and frames of one encode, the
+memcpy reference, ratio = (enc p50 + dec p50) / memcpy p50, and the adapter's
+time where a chosen codec has one. The default view fits 100 columns. What is timed and how is
 ``harness.micro.timing``'s docstring; the payloads and what counts as their
 bytes are ``harness.micro.payloads``'s.
 
@@ -31,10 +32,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import wirecodecs
+from harness.analysis import table as text_table
 from harness.analysis.table import format_line
 from harness.micro import delivery
 from harness.micro.payloads import PAYLOADS
@@ -59,8 +62,9 @@ from harness.transports.registry import loaded_transports
 DESCRIPTION = """\
 Time each codec's encode and decode on fixed payloads (a prompt, output
 batches, images, tensors) against one memcpy of the same bytes. One row per
-codec and payload: encode and decode p50 and p99, the wire bytes and frames of
-one encode, the memcpy and the ratio (encode p50 + decode p50) / memcpy p50.
+codec and payload: encode and decode p50 (and p99 with --wide), the wire bytes
+and frames of one encode, the memcpy and the ratio (encode p50 + decode p50) /
+memcpy p50.
 --transport adds delivery to another process. --count instructions counts each
 call's instructions under valgrind instead of timing it (counts stay the same
 on a busy machine, times do not), and --baseline gates those counts."""
@@ -94,81 +98,152 @@ def machine_line(meta: dict[str, Any]) -> str:
     )
 
 
-# Fixed widths (title, width), so rows can print as they are measured;
-# the codec and payload columns are left-aligned.
-COLUMNS = [
-    ("codec", 14),
-    ("payload", 21),
-    ("enc p50 µs", 11),
-    ("enc p99 µs", 11),
-    ("dec p50 µs", 11),
-    ("dec p99 µs", 11),
-    ("bytes", 12),
-    ("frames", 6),
-    ("memcpy µs", 10),
-    ("ratio", 8),
-    ("adapter µs", 11),
+# Columns are fixed before the first row, so rows print as they are measured. The default view fits
+# WIDTH columns (p50s, times in µs said once in the legend); --wide adds the p99s and, for delivery,
+# the cold memcpy, the parts and the first send.
+
+WIDTH = text_table.WIDTH
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure column: its title, its width in each view, and whether only --wide shows it."""
+
+    title: str
+    width: int
+    wide_width: int
+    in_us: bool  # a time: "µs" in its --wide title, in the legend otherwise
+    wide_only: bool = False
+
+    def heading(self, wide: bool) -> str:
+        return f"{self.title} µs" if wide and self.in_us else self.title
+
+
+@dataclass(frozen=True)
+class Table:
+    """Name columns (left-aligned) and figure columns (right-aligned), widths fixed up front."""
+
+    names: list[str]
+    figures: list[Figure]
+    widths: list[int]
+    wide: bool
+
+    def header_lines(self) -> list[str]:
+        head = format_line([*self.names, *(f.heading(self.wide) for f in self.figures)], self.widths, len(self.names))
+        return [head, "-" * len(head)]
+
+    def row(self, names: Sequence[str], figures: dict[str, str]) -> str:
+        return format_line([*names, *(figures[f.title] for f in self.figures)], self.widths, len(self.names))
+
+    def failed_row(self, names: Sequence[str], why: str) -> str:
+        """The names, then why the cell has no figures; wrapped under the figures in the default view."""
+        line = format_line([*names, why], self.widths, len(self.names))
+        if self.wide or len(line) <= WIDTH:
+            return line
+        return "\n".join(text_table.wrapped([line], WIDTH, hang=sum(w + 2 for w in self.widths[: len(self.names)])))
+
+
+def make_table(names: dict[str, Sequence[str]], figures: Sequence[Figure], wide: bool) -> Table:
+    """A table for these name columns (title: the values they will hold) and the figures the view shows."""
+    shown = [f for f in figures if wide or not f.wide_only]
+    name_widths = [max(len(title), *map(len, values)) for title, values in names.items()]
+    figure_widths = [max(f.wide_width if wide else f.width, len(f.heading(wide))) for f in shown]
+    return Table(list(names), shown, name_widths + figure_widths, wide)
+
+
+def wrapped(text: str, indent: str = "") -> list[str]:
+    """A legend in lines of at most WIDTH columns."""
+    return text_table.wrapped([indent + text], WIDTH, hang=2)
+
+
+def has_adapter(codec: str) -> bool:
+    """Whether the codec converts our messages to its own (its class says; one that does not load has none)."""
+    try:
+        return hasattr(wirecodecs.registry.codec_class(codec), "to_native")
+    except wirecodecs.UnknownCodecError:
+        return False
+
+
+CELL_FIGURES = [
+    Figure("enc p50", 7, 11, in_us=True),
+    Figure("enc p99", 7, 11, in_us=True, wide_only=True),
+    Figure("dec p50", 7, 11, in_us=True),
+    Figure("dec p99", 7, 11, in_us=True, wide_only=True),
+    Figure("bytes", 10, 12, in_us=False),
+    Figure("frames", 6, 6, in_us=False),
+    Figure("memcpy", 7, 10, in_us=True),
+    Figure("ratio", 6, 8, in_us=False),
 ]
-_WIDTHS = [w for _, w in COLUMNS]
+ADAPTER = Figure("adapter", 7, 11, in_us=True)  # only where a chosen codec has an adapter: else all "-"
 
 
-def _row(values: Sequence[str]) -> str:
-    return format_line(values, _WIDTHS, left=2)
+def cell_table(codecs: Sequence[str], payloads: Sequence[str], wide: bool = False) -> Table:
+    adapter = [ADAPTER] if any(has_adapter(c) for c in codecs) else []
+    return make_table({"codec": codecs, "payload": payloads}, [*CELL_FIGURES, *adapter], wide)
 
 
-def header_lines() -> list[str]:
-    titles = _row([t for t, _ in COLUMNS])
-    return [titles, "-" * len(titles)]
-
-
-def format_row(m: Measurement) -> str:
-    cell, memcpy = m.cell, m.memcpy
+def cell_figures(m: Measurement) -> dict[str, str] | None:
+    """Every figure of a measured cell by column title; None where the cell did not run."""
+    cell, memcpy, ratio = m.cell, m.memcpy, m.ratio
     if cell.status != "ok" or cell.encode is None or cell.decode is None:
-        return _row([cell.codec, cell.payload, f"{cell.status}: {cell.reason}"])
-    ratio = m.ratio
-    return _row(
-        [
-            cell.codec,
-            cell.payload,
-            _us(cell.encode.p50_us),
-            _us(cell.encode.p99_us),
-            _us(cell.decode.p50_us),
-            _us(cell.decode.p99_us),
-            f"{cell.wire_bytes:,}",
-            str(cell.frames),
-            _us(memcpy.p50_us) if memcpy else "-",
-            _ratio_text(ratio) if ratio is not None else "-",
-            _us(cell.adapt.p50_us) if cell.adapt is not None else "-",
-        ]
-    )
+        return None
+    return {
+        "enc p50": _us(cell.encode.p50_us),
+        "enc p99": _us(cell.encode.p99_us),
+        "dec p50": _us(cell.decode.p50_us),
+        "dec p99": _us(cell.decode.p99_us),
+        "bytes": f"{cell.wire_bytes:,}",
+        "frames": str(cell.frames),
+        "memcpy": _us(memcpy.p50_us) if memcpy else "-",
+        "ratio": _ratio_text(ratio) if ratio is not None else "-",
+        "adapter": _us(cell.adapt.p50_us) if cell.adapt is not None else "-",
+    }
 
 
-DELIVERY_COLUMNS = [
-    ("codec", 14),
-    ("payload", 21),
-    ("transport", 18),
-    ("p50 µs", 11),
-    ("p99 µs", 11),
-    ("memcpy µs", 10),
-    ("ratio", 8),
-    ("cold memcpy µs", 15),
-    *((f"{part} µs", 11) for part in delivery.PARTS),
-    ("first µs", 11),
+def format_row(table: Table, m: Measurement) -> str:
+    figures = cell_figures(m)
+    names = [m.cell.codec, m.cell.payload]
+    return table.row(names, figures) if figures else table.failed_row(names, f"{m.cell.status}: {m.cell.reason}")
+
+
+DELIVERY_FIGURES = [
+    Figure("p50", 7, 11, in_us=True),
+    Figure("p99", 7, 11, in_us=True),
+    Figure("memcpy", 7, 10, in_us=True),
+    Figure("ratio", 6, 8, in_us=False),
+    Figure("cold memcpy", 7, 15, in_us=True, wide_only=True),
+    *(Figure(part, 7, 11, in_us=True, wide_only=True) for part in delivery.PARTS),
+    Figure("first", 7, 11, in_us=True, wide_only=True),
 ]
-_DELIVERY_WIDTHS = [w for _, w in DELIVERY_COLUMNS]
 
 
-def format_delivery_row(dm: DeliveryMeasurement) -> str:
+def transport_label(name: str, variant: str) -> str:
+    """A transport as the table names it (``delivery.Delivery.label``): ``shm``, ``shm in-place``."""
+    return f"{name} {variant}" if variant else name
+
+
+def delivery_table(
+    codecs: Sequence[str], payloads: Sequence[str], transports: Sequence[tuple[str, str]], wide: bool = False
+) -> Table:
+    labels = [transport_label(*t) for t in transports]
+    return make_table({"codec": codecs, "payload": payloads, "transport": labels}, DELIVERY_FIGURES, wide)
+
+
+def format_delivery_row(table: Table, dm: DeliveryMeasurement) -> str:
     d, memcpy = dm.delivery, dm.memcpy
-    row = [d.codec, d.payload, d.label]
+    names = [d.codec, d.payload, d.label]
     if d.status != "ok":
-        row.append(f"{d.status}: {d.reason}")
-    else:
-        row += [_us(d.p50_us), _us(d.p99_us), _us(memcpy.p50_us), _ratio_text(dm.ratio)]
-        row.append(_us(dm.memcpy_cold.p50_us) if dm.memcpy_cold else "-")
-        row += [_us(us) for us in d.parts_p50_us.values()]
-        row.append(_us(d.first_us))
-    return format_line(row, _DELIVERY_WIDTHS, left=3)
+        return table.failed_row(names, f"{d.status}: {d.reason}")
+    figures = {
+        "p50": _us(d.p50_us),
+        "p99": _us(d.p99_us),
+        "memcpy": _us(memcpy.p50_us),
+        "ratio": _ratio_text(dm.ratio),
+        "cold memcpy": _us(dm.memcpy_cold.p50_us) if dm.memcpy_cold else "-",
+        **{part: _us(us) for part, us in d.parts_p50_us.items()},
+        "first": _us(d.first_us),
+    }
+    return table.row(names, figures)
 
 
 # Every payload name, messages then paths; the default selection. Paths are timed only: delivery
@@ -229,6 +304,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help=f"with --transport, also time {' and '.join(having) or 'no transport'} this way: {meaning}",
         )
     parser.add_argument("--delivery-iterations", type=int, default=50, help="sends per delivery cell (default 50)")
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help=f"every column, lines past {WIDTH} characters: the p99s, and with --transport the cold memcpy, "
+        "each part of a send and the first send",
+    )
     g = parser.add_argument_group("instruction counts (valgrind's callgrind)")
     g.add_argument(
         "--count",
@@ -287,10 +368,12 @@ def main(args: argparse.Namespace) -> int:
     settings = {"min_iterations": args.min_iterations, "min_time_s": args.min_time}
     with one_torch_thread():
         meta = run_metadata()  # inside: it records the pinned thread count
-        cells = _print_cells(codecs, payloads, args.min_iterations, args.min_time, meta)
+        cells = _print_cells(codecs, payloads, args.min_iterations, args.min_time, meta, args.wide)
     if transports and paths:
         print(f"note: no delivery for {', '.join(paths)} (path payloads are timed in one process)")
-    deliveries = _print_deliveries(codecs, messages, transports, args.delivery_iterations) if transports else []
+    deliveries = (
+        _print_deliveries(codecs, messages, transports, args.delivery_iterations, args.wide) if transports else []
+    )
     if args.json is not None:
         # Here, not at the top: documents imports the load generator (aiohttp), which timing never needs.
         from harness.analysis import documents
@@ -315,43 +398,55 @@ def _with_variants(names: list[str], variants: list[str]) -> list[tuple[str, str
 
 
 def _print_cells(
-    codecs: list[str], payloads: list[str], min_iterations: int, min_time_s: float, meta: dict[str, Any]
+    codecs: list[str], payloads: list[str], min_iterations: int, min_time_s: float, meta: dict[str, Any], wide: bool
 ) -> list[Measurement]:
-    print(machine_line(meta))
-    print(
-        f"min {min_iterations} iterations and {min_time_s:g} s per measurement; "
-        "ratio = (enc p50 + dec p50) / memcpy p50; adapter = a codec's conversion of our message to its own "
-        "and back (vllm), outside enc, dec and ratio"
-    )
+    table = cell_table(codecs, payloads, wide)
+    print("\n".join(wrapped(machine_line(meta))))
+    p99s = "" if wide else " (--wide adds the p99s)"
+    legend = f"min {min_iterations} iterations and {min_time_s:g} s per measurement; times in µs{p99s}; "
+    legend += "ratio = (enc p50 + dec p50) / memcpy p50"
+    if ADAPTER in table.figures:
+        legend += (
+            "; adapter = a codec's conversion of our message to its own and back (vllm), outside enc, dec and ratio"
+        )
+    print("\n".join(wrapped(legend)))
     if any(p in PATH_PAYLOADS for p in payloads):
-        print(PATH_LEGEND)
-    for line in header_lines():
+        print("\n".join(wrapped(PATH_LEGEND)))
+    for line in table.header_lines():
         print(line)
     cells = []
     for m in measure(codecs, payloads, min_iterations, min_time_s):
-        print(format_row(m), flush=True)
+        print(format_row(table, m), flush=True)
         cells.append(m)
     return cells
 
 
 def _print_deliveries(
-    codecs: list[str], payloads: list[str], transports: list[tuple[str, str]], iterations: int
+    codecs: list[str], payloads: list[str], transports: list[tuple[str, str]], iterations: int, wide: bool
 ) -> list[DeliveryMeasurement]:
-    print(
-        f"\ndelivery: encode → send → receive in another process → decode, {iterations} one-at-a-time sends "
-        f"after {delivery.WARMUP_SENDS} untimed ones; ratio = p50 / memcpy p50; cold memcpy = the same copy with "
-        "both arrays out of cache, as a send's copy finds them (the copy part's floor); first = the first send "
-        "(one-time costs: the receiver's imports, fresh pages); each part is its own p50, one send's parts add up "
-        "to its delivery:"
+    legend = (
+        f"delivery: encode → send → receive in another process → decode, {iterations} one-at-a-time sends "
+        f"after {delivery.WARMUP_SENDS} untimed ones; ratio = p50 / memcpy p50"
     )
-    for part, meaning in delivery.PARTS.items():
-        print(f"  {part}: {meaning}")
-    head = format_line([t for t, _ in DELIVERY_COLUMNS], _DELIVERY_WIDTHS, left=3)
-    print(head)
-    print("-" * len(head))
+    if wide:
+        legend += (
+            "; cold memcpy = the same copy with both arrays out of cache, as a send's copy finds them (the copy "
+            "part's floor); first = the first send (one-time costs: the receiver's imports, fresh pages); each part "
+            "is its own p50, one send's parts add up to its delivery:"
+        )
+    else:
+        legend += f"; times in µs; --wide adds the cold memcpy, each part ({', '.join(delivery.PARTS)}), the first send"
+    print()
+    print("\n".join(wrapped(legend)))
+    if wide:
+        for part, meaning in delivery.PARTS.items():
+            print("\n".join(wrapped(f"{part}: {meaning}", indent="  ")))
+    table = delivery_table(codecs, payloads, transports, wide)
+    for line in table.header_lines():
+        print(line)
     deliveries = []
     for dm in measure_delivery(codecs, payloads, transports, iterations):
-        print(format_delivery_row(dm), flush=True)
+        print(format_delivery_row(table, dm), flush=True)
         deliveries.append(dm)
     return deliveries
 
@@ -386,10 +481,11 @@ def _count_instructions(codecs: list[str], payloads: list[str], args: argparse.N
         print(f"bench micro: error: --{exc}", file=sys.stderr)
         return 2
     meta = {**run_metadata(), "valgrind": instructions.valgrind_version()}
-    print(
+    legend = (
         f"instructions per call under callgrind ({args.calls} counted calls per cell, the empty loop's subtracted; "
         f"median over {len(shifts)} interpreter layouts)"
     )
+    print("\n".join(wrapped(legend)))
     counts = []
     try:
         ops = [op.strip() for op in args.ops.split(",") if op.strip()]
@@ -414,5 +510,5 @@ def _count_instructions(codecs: list[str], payloads: list[str], args: argparse.N
         return ic.EXIT_UNUSABLE
     if baseline.get("layout_shifts") is not None and list(baseline["layout_shifts"]) != list(shifts):
         print(f"note: the baseline was counted under layouts {baseline['layout_shifts']}, now {list(shifts)}")
-    print("\n".join(ic.format_gate(gate)))
+    print("\n".join(text_table.wrapped(ic.format_gate(gate))))
     return gate.exit_code
