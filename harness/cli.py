@@ -4,7 +4,8 @@ A command module has ``add_arguments(parser)`` and ``main(args) -> int``, and
 may have ``DESCRIPTION`` and ``EPILOG`` (what its --help says above and below
 the flags; plain text, wrapped as it should print) and ``PRESETS`` /
 ``NAMED_PRESETS``. Modules are imported only when their command runs, so
-``bench micro`` does not pay for aiohttp and ``bench load`` not for torch.
+``bench micro`` does not pay for aiohttp and ``bench load`` not for torch. A flag a command does
+not take is that command's error: its usage, then the closest of its flags (exit 2).
 
 Ctrl-C and SIGTERM stop every command the same way (``stop_on_signals``): an
 interrupted command exits 130, or 143 when SIGTERM stopped it, with one line
@@ -14,10 +15,14 @@ and no traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import re
 import signal
 import sys
+from collections.abc import Sequence
 from types import FrameType
+from typing import Any
 
 from harness.processes import parent_watch
 
@@ -51,10 +56,39 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM: an interrupted command that SIGTERM stop
 _terminated: list[int] = []  # the SIGTERMs received, so the exit code can say which signal stopped the command
 
 
+FLAG = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*")  # in a usage line: its flags, not their metavars
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A command's parser: an argument the command does not take is its error (its usage, exit 2), with
+    the closest of its flags, not the top-level parser's, which knows none of them."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # argparse's overloads, as one
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(unrecognized(extras, self.flags()))
+        return parsed, extras
+
+    def flags(self) -> list[str]:
+        """Every flag the command takes, as its usage names them (argparse keeps its actions private)."""
+        return list(dict.fromkeys(FLAG.findall(self.format_usage())))
+
+
+def unrecognized(extras: Sequence[str], flags: Sequence[str]) -> str:
+    """``unrecognized argument --num-promts (did you mean --num-prompts?)``: each unknown flag (or, when no
+    flag is among them, each stray argument) with the closest flag the command has."""
+    unknown = [a for a in extras if a.startswith("-")] or list(extras)
+    named = []
+    for arg in unknown:
+        close = difflib.get_close_matches(arg.split("=", 1)[0], flags, n=1) if arg.startswith("-") else []
+        named.append(f"{arg} (did you mean {close[0]}?)" if close else arg)
+    return f"unrecognized argument{'s' if len(named) > 1 else ''} {', '.join(named)}"
+
+
 def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
     raw = argparse.RawDescriptionHelpFormatter  # descriptions and epilogs print as written
     parser = argparse.ArgumentParser(prog="bench", description=DESCRIPTION, epilog=EPILOG, formatter_class=raw)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands", parser_class=CommandParser)
     wanted = next((a for a in argv if not a.startswith("-")), None)
     for name, (module, summary) in COMMANDS.items():
         cmd = sub.add_parser(name, help=summary, description=summary, formatter_class=raw)
