@@ -26,7 +26,7 @@ ENV = "WIREBENCH_PARENT_PID"
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent() -> None:
+def die_with_parent(who: str = "bench serve") -> None:
     """SIGTERM this process when the parent named in ``ENV`` dies; exit now if it already has."""
     named = os.environ.pop(ENV, None)  # popped: the engine process this server spawns watches its own parent
     if not named or not sys.platform.startswith("linux"):
@@ -37,7 +37,7 @@ def die_with_parent() -> None:
     except (OSError, AttributeError):
         return
     if os.getppid() != int(named):  # it died before the prctl: no signal will come
-        raise SystemExit(f"bench serve: the parent process {named} is gone")
+        raise SystemExit(f"{who}: the parent process {named} is gone")
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

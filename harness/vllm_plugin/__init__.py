@@ -25,6 +25,10 @@ A codec that unpickles what its peer sends (``pickle``, ``pickle-oob``) is refus
 server's start, unless vLLM's own opt-in ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` is set: vLLM's decoder
 refuses pickled data without it, and the plugin must not reopen that hole (``harness.wire.hook_policy``).
 
+``bench run`` names itself in ``WIREBENCH_PARENT_PID`` (``harness.processes.parent_watch``): the API
+server it started then ends when it does, even when it is killed outright, and vLLM's own clean stop ends
+the engine.
+
 A vLLM whose modules do not have the names the plugin rebinds and reads (``harness.vllm_plugin.layout``)
 is refused the same way, in one line naming what is missing and the vLLM version.
 
@@ -46,6 +50,11 @@ OWN_CODEC = "vllm"
 
 def register() -> None:
     """The entry point vLLM calls in each of its processes (more than once: idempotent)."""
+    from harness.processes.parent_watch import die_with_parent
+
+    # The first process to load the plugin is the API server bench run started; the variable is popped
+    # there, before vLLM spawns its engine, so only that process watches bench run.
+    die_with_parent("wirebench plugin")
     codec = os.environ.get(ENV_CODEC, "").strip()
     if not codec:
         return
