@@ -2,6 +2,8 @@
 
 Installed as ``wirecodecs`` from the ``codecs/`` folder (a package named
 ``codecs`` would be shadowed by the standard library's).
+
+Its modules, each with its job: docs/architecture.md (Packages, bottom-up).
 """
 
 from .base import (

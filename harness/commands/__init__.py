@@ -1,1 +1,4 @@
-"""One module per ``bench`` command: its flags, its ``main``, its printing. Nothing imports a command module."""
+"""One module per ``bench`` command: its flags, its ``main``, its printing. Nothing imports a command module.
+
+Its modules, each with its job: docs/architecture.md (Packages, bottom-up).
+"""

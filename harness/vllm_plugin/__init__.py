@@ -33,6 +33,8 @@ A vLLM whose modules do not have the names the plugin rebinds and reads (``harne
 is refused the same way, in one line naming what is missing and the vLLM version.
 
 Nothing here imports vLLM until ``register`` runs inside vLLM.
+
+Its modules, each with its job: docs/architecture.md (Packages, bottom-up).
 """
 
 from __future__ import annotations
