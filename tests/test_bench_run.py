@@ -127,6 +127,41 @@ def test_arms_take_turns_block_by_block_in_reversed_order_every_other_block():
     assert calls == [("a", 0, 3), ("b", 0, 3), ("b", 3, 6), ("a", 3, 6)]  # nothing after the interrupted block
 
 
+def test_a_block_gap_waits_only_where_the_next_block_goes_to_another_arm():
+    import asyncio
+    import time
+
+    from harness.experiment.rounds import block_gap, take_turns
+
+    class TimedLoad:
+        def __init__(self, name: str, calls: list) -> None:
+            self.name, self.calls = name, calls
+
+        async def send_block(self, start: int, stop: int) -> bool:
+            self.calls.append((self.name, start, time.monotonic()))
+            return False
+
+    calls: list = []
+    asyncio.run(take_turns([TimedLoad("a", calls), TimedLoad("b", calls)], 6, 3, rnd=0, gap=0.2))
+    order = [(name, start) for name, start, _ in calls]
+    assert order == [("a", 0), ("b", 0), ("b", 3), ("a", 3)]  # b's two blocks follow each other
+    waits = [round(later[2] - earlier[2], 1) for earlier, later in zip(calls, calls[1:])]
+    assert waits[0] >= 0.2 and waits[2] >= 0.2 and waits[1] < 0.2  # no gap between b and b
+
+    class Plan:
+        def __init__(self, gap: float | None) -> None:
+            self.block_gap = gap
+
+    class Exp:
+        def __init__(self, servers: list[str], gap: float | None = None) -> None:
+            self.plan = Plan(gap)
+            self.arms = [type("Arm", (), {"server": s})() for s in servers]
+
+    assert block_gap(Exp(["wirebench", "wirebench"])) == 0.0
+    assert block_gap(Exp(["vllm", "vllm"])) == 1.5  # vLLM's worker polls busily 1 s after its last step
+    assert block_gap(Exp(["vllm", "vllm"], gap=0.0)) == 0.0
+
+
 def test_a_duet_sends_every_arms_block_at_once_and_stops_after_an_interrupted_one():
     import asyncio
 

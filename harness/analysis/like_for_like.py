@@ -30,7 +30,7 @@ from harness.workloads.spec import WorkloadSpec
 
 # The experiment plan's comparable settings (harness.experiment.settings.RunPlan declares them), named
 # here because analysis sits below experiment in the layers (tests/test_layout.py); a test holds them equal.
-PLAN_SETTINGS = ("block_size", "duet", "pin_servers")
+PLAN_SETTINGS = ("block_size", "duet", "block_gap", "pin_servers")
 
 
 def compared_settings() -> tuple[str, ...]:

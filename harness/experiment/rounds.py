@@ -27,7 +27,7 @@ from harness.analysis.documents import label_prefix, save_run
 from harness.experiment.arms import ArmSpec, round_order, split_arm_env
 from harness.experiment.server import ServerProcess
 from harness.experiment.settings import Experiment
-from harness.experiment.vllm_server import VllmServer, reset_caches, spans_folder
+from harness.experiment.vllm_server import HANDOVER_GAP_S, VllmServer, reset_caches, spans_folder
 from harness.loadgen import process_cpu
 from harness.loadgen.runner import BenchmarkError, BenchmarkResult, ServerLoad, run_benchmark
 from harness.loadgen.settings import LoadSettings
@@ -307,8 +307,11 @@ async def _load_in_blocks(
             loads[i] = load
         if not stopped:
             in_order = [loads[i] for i in sorted(loads)]  # arm order: take_turns applies the design's rows
-            turns = side_by_side if exp.plan.duet else take_turns
-            stopped = await turns(in_order, len(workload), exp.plan.block_size or len(workload), rnd)
+            block = exp.plan.block_size or len(workload)
+            if exp.plan.duet:
+                stopped = await side_by_side(in_order, len(workload), block, rnd)
+            else:
+                stopped = await take_turns(in_order, len(workload), block, rnd, block_gap(exp))
         for i, load in loads.items():
             load.interrupted = load.interrupted or stopped  # the round ended early for every arm
             while i not in results:
@@ -320,11 +323,36 @@ async def _load_in_blocks(
     return results
 
 
-async def take_turns(loads: list[Any], n: int, block: int, rnd: int) -> bool:
+def block_gap(exp: Experiment) -> float:
+    """--block-gap resolved: the one given, else HANDOVER_GAP_S when an arm is a real vLLM, else 0."""
+    if exp.plan.block_gap is not None:
+        return exp.plan.block_gap
+    return HANDOVER_GAP_S if any(a.server == "vllm" for a in exp.arms) else 0.0
+
+
+async def _interrupted_quiet(seconds: float) -> bool:
+    """Sleep ``seconds``; True when Ctrl-C came meanwhile (the round then ends as in a block)."""
+    from harness.loadgen.workers import uncancel_current_task
+
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        uncancel_current_task()
+        return True
+    return False
+
+
+async def take_turns(loads: list[Any], n: int, block: int, rnd: int, gap: float = 0.0) -> bool:
     """Blocks of ``block`` requests to each load in turn, block b of round r in row b + r of the
-    Williams design (two arms: reversed every other block). True when Ctrl-C stopped it."""
+    Williams design (two arms: reversed every other block), ``gap`` seconds of quiet before a block
+    that goes to another load than the last one (outside every block's clock). True when Ctrl-C
+    stopped it."""
+    last = None
     for b, start in enumerate(range(0, n, block)):
         for load in round_order(loads, b + rnd):
+            if gap and last is not None and load is not last and await _interrupted_quiet(gap):
+                return True
+            last = load
             if await load.send_block(start, min(start + block, n)):
                 return True
     return False

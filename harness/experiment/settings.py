@@ -84,6 +84,16 @@ class RunPlan:
         "injected into one arm read a third of its size (docs/results.md)",
         comparable=True,
     )
+    block_gap: float | None = setting(
+        None,
+        flag="--block-gap",
+        type=float,
+        metavar="SECONDS",
+        help="in blocks, wait this long before a block goes to another arm than the last one, so the last "
+        "arm's server has gone quiet (default: 1.5 when an arm is a real vLLM, whose worker keeps polling "
+        "its queue for 1 s after its last step, on the cores the next arm needs; else 0)",
+        comparable=True,
+    )
     pin_servers: str = setting(
         "",
         flag="--pin-servers",
@@ -117,6 +127,8 @@ class RunPlan:
             raise ValueError("--repeat must be >= 1")
         if self.block_size is not None and self.block_size < 0:
             raise ValueError(f"--block-size must be >= 0, got {self.block_size}")
+        if self.block_gap is not None and not 0 <= self.block_gap <= 60:
+            raise ValueError(f"--block-gap must be between 0 and 60 seconds, got {self.block_gap:g}")
         if self.pin_servers:
             usable = os.sched_getaffinity(0)
             outside = set(self.server_cpus) - usable

@@ -45,6 +45,11 @@ DEFAULT_ENV = {
 # (on by default), the processor cache of images both processes mirror, the engine's encoder outputs.
 RESET_CACHES = ("/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache")
 SERVERS = ("wirebench", "vllm")
+# In blocks, the quiet before a block goes to another arm when an arm is a real vLLM: after its last step
+# vLLM's worker keeps polling its shared-memory queue with sched_yield for 1 s (shm_broadcast's
+# SpinCondition, busy_loop_s) before it sleeps on a socket; on 2 cores that spin took a core from the next
+# arm's first second, whose first requests then waited up to a second (docs/real-vllm.md, Limits).
+HANDOVER_GAP_S = 1.5
 # vLLM flags that may put an engine on another host, and so vLLM's engine link on tcp: data parallelism
 # across nodes (all its flags but the size and the backend), headless engines, multi-node and elastic EP.
 REMOTE_LINK_PREFIXES = ("--data-parallel-", "-dp", "--headless", "--nnodes", "--node-rank", "--master-")
