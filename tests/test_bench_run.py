@@ -142,7 +142,9 @@ def test_a_block_gap_waits_only_where_the_next_block_goes_to_another_arm():
             return False
 
     calls: list = []
+    began = time.monotonic()
     asyncio.run(take_turns([TimedLoad("a", calls), TimedLoad("b", calls)], 6, 3, rnd=0, gap=0.2))
+    assert calls[0][2] - began >= 0.2  # the warmups went to every arm just before the first block
     order = [(name, start) for name, start, _ in calls]
     assert order == [("a", 0), ("b", 0), ("b", 3), ("a", 3)]  # b's two blocks follow each other
     waits = [round(later[2] - earlier[2], 1) for earlier, later in zip(calls, calls[1:])]

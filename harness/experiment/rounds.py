@@ -345,12 +345,12 @@ async def _interrupted_quiet(seconds: float) -> bool:
 async def take_turns(loads: list[Any], n: int, block: int, rnd: int, gap: float = 0.0) -> bool:
     """Blocks of ``block`` requests to each load in turn, block b of round r in row b + r of the
     Williams design (two arms: reversed every other block), ``gap`` seconds of quiet before a block
-    that goes to another load than the last one (outside every block's clock). True when Ctrl-C
-    stopped it."""
+    that goes to another load than the last one (outside every block's clock), and before the first
+    (the warmups just went to every load). True when Ctrl-C stopped it."""
     last = None
     for b, start in enumerate(range(0, n, block)):
         for load in round_order(loads, b + rnd):
-            if gap and last is not None and load is not last and await _interrupted_quiet(gap):
+            if gap and load is not last and await _interrupted_quiet(gap):
                 return True
             last = load
             if await load.send_block(start, min(start + block, n)):

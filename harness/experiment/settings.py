@@ -89,8 +89,8 @@ class RunPlan:
         flag="--block-gap",
         type=float,
         metavar="SECONDS",
-        help="in blocks, wait this long before a block goes to another arm than the last one, so the last "
-        "arm's server has gone quiet (default: 1.5 when an arm is a real vLLM, whose worker keeps polling "
+        help="in blocks, wait this long before a block goes to another arm than the last one (and before a "
+        "round's first, after the warmups), so the last arm's server has gone quiet (default: 1.5 when an arm is a real vLLM, whose worker keeps polling "
         "its queue for 1 s after its last step, on the cores the next arm needs; else 0)",
         comparable=True,
     )
