@@ -119,6 +119,7 @@ def sglang_server(request: pytest.FixtureRequest, model: Path, tmp_path: Path) -
         "WIREBENCH_SGLANG_SPANS": str(spans),
     }
     command = [str(SGLANG_PYTHON), "-m", "sglang.launch_server", "--model-path", str(model), "--port", str(port)]
+    before = _load_slot_files()
     with open(log, "wb") as out:
         server = subprocess.Popen(
             command + SERVER_FLAGS, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -129,6 +130,15 @@ def sglang_server(request: pytest.FixtureRequest, model: Path, tmp_path: Path) -
     finally:
         left = _stop(server)
         assert left == [], f"SGLang left processes behind: {left}"
+        for leaked in _load_slot_files() - before:  # SGLang's own leak: removed, nothing left behind
+            leaked.unlink(missing_ok=True)
+
+
+def _load_slot_files() -> set[Path]:
+    """SGLang's load-snapshot files in /dev/shm. Its teardown kills its processes outright, which skips
+    their unlink (its own sweep, sglang.srt.utils.stale_shm_cleanup, runs only in SGLang's CI), so each
+    server leaves one behind: the test removes those its server made."""
+    return set(Path("/dev/shm").glob("sglang_loads_*"))
 
 
 def _stream_chat(port: int, rid: str) -> dict[str, Any]:
