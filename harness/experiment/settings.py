@@ -90,8 +90,9 @@ class RunPlan:
         type=float,
         metavar="SECONDS",
         help="in blocks, wait this long before a block goes to another arm than the last one (and before a "
-        "round's first, after the warmups), so the last arm's server has gone quiet (default: 1.5 when an arm is a real vLLM, whose worker keeps polling "
-        "its queue for 1 s after its last step, on the cores the next arm needs; else 0)",
+        "round's first, after the warmups), so the last arm's server has gone quiet (default: 1.5 when an "
+        "arm is a real vLLM, whose worker keeps polling its queue for 1 s after its last step, on the cores "
+        "the next arm needs; else 0)",
         comparable=True,
     )
     pin_servers: str = setting(
