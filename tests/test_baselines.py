@@ -50,6 +50,7 @@ SCRIPT_OUTPUTS = {
     "vllm-plugin-overhead.json",
     "vllm-inside-micro.json",
     "sequential-calibration.json",
+    "block-handover.json",
 }
 
 
