@@ -50,8 +50,8 @@ from harness.loadgen.workers import (
     uncancel_current_task,
 )
 from harness.processes.heap import freeze_heap
+from harness.processes.jsonl_records import FLUSH_S
 from harness.server_metrics import engine_info, prometheus
-from harness.vllm_plugin.records import FLUSH_S
 from harness.wire.spans import IpcBudget
 from harness.workloads.sample import SampleRequest
 

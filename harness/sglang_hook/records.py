@@ -24,21 +24,16 @@ or written is said once on stderr and the messages go on untimed.
 
 from __future__ import annotations
 
-import atexit
-import collections
-import contextlib
 import json
-import os
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import Any, cast
+
+from harness.processes.jsonl_records import JsonlRecorder
 
 SEND, RECV = "send", "recv"
-FLUSH_S = 0.2
-CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 TITLE_PREFIX = "sglang::"
 # The process SGLang was started as keeps its command line as its title.
 MAIN_ROLE = "tokenizer"
@@ -57,58 +52,25 @@ def process_role() -> str:
     return MAIN_ROLE
 
 
-class Recorder:
-    """Collects a process's records and writes them off the message path."""
+class Recorder(JsonlRecorder):
+    """The hook's record file in an SGLang process (``harness.processes.jsonl_records``)."""
+
+    thread_name = "wirebench-sglang-records"
+
+    @staticmethod
+    def to_row(record: tuple[Any, ...]) -> list[Any]:
+        return row(record)
+
+    @staticmethod
+    def warn(why: str) -> None:
+        warn_once(why)
 
     def __init__(self, folder: str, role: str, meta: dict[str, Any]) -> None:
-        Path(folder).mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.pid = os.getpid()
-        self.path = Path(folder) / f"{role}-{self.pid}.jsonl"
-        self.pending: collections.deque[tuple[Any, ...]] = collections.deque()
-        fd = os.open(self.path, CREATE_FLAGS, 0o600)
-        self._file = os.fdopen(fd, "a", encoding="utf-8")
-        self._lock = threading.Lock()  # the flusher thread and the exit hook
-        self._write([["meta", {"pid": self.pid, "role": role, "clock": "CLOCK_MONOTONIC", **meta}]])
-        self._stop = threading.Event()
-        threading.Thread(target=self._run, name="wirebench-sglang-records", daemon=True).start()
-        atexit.register(self.flush)
+        super().__init__(folder, role, {"clock": "CLOCK_MONOTONIC", **meta})
 
     @classmethod
     def open(cls, folder: str, role: str, meta: dict[str, Any]) -> Recorder | None:
-        """A recorder, or None (said once) when its file cannot be made."""
-        try:
-            return cls(folder, role, meta)
-        except OSError as exc:
-            warn_once(f"cannot write timings in {folder}: {exc}; this process's messages go on untimed")
-            return None
-
-    def add(self, record: tuple[Any, ...]) -> None:
-        self.pending.append(record)
-
-    def flush(self) -> None:
-        rows = []
-        while self.pending:
-            rows.append(row(self.pending.popleft()))
-        if rows:
-            self._write(rows)
-
-    def _write(self, rows: list[Any]) -> None:
-        with self._lock:
-            if self._file.closed:
-                return
-            try:
-                self._file.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
-                self._file.flush()
-            except OSError as exc:  # a full disk, a folder removed: the messages must not notice
-                warn_once(f"cannot write timings to {self.path}: {exc}; this process's messages go on untimed")
-                self.pending = collections.deque(maxlen=0)
-                self._stop.set()
-                with contextlib.suppress(OSError):
-                    self._file.close()
-
-    def _run(self) -> None:
-        while not self._stop.wait(FLUSH_S):
-            self.flush()
+        return cast("Recorder | None", super().open(folder, role, meta))
 
 
 def request_ids(message: Any) -> str | list[str] | None:

@@ -24,85 +24,34 @@ request's "rd" end â†’ its "ra", the output queue before encode a batch's "oq" â
 
 from __future__ import annotations
 
-import atexit
-import collections
-import contextlib
 import json
-import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+from harness.processes.jsonl_records import JsonlRecorder
 
 REQUEST_ENCODE, REQUEST_DECODE, OUTPUT_ENCODE, OUTPUT_DECODE = "rq", "rd", "oe", "od"
 REQUEST_ADDED, OUTPUT_QUEUED = "ra", "oq"
 REFUSED = "refused"
-FLUSH_S = 0.2
-# A new file only (O_EXCL), never through a symbolic link (O_NOFOLLOW), closed in any child exec.
-CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class Recorder:
-    """Appends from the serializer's threads (a deque append: no lock, no I/O on the message path);
-    a daemon thread writes them out every FLUSH_S, and once more at exit.
+class Recorder(JsonlRecorder):
+    """The plugin's record file in a vLLM process (``harness.processes.jsonl_records``: a deque append on
+    the message path, written by a daemon thread, created new, owner-only, never through a link)."""
 
-    The file is created new and owner-only, never through a link (a planted ``api-<pid>.jsonl`` symlink
-    would otherwise get the records appended to its target). A file that cannot be made or written is
-    said once on stderr and the records are dropped from then on: the messages go on untimed.
-    """
+    @staticmethod
+    def to_row(record: tuple[Any, ...]) -> list[Any]:
+        return _row(record)
 
-    def __init__(self, folder: str, role: str, meta: dict[str, Any]) -> None:
-        Path(folder).mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.path = Path(folder) / f"{role}-{os.getpid()}.jsonl"
-        self.pending: collections.deque[tuple[Any, ...]] = collections.deque()
-        fd = os.open(self.path, CREATE_FLAGS, 0o600)
-        self._file = os.fdopen(fd, "a", encoding="utf-8")
-        self._lock = threading.Lock()  # the flusher thread and the exit hook
-        self._write([["meta", {"pid": os.getpid(), "role": role, **meta}]])
-        self._stop = threading.Event()
-        threading.Thread(target=self._run, name="wirebench-records", daemon=True).start()
-        atexit.register(self.flush)
+    @staticmethod
+    def warn(why: str) -> None:
+        warn_once(why)
 
     @classmethod
     def open(cls, folder: str, role: str, meta: dict[str, Any]) -> Recorder | None:
-        """A recorder, or None (said once) when its file cannot be made."""
-        try:
-            return cls(folder, role, meta)
-        except OSError as exc:
-            warn_once(f"cannot write timings in {folder}: {exc}; this process's messages go on untimed")
-            return None
-
-    def add(self, record: tuple[Any, ...]) -> None:
-        self.pending.append(record)
-
-    def flush(self) -> None:
-        rows = []
-        while self.pending:
-            record = self.pending.popleft()
-            try:
-                rows.append(_row(record))
-            except Exception as exc:  # a message laid out otherwise: that record lost, never the flushing
-                warn_once(f"cannot write a {record[0]!r} record: {type(exc).__name__}: {exc}")
-        if rows:
-            self._write(rows)
-
-    def _write(self, rows: list[Any]) -> None:
-        with self._lock:
-            if self._file.closed:
-                return
-            try:
-                self._file.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
-                self._file.flush()
-            except OSError as exc:  # a full disk, a folder removed: the messages must not notice
-                warn_once(f"cannot write timings to {self.path}: {exc}; this process's messages go on untimed")
-                self.pending = collections.deque(maxlen=0)  # later appends are dropped at no cost
-                self._stop.set()
-                with contextlib.suppress(OSError):
-                    self._file.close()
-
-    def _run(self) -> None:
-        while not self._stop.wait(FLUSH_S):
-            self.flush()
+        return cast("Recorder | None", super().open(folder, role, meta))
 
 
 class Recorders:
