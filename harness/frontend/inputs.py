@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,14 +202,37 @@ def _engine_request(
 OFF_LOOP_CHARS = 8192
 
 
-def _check_prompt_size(text: str, settings: FrontendSettings, param: str) -> None:
-    """Refuse a prompt over max_prompt_bytes before any tokenization (UTF-8 is 1-4 bytes a character)."""
+def _utf8_over(texts: Sequence[str], limit: int) -> bool:
+    """Whether ``texts`` together take more than ``limit`` UTF-8 bytes (1-4 a character: most are
+    decided by their length alone, without encoding them)."""
+    chars = sum(len(t) for t in texts)
+    if chars > limit or 4 * chars <= limit:
+        return chars > limit
+    return sum(len(t.encode("utf-8", "surrogatepass")) for t in texts) > limit
+
+
+def _check_prompt_size(texts: Sequence[str], settings: FrontendSettings, param: str) -> None:
+    """Refuse a prompt over max_prompt_bytes before any tokenization (the bound follows the context:
+    FrontendSettings.max_prompt_bytes)."""
     limit = settings.max_prompt_bytes
-    if len(text) > limit or (4 * len(text) > limit and len(text.encode("utf-8", "surrogatepass")) > limit):
+    if _utf8_over(texts, limit):
         raise ProtocolError(
-            f"the prompt is over the limit of {limit} bytes (this model's context is {settings.max_model_len} tokens)",
+            f"the prompt is over the limit of {limit} bytes (this model's context is {settings.max_model_len} tokens; "
+            "bench serve --max-prompt-bytes)",
             param=param,
         )
+
+
+def _message_texts(messages: Sequence[dict[str, Any]]) -> list[str]:
+    """The text of every message (protocol.parse_chat_request's normalised content), images aside."""
+    texts: list[str] = []
+    for msg in messages:
+        content = msg["content"]
+        if isinstance(content, str):
+            texts.append(content)
+        else:
+            texts.extend(part["text"] for part in content if part["type"] == "text")
+    return texts
 
 
 async def tokenize(tokenizer: TextTokenizer, text: str, packed: bool = False) -> TokenIds:
@@ -235,7 +258,7 @@ async def prepare_completion(
     model = _check_model(settings, req.model)
     if isinstance(req.prompt, str):
         text: str | None = req.prompt
-        _check_prompt_size(req.prompt, settings, "prompt")
+        _check_prompt_size([req.prompt], settings, "prompt")
         ids: TokenIds = await tokenize(tokenizer, req.prompt, packed)
         if len(ids) == 0:
             raise ProtocolError("the prompt tokenizes to nothing", param="prompt")
@@ -273,14 +296,20 @@ async def prepare_chat(
     encode_chat = getattr(tokenizer, "encode_chat", None)
     if encode_chat is None:
         text = tokenizer.apply_chat_template(req.messages)
-        _check_prompt_size(text, settings, "messages")
+        _check_prompt_size([text], settings, "messages")
         ids, positions = await _tokenize_with_markers(tokenizer, text, n_images, packed)
     else:  # a tokenizer with its own instruct encoding (tekken): its ids, with special tokens no text spells
+        # It renders and tokenizes in one call: the messages' text is bounded before it, and a long one
+        # is encoded off the event loop, as a long completion prompt is (tokenize).
+        texts = _message_texts(req.messages)
+        _check_prompt_size(texts, settings, "messages")
+        off_loop = sum(len(t) for t in texts) > OFF_LOOP_CHARS
         try:
-            text, chat_ids, positions = encode_chat(req.messages)
+            text, chat_ids, positions = (
+                await asyncio.to_thread(encode_chat, req.messages) if off_loop else encode_chat(req.messages)
+            )
         except ValueError as exc:  # its own rules (mistral-common: who may speak first)
             raise ProtocolError(str(exc), param="messages") from exc
-        _check_prompt_size(text, settings, "messages")
         ids = pack_token_ids(chat_ids) if packed else chat_ids
         if len(positions) != n_images:
             raise ProtocolError(f"the prompt has {len(positions)} image tokens for {n_images} images", param="messages")

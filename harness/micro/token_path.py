@@ -65,9 +65,10 @@ def sonnet_prompt(tokenizer: TextTokenizer, tokens: int = PROMPT_TOKENS) -> tupl
     raise RuntimeError(f"no cut of the sonnet text tokenizes to {tokens} tokens")  # pragma: no cover
 
 
-def text_path() -> TokenPath:
+def text_path(tokens: int = PROMPT_TOKENS) -> TokenPath:
+    """``text-550-path``'s prompt, or the same kind of prompt cut to ``tokens`` tokens (a long prompt's path)."""
     tokenizer = load_tokenizer()
-    text, encoding = sonnet_prompt(tokenizer)
+    text, encoding = sonnet_prompt(tokenizer, tokens)
     request = text_request()
     request.prompt = text
     request.prompt_token_ids = encoding.ids
