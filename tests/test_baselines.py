@@ -21,6 +21,9 @@ BASELINES = Path(__file__).resolve().parents[1] / "results" / "baselines"
 # Measurements of helper scripts (client capacity, packed micro, the transport client): no schema of ours.
 SCRIPT_OUTPUTS = {
     "client_capacity.json",
+    "sglang-nested-pickles.json",
+    "sglang-nested-pickles-batch.json",
+    "multi-turn-by-turn.json",
     "copy-after-idle.json",
     "gemm-h200.json",
     "loop-cpu.json",

@@ -4,6 +4,7 @@ import hook rebinds io_struct's names before anyone binds them, and nothing happ
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
@@ -91,7 +92,7 @@ def test_timed_send_and_receive_carry_the_message_and_record_each_hop(
     assert path.stat().st_mode & 0o777 == 0o600 and tmp_path.stat().st_mode & 0o777 == 0o700
     assert timed.recorder is not None
     timed.recorder.flush()  # its thread writes every 0.2 s
-    meta, *rows = records.read_rows(path)
+    meta, *rows = records.read_rows(path)[0]
     assert meta[1]["ipc"] == ("pickle" if use_pickle else "msgpack") and meta[1]["role"] == "tokenizer"
     assert [r[:3] for r in rows] == [
         ["send", "GenerateReq", "req-1"],
@@ -132,13 +133,13 @@ def test_async_forms_are_timed_too(tmp_path: Path) -> None:
     assert timed.recorder is not None
     timed.recorder.flush()
     (path,) = tmp_path.glob("*.jsonl")
-    assert [r[0] for r in records.read_rows(path)[1:]] == ["send", "recv"]
+    assert [r[0] for r in records.read_rows(path)[0][1:]] == ["send", "recv"]
 
 
 def test_hops_pair_each_send_with_its_receipt_in_the_other_process(tmp_path: Path) -> None:
     def write(role: str, rows: list[list[Any]]) -> None:
         lines = [["meta", {"role": role, "pid": 1}], *rows]
-        (tmp_path / f"{role}-1.jsonl").write_text("".join(f"{records.json.dumps(r)}\n" for r in lines))
+        (tmp_path / f"{role}-1.jsonl").write_text("".join(f"{json.dumps(r)}\n" for r in lines))
 
     write("tokenizer", [["send", "Req", "r", 100, 130, 140, 500], ["recv", "Str", ["r"], 0, 900, 910, 40]])
     write("scheduler", [["recv", "Req", "r", 50, 200, 260, 500], ["send", "Tok", ["r", "s"], 300, 320, 330, 60]])

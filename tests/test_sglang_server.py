@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -189,12 +190,67 @@ def test_sglang_streams_a_chat_completion_and_the_hook_times_every_hop(
     time.sleep(0.5)  # the hook writes its records every 0.2 s
     by_role = read_folder(spans)
     assert set(by_role) == {"tokenizer", "scheduler", "detokenizer"}, sorted(by_role)
-    metas = [read_rows(path)[0][1] for path in spans.glob("*.jsonl")]
+    metas = [read_rows(path)[0][0][1] for path in spans.glob("*.jsonl")]
     assert {meta["ipc"] for meta in metas} == {ipc}  # SGLANG_USE_PICKLE_IPC reached all three processes
     routes = {(h.sender, h.receiver) for h in hops(spans, rid)}
     assert routes == {("tokenizer", "scheduler"), ("scheduler", "detokenizer"), ("detokenizer", "tokenizer")}
     for hop in hops(spans, rid):
         assert hop.messages >= 1 and hop.bytes > 0, hop
+
+
+@pytest.mark.slow
+@pytest.mark.sglang_cpu
+def test_bench_run_against_real_sglang_times_both_ipc_modes_per_hop(tmp_path: Path) -> None:
+    """Two real SGLang servers (pickle and msgpack between its processes), one round in blocks: per arm the
+    codec figures and every hop of the first-token path measured inside SGLang's three processes, the
+    detokenizer's CPU as a role of its own, and nothing left behind (processes, /dev/shm files)."""
+    before = _load_slot_files()
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "run", "--server", "sglang", "--codec", "pickle,msgspec"]
+        + ["--dataset-name", "random", "--random-input-len", "200", "--random-output-len", "16"]
+        + ["--num-prompts", "6", "--request-rate", "4", "--repeat", "1", "--block-size", "3"]
+        + ["--result-dir", str(tmp_path), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    (compare,) = tmp_path.glob("compare-*.json")
+    runs = json.loads(compare.read_text())["runs"]
+    assert sorted(r["codec"] for r in runs) == ["msgspec", "pickle"]
+    for run in runs:
+        figures = run["figures"]
+        assert figures["failed"] == 0
+        for key in ("request_encode_us", "request_decode_us", "output_encode_us", "output_decode_us"):
+            assert figures[key] > 0, (run["codec"], key, figures)
+        for hop in ("request_encode", "request_queue", "output_wire", "detok_encode", "detok_wire", "detok_decode"):
+            assert figures[f"ipc_{hop}_p50_us"] > 0, (run["codec"], hop, figures)
+        steps = run["blocks"]["step_codec_wire_us"]
+        assert len(steps) == 2 and all(v is not None and v > 0 for v in steps), (run["codec"], steps)
+    run_files = sorted(tmp_path.glob("*-r0-*.json"))
+    assert len(run_files) == 2, run_files
+    for path in run_files:
+        doc = json.loads(path.read_text())
+        seen = doc["metadata"]["sglang_hook"]
+        assert set(seen) == {"tokenizer", "scheduler", "detokenizer"}, seen
+        expected = "pickle" if path.name.startswith("pickle") else "msgpack"
+        assert {role["ipc"] for role in seen.values()} == {expected}, (path.name, seen)
+        assert set(doc["process_cpu"]["roles"]) == {"client", "frontend", "engine", "detokenizer"}
+    assert "detok → tokenizer wire" in done.stdout  # the second output hop has its rows in the IPC budget
+    assert _sglang_processes_of(tmp_path) == []
+    assert _load_slot_files() - before == set(), "the servers' /dev/shm files were left behind"
+
+
+def _sglang_processes_of(folder: Path) -> list[int]:
+    """Live processes whose hook writes under ``folder`` (the run's servers and their children)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and str(folder).encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 @pytest.fixture(autouse=True)

@@ -14,8 +14,9 @@ import pytest
 
 from harness.loadgen.ipc import report_lines
 from harness.loadgen.vllm_spans import PluginSpans, ipc_budget
+from harness.processes.jsonl_records import read_rows
 from harness.vllm_plugin.queues import hook_engine_queues
-from harness.vllm_plugin.records import Recorder, Recorders, read_rows
+from harness.vllm_plugin.records import Recorder, Recorders
 
 
 @dataclass

@@ -294,6 +294,9 @@ def test_bench_run_against_real_vllm_measures_the_codecs_inside_it(tmp_path: Pat
         # vLLM's engine input queue and its output queue before encode, timed inside its EngineCore process.
         for key in ("ipc_request_queue_p50_us", "ipc_output_queue_p50_us"):
             assert figures[key] > 0, (run["codec"], key, figures)
+        # The plugin's output batches placed in the run's two blocks by time (harness.loadgen.ipc).
+        steps = run["blocks"]["step_codec_wire_us"]
+        assert len(steps) == 2 and all(v is not None and v > 0 for v in steps), (run["codec"], steps)
     assert "TTFT mean (primary)" in done.stdout
     assert "IPC mean: codec + wire + queues" in done.stdout  # the total sums the spans wirebench's server does
     # The pickle arm's vLLM had vLLM's opt-in, its engine link held to ipc, and the run file says so.

@@ -18,8 +18,8 @@ def main(codec: str, folder: str) -> int:
     from vllm import SamplingParams
     from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, UtilityOutput
 
+    from harness.processes.jsonl_records import read_rows
     from harness.vllm_plugin.coders import install
-    from harness.vllm_plugin.records import read_rows
 
     request = EngineCoreRequest(
         request_id="cmpl-abc-0-1a2b3c4d",

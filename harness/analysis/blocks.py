@@ -3,8 +3,11 @@
 
 In blocks (``--block-size N``) the arms take turns N requests at a time, and block b of every arm
 holds the same N prompts, sent within seconds of each other: a pair of blocks is a paired
-measurement, many of them per round. Each block's figure is the mean over its requests (a block
-with a failed request has none); two arms pair on the (round, block) both measured.
+measurement, many of them per round. Each block's figure is the mean over its requests, or for the
+codec + wire of each output step the mean over the output batches its server encoded within the
+block's time (batches are shared by requests, so they are placed by time when the run is made:
+``harness.loadgen.ipc``); a block with a failed request has none. Two arms pair on the (round,
+block) both measured.
 
 The blocks of one round are not independent: they share that round's servers and its minutes of the
 machine, so a round's offset moves all of them together (an intra-round correlation of 0.02-0.06 in
@@ -21,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from harness.analysis.documents import as_float
+from harness.loadgen.ipc import STEP_BLOCK_FIGURE
 
 # The figures measured per block: the primary, and the codec alone and with the wire on the first-token
 # path, each a key of run_figures and the field of a request's record it is the block's mean of.
@@ -30,6 +34,11 @@ BLOCK_FIGURES = {
     "first_token_codec_wire_us": "codec_wire_us",
 }
 SECONDS_TO_MS = {"ttft": 1000.0}
+# The figures kept per block when the run was made, in the run document's ``ipc.blocks`` (one value a
+# block sent, in order): the codec + wire of each output step. A file written before has none.
+STORED_BLOCK_FIGURES = (STEP_BLOCK_FIGURE,)
+# Every figure a sequential comparison can judge from block pairs.
+ALL_BLOCK_FIGURES = (*BLOCK_FIGURES, *STORED_BLOCK_FIGURES)
 
 
 def _block_size(doc: dict[str, Any]) -> int:
@@ -39,8 +48,9 @@ def _block_size(doc: dict[str, Any]) -> int:
 
 
 def block_values(doc: dict[str, Any]) -> dict[str, list[float]] | None:
-    """Per figure of ``BLOCK_FIGURES``, each block's mean in workload order (NaN for a block with a
-    failed request or without the figure); None for a run not made in blocks or without records."""
+    """Per figure of ``ALL_BLOCK_FIGURES`` the run has, each block's value in workload order (NaN for a
+    block with a failed request or without the figure); None for a run not made in blocks or without
+    records."""
     size = _block_size(doc)
     records = [r for r in doc.get("records") or () if isinstance(r, dict) and isinstance(r.get("index"), int)]
     if not size or not records:
@@ -48,14 +58,28 @@ def block_values(doc: dict[str, Any]) -> dict[str, list[float]] | None:
     blocks: dict[int, list[dict[str, Any]]] = {}
     for record in records:
         blocks.setdefault(record["index"] // size, []).append(record)
+    whole = [bool(m) and all(r.get("success") for r in m) for m in (blocks.get(b, []) for b in range(max(blocks) + 1))]
     out: dict[str, list[float]] = {key: [] for key in BLOCK_FIGURES}
-    for b in range(max(blocks) + 1):
-        members = blocks.get(b, [])
-        whole = bool(members) and all(r.get("success") for r in members)
+    for b, complete in enumerate(whole):
         for key, field in BLOCK_FIGURES.items():
             scale = SECONDS_TO_MS.get(field, 1.0)
-            out[key].append(_mean([as_float(r.get(field)) * scale for r in members]) if whole else math.nan)
+            out[key].append(_mean([as_float(r.get(field)) * scale for r in blocks[b]]) if complete else math.nan)
+    out.update(_stored_values(doc, whole))
     return {key: values for key, values in out.items() if any(math.isfinite(v) for v in values)}
+
+
+def _stored_values(doc: dict[str, Any], whole: Sequence[bool]) -> dict[str, list[float]]:
+    """The ``STORED_BLOCK_FIGURES`` the run kept, one value a block (NaN for a block with a failed
+    request, or one it never sent); none from a file written before they were kept."""
+    stored = (doc.get("ipc") or {}).get("blocks")
+    out: dict[str, list[float]] = {}
+    for key in STORED_BLOCK_FIGURES:
+        values = stored.get(key) if isinstance(stored, dict) else None
+        if isinstance(values, list):
+            kept = [as_float(v) for v in values[: len(whole)]]
+            kept += [math.nan] * (len(whole) - len(kept))
+            out[key] = [v if complete else math.nan for v, complete in zip(kept, whole, strict=True)]
+    return out
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -14,7 +14,9 @@ Schema history (``schema_version`` in every document):
   files (no ``records``). Later gained ``metadata.own_send_times`` (read by ``own_send_times``),
   ``failures`` (the failed requests counted by status and the server's message) and each record's
   ``status`` and ``error_message``, then each record's ``offered_rps`` (the rate offered at its
-  send: a ramp's rate at that request, else ``--request-rate``).
+  send: a ramp's rate at that request, else ``--request-rate``), then each record's ``send_ns``
+  (its send on CLOCK_MONOTONIC) and ``ipc.blocks`` (per figure, one value a block sent: the
+  output steps' codec + wire placed in blocks by time, read by ``harness.analysis.blocks``).
 - compare 1: ``codecs``, ``repeat``, ``runs`` (codec, round, status, message,
   ``result_file`` relative to the compare file), ``table`` (median and spread
   per figure), ``changes_vs_first``.

@@ -76,8 +76,17 @@ IPC_SPAN_FIGURES = (
     Figure("ipc_output_wire_p50_us", "out wire", unit="µs", judged=False),
     Figure("ipc_output_decode_p50_us", "out dec", unit="µs", judged=False, detail="out decode"),
 )
+# A real SGLang's second output hop (DetokenizerManager → TokenizerManager), and the detokenizer's work
+# before it (not IPC): shown where measured (harness.loadgen.sglang_spans).
+SGLANG_HOP_FIGURES = (
+    Figure("ipc_detok_work_p50_us", "detok work", unit="µs", judged=False, detail="detokenizer work (not IPC)"),
+    Figure("ipc_detok_encode_p50_us", "ret enc", unit="µs", judged=False, detail="detok → tokenizer encode"),
+    Figure("ipc_detok_wire_p50_us", "ret wire", unit="µs", judged=False, detail="detok → tokenizer wire"),
+    Figure("ipc_detok_decode_p50_us", "ret dec", unit="µs", judged=False, detail="detok → tokenizer decode"),
+)
 IPC_FIGURES = (
     *IPC_SPAN_FIGURES,
+    *SGLANG_HOP_FIGURES,
     Figure("ipc_ipc_mean_us", "IPC mean", unit="µs", judged=False, detail="IPC mean: codec + wire + queues"),
     # A codec's adapter (vllm: our message to vLLM's and back), outside IPC; 0 for the others.
     Figure("ipc_request_adapt_p50_us", "req adapt", unit="µs", judged=False, detail="request adapter"),

@@ -17,6 +17,7 @@ from harness.analysis.figures import (
     IPC_FIGURES,
     IPC_SPAN_FIGURES,
     LATENCY_FIGURES,
+    SGLANG_HOP_FIGURES,
     SHOWN_FIGURES,
     Figure,
 )
@@ -107,6 +108,11 @@ def ipc_lines(arm_list: list[Arm]) -> list[str]:
     queues_seen = [_measured(measured, key) for key in QUEUE_FIGURES]
     if not all(queues_seen):
         notes.append("engine in-queue, out queue: - where the server does not expose them")
+    if _measured(measured, SGLANG_HOP_FIGURES[0].key):
+        notes.append(
+            "SGLang: out = scheduler → detokenizer, ret = detokenizer → tokenizer; its scheduler takes "
+            "requests between steps: in-queue = sent → taken (the socket's time inside), req wire -"
+        )
     figures = [ipc_total(queues_seen) if f.key == IPC_TOTAL else f for f in IPC_FIGURES]
     spans = {f.key for f in IPC_SPAN_FIGURES}
     return ["", title, *figure_rows(measured, figures, rounds=False, always=spans), *notes]

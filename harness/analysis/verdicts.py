@@ -24,8 +24,9 @@ across arms at the whole alpha whatever the primary found: a run can say what a
 codec costs each request while end-to-end TTFT is still inconclusive.
 
 A run that stopped when its answer was known (``--until-resolved``) is judged
-sequentially (``sequential=True``): mean TTFT and the first-token codec + wire
-with the anytime-valid test of ``harness.analysis.sequential``, one paired
+sequentially (``sequential=True``): mean TTFT and the codec family (codec and
+codec + wire on the first-token path, codec + wire of each output step) with
+the anytime-valid test of ``harness.analysis.sequential``, one paired
 difference a round (the mean of its block pairs: blocks of a round are not
 independent, ``harness.analysis.blocks``); the other figures are shown with
 their estimates, not judged (a fixed-sample test at a data-chosen length would
@@ -44,7 +45,13 @@ from typing import Any
 from harness.analysis import sequential as seq
 from harness.analysis import stats
 from harness.analysis import table as text_table
-from harness.analysis.blocks import BLOCK_FIGURES, intra_round_correlation, paired_log_diffs, round_means
+from harness.analysis.blocks import (
+    ALL_BLOCK_FIGURES,
+    STORED_BLOCK_FIGURES,
+    intra_round_correlation,
+    paired_log_diffs,
+    round_means,
+)
 from harness.analysis.documents import COMPARE_SCHEMA, ResultsError, is_compare, jsonable, read_json
 from harness.analysis.figures import CODEC_FIGURES, CODEC_PATH_FIGURES, LATENCY_FIGURES, THROUGHPUT_FIGURES, Figure
 from harness.analysis.runs import RunEntry, collect_runs
@@ -192,9 +199,9 @@ def compare(
         sequential = any(r.until_resolved > 0 for arm in arms for r in arm.runs)
     figures = list(figures or judged_figures([r for arm in arms for r in arm.measured]))
     first = primary_figure(figures, primary)
-    if sequential and first.key not in BLOCK_FIGURES:
+    if sequential and first.key not in ALL_BLOCK_FIGURES:
         raise ValueError(
-            f"a sequential comparison judges a block figure first ({', '.join(BLOCK_FIGURES)}), not {first.key}"
+            f"a sequential comparison judges a block figure first ({', '.join(ALL_BLOCK_FIGURES)}), not {first.key}"
         )
     # A figure no run measured (a server without the counters) is left out of the tables too.
     figures = [f for f in figures if f is first or _measured(arms, f.key)]
@@ -266,7 +273,7 @@ def _sequential_verdicts(
 ) -> tuple[list[Verdict], list[list[Verdict]]]:
     """The primary family (Holm across arms) and the codec family (Holm across arms and its block
     figures) with the anytime-valid test on one difference a round (its block pairs' mean); a codec
-    figure without block values is shown, not judged."""
+    figure that either arm's runs hold no block values of is shown, not judged (``_why_not_by_block``)."""
     ref, others = clean[0].blocks(), clean[1:]
     settings: dict[str, Any] = {"alpha": alpha, "margin_pct": margin_pct}
 
@@ -281,19 +288,29 @@ def _sequential_verdicts(
         return [_as_verdict(v, r) for v, r in zip(found, rounds, strict=True)]
 
     firsts = judged([(arm, first) for arm in others])
-    by_block = [f for f in codec_figs if f.key in BLOCK_FIGURES]
-    members = [(i, f) for i in range(len(others)) for f in by_block]
+    members = [(i, f) for i in range(len(others)) for f in codec_figs if not _why_not_by_block(clean[0], others[i], f)]
     found = judged([(others[i], f) for i, f in members])
     verdict_of = {(i, f.key): v for (i, f), v in zip(members, found, strict=True)}
-    why = "measured per run, not per block"
     codecs = [
         [
-            verdict_of.get((i, f.key)) or stats.not_judged(p, why, **settings)
+            verdict_of.get((i, f.key)) or stats.not_judged(p, _why_not_by_block(clean[0], others[i], f), **settings)
             for f, p in zip(codec_figs, pairs, strict=True)
         ]
         for i, pairs in enumerate(codec_pairs)
     ]
     return firsts, codecs
+
+
+def _why_not_by_block(ref: Arm, arm: Arm, fig: Figure) -> str:
+    """Why a codec figure cannot be judged from block pairs ("" when it can): not measured per block, or
+    either arm's runs without its block values (run files written before they were kept)."""
+    if fig.key not in ALL_BLOCK_FIGURES:
+        return "measured per run, not per block"
+    lacking = [a.label for a in (ref, arm) if not any(blocks and fig.key in blocks for _, blocks in a.blocks())]
+    if not lacking:
+        return ""
+    written_before = " (run files written before they were kept)" if fig.key in STORED_BLOCK_FIGURES else ""
+    return f"no block values in the runs of {' and '.join(lacking)}{written_before}"
 
 
 def _as_verdict(v: seq.SequentialVerdict, rounds: list[list[float]]) -> Verdict:

@@ -22,6 +22,7 @@ import aiohttp
 
 from harness.analysis.documents import DEFAULT_RESULT_DIR, save_run
 from harness.loadgen.arrivals import describe_arrivals, describe_own_times, own_times
+from harness.loadgen.conversations import is_conversation
 from harness.loadgen.flags import add_load_arguments, add_server_arguments, flags_dict
 from harness.loadgen.report import failures_line, print_report
 from harness.loadgen.runner import (
@@ -144,6 +145,9 @@ def main(args: argparse.Namespace) -> int:
     arrivals = describe_arrivals(settings.request_rate, settings.burstiness, settings.ramp)
     if own_times(workload):
         arrivals = describe_own_times(workload)
+    if is_conversation(workload):  # the rate starts conversations, each sending its turns in turn
+        conversations = len({getattr(t, "conversation", 0) for t in workload})
+        arrivals = f"{conversations} conversations starting at {arrivals.replace(' req/s', ' a second')}"
     print(
         f"Sending {len(workload)} requests to {base_url}{settings.endpoint}: {arrivals}{conc}",
         flush=True,

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from harness.experiment.sglang_server import MODES as SGLANG_MODES
 from harness.transports import transport_names
 from harness.transports.policy import transport_refusal
 from harness.vllm_plugin import OWN_CODEC
@@ -24,6 +25,10 @@ from wirecodecs import UnknownCodecError, available_codecs, check_codec_spec
 from wirecodecs import registry as codec_registry
 
 T = TypeVar("T")
+# Whose server an arm runs: wirebench's own (bench serve), or a real server under test, kept up across rounds
+# in blocks (a start takes a minute) with wirebench's timing inside it.
+SERVERS = ("wirebench", "vllm", "sglang")
+REAL_SERVERS = SERVERS[1:]
 
 
 @dataclass(frozen=True)
@@ -36,12 +41,15 @@ class ArmSpec:
     # The interpreter that runs `-m harness.cli serve` (default: this one), or a vLLM arm's own vLLM venv.
     python: str | None = None
     command: str | None = None  # any server command instead, {port} replaced; ready when /health answers
-    server: str = "wirebench"  # or "vllm": a real vLLM with wirebench's plugin (harness.experiment.vllm_server)
+    # Or "vllm": a real vLLM with wirebench's plugin (harness.experiment.vllm_server), "sglang": a real SGLang
+    # with wirebench's hook (harness.experiment.sglang_server).
+    server: str = "wirebench"
 
     def unsupported(self) -> str | None:
         """Why this arm cannot run at all (said in the table instead of starting a server), or None."""
-        if self.server == "vllm":
-            return None if self.transport == "zmq" else "a real vLLM moves its messages its own way: --transport zmq"
+        if self.server in REAL_SERVERS:
+            name = {"vllm": "vLLM", "sglang": "SGLang"}[self.server]
+            return None if self.transport == "zmq" else f"a real {name} moves its messages its own way: --transport zmq"
         return transport_refusal(self.codec, self.transport)
 
 
@@ -64,7 +72,10 @@ def parse_arms(codec_spec: str, transport_spec: str = "zmq", server: str = "wire
 
 def arm_codecs(server: str = "wirebench") -> list[str]:
     """The codec names an arm of ``server`` accepts: wirebench's installed codecs and, in a real vLLM,
-    vLLM's own serializer, which lives inside the server, not in this venv."""
+    vLLM's own serializer, which lives inside the server, not in this venv; in a real SGLang, its own two
+    IPC modes alone."""
+    if server == "sglang":
+        return list(SGLANG_MODES)
     known = available_codecs()
     return [*known, OWN_CODEC] if server == "vllm" and OWN_CODEC not in known else known
 
@@ -74,6 +85,13 @@ def codec_refusal(name: str, server: str = "wirebench") -> str | None:
     missing here is named with the flag that installs it."""
     if server == "vllm" and name == OWN_CODEC:
         return None  # the plugin keeps vLLM's serializer inside vLLM: nothing to load here
+    if server == "sglang":
+        if name in SGLANG_MODES:
+            return None  # SGLang's own serializer, switched inside SGLang
+        return (
+            f"codec {name!r}: with --server sglang an arm is one of SGLang's own IPC modes, "
+            f"{' or '.join(SGLANG_MODES)} (wirebench's codecs do not know SGLang's message types)"
+        )
     try:
         check_codec_spec(name)
     except UnknownCodecError as exc:
@@ -99,7 +117,7 @@ def parse_codecs(spec: str, server: str = "wirebench") -> list[ArmSpec]:
         why = codec_refusal(name, server)
         if why is None:
             continue
-        if codec_registry.split_spec(name)[0] in registered:
+        if server == "sglang" or codec_registry.split_spec(name)[0] in registered:
             problems.append(why)  # not installed here, unusable, or bad options: the codec's own reason
         else:
             unknown.append(name)

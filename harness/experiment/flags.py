@@ -8,12 +8,14 @@ import math
 from dataclasses import replace
 
 from harness.analysis import stats
-from harness.experiment.arms import ARM_HELP, ArmSpec, parse_arm_flags, parse_arms, parse_build_arms
+from harness.experiment.arms import ARM_HELP, SERVERS, ArmSpec, parse_arm_flags, parse_arms, parse_build_arms
 from harness.experiment.server_flags import add_model_arguments, server_flags
 from harness.experiment.settings import AUTO, AUTO_LOAD, Experiment, RunPlan, ServerSettings
-from harness.experiment.vllm_server import SERVERS, VllmServer
+from harness.experiment.sglang_server import SglangServer
+from harness.experiment.vllm_server import VllmServer
 from harness.frontend.settings import default_model_name
 from harness.loadgen.arrivals import positive_rate
+from harness.loadgen.conversations import is_conversational
 from harness.loadgen.flags import add_load_arguments, flags_dict
 from harness.loadgen.settings import LoadSettings
 from harness.settings.declare import add_arguments, from_args
@@ -71,11 +73,13 @@ def add_experiment_arguments(
         "--server",
         choices=SERVERS,
         default="wirebench",
-        help="whose server each arm runs: wirebench's own (bench serve), or a real vLLM whose engine link the "
-        "arm's codec replaces (vllm: vLLM's own msgpack), timed inside it by wirebench's plugin; its servers stay "
-        "up across rounds (default %(default)s)",
+        help="whose server each arm runs: wirebench's own (bench serve); a real vLLM whose engine link the "
+        "arm's codec replaces (vllm: vLLM's own msgpack), timed inside it by wirebench's plugin; or a real SGLang "
+        "in the IPC mode the arm names (pickle or msgspec), every hop timed by wirebench's hook; a real server "
+        "stays up across rounds in blocks (default %(default)s)",
     )
     add_arguments(p.add_argument_group("a real vLLM (--server vllm)"), VllmServer)
+    add_arguments(p.add_argument_group("a real SGLang (--server sglang)"), SglangServer)
     p.add_argument("--server-log", default=None, help="append each server's output to this file")
     p.add_argument(
         "--arm-flags",
@@ -110,8 +114,9 @@ def experiment_from_args(args: argparse.Namespace, arms: list[ArmSpec] | None = 
         arms, build_flags = parse_build_arms(args.arm, args.codec, args.transport, server_kind)
     arms = arms if arms is not None else parse_arms(args.codec, args.transport, server_kind)
     vllm = from_args(VllmServer, args) if server_kind == "vllm" else None
-    if vllm is not None:
-        arms = [a if a.command else replace(a, server="vllm") for a in arms]
+    sglang = from_args(SglangServer, args) if server_kind == "sglang" else None
+    if server_kind != "wirebench":
+        arms = [a if a.command else replace(a, server=server_kind) for a in arms]
     arm_flags = parse_arm_flags(args.arm_flags, arms)
     values = vars(args)
     rate = args.request_rate
@@ -125,6 +130,7 @@ def experiment_from_args(args: argparse.Namespace, arms: list[ArmSpec] | None = 
         log_path=args.server_log,
         trace_file=args.trace_file,
         vllm=vllm,
+        sglang=sglang,
     )
     plan = from_args(
         RunPlan,
@@ -135,5 +141,7 @@ def experiment_from_args(args: argparse.Namespace, arms: list[ArmSpec] | None = 
         save_result=args.save_result,
         result_dir=args.result_dir,
     )
-    plan = plan.with_blocks_for(len(arms), one_sender=load.workers == 1 and load.ray is None)
+    # Blocks are runs of independent requests: a conversation's later turns wait on its earlier ones.
+    conversational = is_conversational(getattr(args, "dataset_name", None))
+    plan = plan.with_blocks_for(len(arms), one_sender=load.workers == 1 and load.ray is None and not conversational)
     return Experiment(tuple(arms), WorkloadSpec.from_args(args), load, server, plan, flags=flags_dict(args))

@@ -12,6 +12,7 @@ from harness.experiment.arms import ArmSpec
 from harness.experiment.rounds import RunOutcome, Workload, run_one, run_round_in_blocks
 from harness.experiment.settings import AUTO, AUTO_LOAD, Experiment
 from harness.loadgen.arrivals import own_times
+from harness.loadgen.conversations import is_conversation
 
 
 def untimed(exp: Experiment) -> Experiment:
@@ -59,13 +60,19 @@ def resolve_rate(exp: Experiment, workload: Workload, tokenizer_id: str) -> tupl
     else:
         print(f"error: --request-rate auto: no arm could be probed: {'; '.join(errors)}", file=sys.stderr)
         return None
-    fixed = round(AUTO_LOAD * capacity, 2)
+    # Conversations: the rate starts conversations, each of which sends its turns, so the capacity in
+    # requests a second is shared out among a conversation's mean turns.
+    turns = len(workload) / len({getattr(t, "conversation", 0) for t in workload}) if is_conversation(workload) else 1.0
+    fixed = round(AUTO_LOAD * capacity / turns, 2)
+    per = f" conversations/s ({turns:.2g} turns each)" if turns != 1.0 else " req/s"
     print(
-        f"\n[probe] capacity {capacity:.2f} req/s with {arm.label}: every arm runs at {fixed:g} req/s, "
+        f"\n[probe] capacity {capacity:.2f} req/s with {arm.label}: every arm runs at {fixed:g}{per}, "
         f"{AUTO_LOAD:.0%} of it\n(--request-rate sets it; inf for a saturation test)",
         flush=True,
     )
     note = {"rate": fixed, "auto": True, "capacity_req_s": capacity, "load": AUTO_LOAD, "probe": arm.label}
+    if turns != 1.0:
+        note["turns_per_conversation"] = round(turns, 3)
     return exp.at_rate(fixed), note
 
 

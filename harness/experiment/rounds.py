@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.analysis.documents import label_prefix, save_run
-from harness.experiment.arms import ArmSpec, round_order, split_arm_env
+from harness.experiment.arms import REAL_SERVERS, ArmSpec, round_order, split_arm_env
 from harness.experiment.server import ServerProcess
 from harness.experiment.settings import Experiment
+from harness.experiment.sglang_server import SglangServer, flush_cache, remove_leftovers, shm_files
 from harness.experiment.vllm_server import HANDOVER_GAP_S, VllmServer, reset_caches, spans_folder
 from harness.loadgen import process_cpu
 from harness.loadgen.runner import BenchmarkError, BenchmarkResult, ServerLoad, run_benchmark
@@ -81,6 +82,9 @@ def start_server(exp: Experiment, arm: ArmSpec, rnd: int) -> Served:
             )
         process = ServerProcess(arm.codec, [], server.log_path, command=command, env=env, cpus=exp.plan.server_cpus)
         return Served(process, replace(exp.load, vllm_spans=spans))
+    if arm.server == "sglang":
+        assert server.sglang is not None
+        return _start_sglang(exp, server.sglang, arm, own)
     flags = [*server.flags, *own]
     if arm.transport != "zmq":
         flags += ["--transport", arm.transport]
@@ -96,6 +100,33 @@ def start_server(exp: Experiment, arm: ArmSpec, rnd: int) -> Served:
 def _vllm_model(vllm: VllmServer, tokenizer: str | None) -> str:
     """The model every vLLM arm serves, made (or found made) once a process."""
     return vllm.model_path(tokenizer)
+
+
+def _start_sglang(exp: Experiment, sglang: SglangServer, arm: ArmSpec, own: tuple[str, ...]) -> Served:
+    """A real SGLang in the arm's IPC mode, wirebench's hook timing its hops; the shared-memory files it
+    leaves when stopped are removed then."""
+    server = exp.server
+    spans = spans_folder(exp.plan.result_dir, arm.label, "sglang")
+    model = _sglang_model(sglang, exp.workload.tokenizer)
+    arm_env, own = split_arm_env(own)
+    command = sglang.command(model, server.served_model, server.engine.max_model_len, own, arm.python)
+    before = shm_files()
+    process = ServerProcess(
+        arm.codec,
+        [],
+        server.log_path,
+        command=command,
+        env=sglang.environment(arm.codec, spans, arm_env),
+        cpus=exp.plan.server_cpus,
+        after_stop=lambda: remove_leftovers(before),
+    )
+    return Served(process, replace(exp.load, sglang_spans=spans))
+
+
+@functools.cache
+def _sglang_model(sglang: SglangServer, tokenizer: str | None) -> str:
+    """The model every SGLang arm serves, made (or found made) once a process."""
+    return sglang.model_path(tokenizer)
 
 
 def trace_path(template: str, arm: ArmSpec, rnd: int) -> str:
@@ -228,13 +259,14 @@ class BlockServers:
         stop_all([s.process for s in self.served.values()])
 
     def reset_caches(self) -> None:
-        """Each real vLLM's caches emptied, so a round replaying the last one's prompts and images is not
-        served from them; a server that refuses says so (its round then ran on warm caches)."""
+        """Each real server's caches emptied (vLLM's, SGLang's radix cache), so a round replaying the last
+        one's prompts and images is not served from them; a server that refuses says so (its round then
+        ran on warm caches)."""
         for i, url in self.urls.items():
-            if self.arms[i].server == "vllm":
-                failed = reset_caches(url)
-                if failed:
-                    print(f"{self.arms[i].label}: its caches were not emptied for this round: {failed}", flush=True)
+            kind = self.arms[i].server
+            failed = reset_caches(url) if kind == "vllm" else flush_cache(url) if kind == "sglang" else None
+            if failed:
+                print(f"{self.arms[i].label}: its caches were not emptied for this round: {failed}", flush=True)
 
     def round(self, rnd: int, workload: Workload, tokenizer_id: str) -> list[RunOutcome]:
         """One round of every arm in blocks; an arm without a server has its reason as its outcome."""
@@ -457,8 +489,8 @@ def _how(exp: Experiment) -> str:
 
 
 def _kept(exp: Experiment) -> bool:
-    """Rounds in blocks on servers kept for every round (a real vLLM's)."""
-    return bool(exp.plan.block_size) and any(a.server == "vllm" for a in exp.arms)
+    """Rounds in blocks on servers kept for every round (a real vLLM's or SGLang's)."""
+    return bool(exp.plan.block_size) and any(a.server in REAL_SERVERS for a in exp.arms)
 
 
 def _steps(

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from typing import IO
 
 from harness.processes import parent_watch
@@ -48,8 +49,10 @@ class ServerProcess:
         command: str | None = None,
         env: dict[str, str] | None = None,
         cpus: tuple[int, ...] = (),
+        after_stop: Callable[[], object] | None = None,
     ) -> None:
         self._port_url: str | None = None
+        self._after_stop = after_stop  # what the server leaves behind when stopped, removed (a real SGLang's)
         if command is not None:
             port = free_port()
             cmd = shlex.split(command.replace("{port}", str(port)))
@@ -115,21 +118,25 @@ class ServerProcess:
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         """Signal the server and wait; past the timeout kill its whole process group. A second Ctrl-C
         (or SIGTERM) while it stops kills the server at once and goes on up."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # the engine too, not just the frontend
-                self.proc.wait()
-            except KeyboardInterrupt:
-                # The frontend alone: its engine sees its parent gone and removes its shared memory and
-                # ipc folder itself (docs/reliability.md, "Nothing left behind").
-                self.proc.kill()
-                self.proc.wait()
-                self._close_log()
-                raise
-        self._close_log()
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(sig)
+                try:
+                    self.proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    os.killpg(self.proc.pid, signal.SIGKILL)  # the engine too, not just the frontend
+                    self.proc.wait()
+                except KeyboardInterrupt:
+                    # The frontend alone: its engine sees its parent gone and removes its shared memory and
+                    # ipc folder itself (docs/reliability.md, "Nothing left behind").
+                    self.proc.kill()
+                    self.proc.wait()
+                    raise
+        finally:
+            self._close_log()
+            if self._after_stop is not None:
+                after, self._after_stop = self._after_stop, None
+                after()
         return self.proc.returncode
 
     def _close_log(self) -> None:

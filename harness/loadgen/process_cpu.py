@@ -21,7 +21,10 @@ from typing import Any
 # threads). The engine is not judged so: it steps whenever any request runs, so under load it is
 # busy all the time by design, as a GPU is (on the CPU executor its forward passes are the work).
 SATURATED_CORES = 0.9
-JUDGED = ("client", "frontend")
+JUDGED = ("client", "frontend", "detokenizer")
+# A real SGLang's DetokenizerManager (its title, as the process sets it): a role of its own, between the
+# engine and the frontend, and as able as they are to run out of its one core.
+DETOKENIZER_TITLE = b"sglang::detokenizer"
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 
 
@@ -63,10 +66,13 @@ def _cmdline(pid: int) -> bytes:
 
 def server_roles(server_pid: int) -> dict[str, list[int]]:
     """{"frontend": [the server process], "engine": every process below it}: bench serve's spawned
-    engine, a real vLLM's EngineCore and its workers, any other server command's children.
-    multiprocessing's helper (its resource tracker) counts as neither."""
-    below = descendants(server_pid)
-    return {"frontend": [server_pid], "engine": [p for p in below if b"resource_tracker" not in _cmdline(p)]}
+    engine, a real vLLM's EngineCore and its workers, a real SGLang's scheduler, any other server
+    command's children; a real SGLang's detokenizer as "detokenizer". multiprocessing's helper (its
+    resource tracker) counts as none."""
+    below = [p for p in descendants(server_pid) if b"resource_tracker" not in _cmdline(p)]
+    detokenizer = [p for p in below if _cmdline(p).startswith(DETOKENIZER_TITLE)]
+    roles = {"frontend": [server_pid], "engine": [p for p in below if p not in detokenizer]}
+    return roles | ({"detokenizer": detokenizer} if detokenizer else {})
 
 
 def resident_bytes(pids: list[int]) -> int:

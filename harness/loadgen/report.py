@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from harness.loadgen import process_cpu
+from harness.loadgen import conversations, process_cpu
 from harness.loadgen.client import RequestRecord, describe_failure, failure_key
 from harness.loadgen.guard import format_lines as client_health_lines
 from harness.loadgen.ipc import report_lines as ipc_report_lines
@@ -111,6 +111,7 @@ def format_report(result: BenchmarkResult) -> str:
     lines += [_row(k, v) for k, v in engine_info.report_rows(result.engine, sum(reserve) / max(len(reserve), 1))]
     lines += ipc_report_lines(result.ipc, m.ttft.mean, WIDTH)
     lines += ramp_lines(result)
+    lines += turn_lines(result)
     lag = m.schedule_lag
     lines += [
         _title("Client schedule lag", "-"),
@@ -147,6 +148,12 @@ def ramp_lines(result: BenchmarkResult) -> list[str]:
     if ramp is None or result.own_send_times:
         return []
     return [_title("TTFT and codec by offered rate", "-"), *bucket_lines(by_offered_rate(result.records, ramp))]
+
+
+def turn_lines(result: BenchmarkResult) -> list[str]:
+    """A multi-turn run's figures per turn index (harness.loadgen.conversations); none without conversations."""
+    rows = conversations.by_turn(result.records)
+    return [_title("Conversations, by turn", "-"), *conversations.turn_lines(rows)] if rows else []
 
 
 def _codec_rows(figures: CodecFigures | None, mean_ttft_ms: float) -> list[str]:

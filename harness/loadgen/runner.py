@@ -14,13 +14,14 @@ import asyncio
 import gc
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import aiohttp
 
-from harness.loadgen import fanout, guard, ipc
+from harness.loadgen import conversations, fanout, guard, ipc
 from harness.loadgen import metrics as M
 from harness.loadgen.arrivals import offered_rates, own_times, planned_offsets
 from harness.loadgen.client import (
@@ -42,6 +43,7 @@ from harness.loadgen.serverstats import (
     scrape_metrics,
 )
 from harness.loadgen.settings import BenchmarkError, LoadSettings
+from harness.loadgen.sglang_spans import SglangSpans
 from harness.loadgen.vllm_spans import PluginSpans
 from harness.loadgen.workers import (
     LoadWorkerError,
@@ -110,7 +112,7 @@ class BenchmarkResult:
     @property
     def saturation(self) -> KeptUp | None:
         """Whether the server kept up with the offered rate (harness.loadgen.saturation); None at rate inf."""
-        return kept_up(self.records, int(self.flags.get("block_size") or 0))
+        return kept_up(conversations.first_turns(self.records), int(self.flags.get("block_size") or 0))
 
 
 def payload_kind(workload: list[SampleRequest]) -> str:
@@ -124,6 +126,11 @@ def check_endpoint(workload: list[SampleRequest], endpoint: str) -> None:
         raise BenchmarkError(
             f"the workload has images, which only the chat endpoint accepts: "
             f"use --endpoint /v1/chat/completions (got {endpoint})"
+        )
+    if not is_chat(endpoint) and conversations.is_conversation(workload):
+        raise BenchmarkError(
+            f"a multi-turn conversation sends its chat as a list of messages: use --endpoint /v1/chat/completions "
+            f"(got {endpoint})"
         )
 
 
@@ -147,7 +154,7 @@ async def run_benchmark(
     async with aiohttp.ClientSession(connector=connector) as session:
         load = ServerLoad(session, base_url, model, workload, settings)
         await load.begin()
-        if fanout.in_process(settings, load.url):
+        if load.conversations is not None or fanout.in_process(settings, load.url):  # conversations: here
             await load.send_block(0, len(workload))
         else:  # --workers N / --ray: the same schedule sent from other processes or hosts
             await load.send_fanout()
@@ -186,18 +193,28 @@ class ServerLoad:
         ramp = settings.ramp
         self.offsets = planned_offsets(workload, settings.request_rate, settings.burstiness, settings.seed, ramp)
         self.offered = offered_rates(workload, settings.request_rate, ramp)  # each record's offered_rps
+        # A multi-turn workload's turns wait for each other's answers; None for independent requests.
+        self.conversations = conversations.ConversationLoad.of(workload, settings)
+        if self.conversations is not None:
+            self.offered = self.conversations.offered
         self.own_send_times = own_times(workload)  # what planned_offsets went by, for the run file
         self.started_at = datetime.now().astimezone()
         self.records: list[RequestRecord] = []
-        self.unsent = range(len(workload))  # what no block has sent yet
+        self.unsent: Sequence[int] = range(len(workload))  # what no block has sent yet
+        self.blocks: list[list[RequestRecord]] = []  # each block's records as sent: its window of output steps
         self.duration = 0.0
         self.interrupted = False
         self.warmup_failed = 0
         self.before: str | None = None
         self.wirebench = False
         self.cursor: Any = None
-        # A real vLLM's timings, written by wirebench's plugin (harness.loadgen.vllm_spans); None otherwise.
-        self.plugin = PluginSpans(settings.vllm_spans) if settings.vllm_spans else None
+        # A real server's timings, written by wirebench's code inside it (harness.loadgen.vllm_spans,
+        # harness.loadgen.sglang_spans); None otherwise.
+        self.plugin: PluginSpans | SglangSpans | None = None
+        if settings.vllm_spans:
+            self.plugin = PluginSpans(settings.vllm_spans)
+        elif settings.sglang_spans:
+            self.plugin = SglangSpans(settings.sglang_spans)
         self.plugin_cursor: dict[str, int] = {}
         self.origin: float | None = None  # perf_counter at the first block's start: the records' zero
         self.loop_lag_s: list[float] = []  # the guard's event-loop lag, sampled while blocks run
@@ -233,22 +250,31 @@ class ServerLoad:
         them. Returns whether it was interrupted (then nothing more should be sent)."""
         base = self.offsets[start]
         probe = LoopLagProbe.start()  # as every worker measures it
-        records, duration, interrupted, self.origin = await _run_load(
-            self.session,
-            self.url,
-            self.bodies,
-            self.workload,
-            [(i, self.offsets[i] - base) for i in range(start, stop)],
-            self.settings,
-            self.chat,
-            self.origin,
-        )
+        if self.conversations is not None:  # the conversations that start in the block, whole
+            sent = self.conversations.send(self.session, self.url, self.model, start, stop, self.origin)
+        else:
+            planned = [(i, self.offsets[i] - base) for i in range(start, stop)]
+            sent = _run_load(
+                self.session, self.url, self.bodies, self.workload, planned, self.settings, self.chat, self.origin
+            )
+        records, duration, interrupted, self.origin = await sent
         self.loop_lag_s += probe.stop()
         self.records += records
-        self.unsent = range(stop, len(self.workload))
+        self.blocks.append(records)
+        recorded = {r.index for r in self.records}  # a conversation's later turns may lie past the block
+        self.unsent = [i for i in range(stop, len(self.workload)) if i not in recorded]
         self.duration += duration
         self.interrupted = self.interrupted or interrupted
         return interrupted
+
+    def _inside(self) -> dict[str, Any]:
+        """A real server's processes as wirebench's code inside them saw them (codec or IPC mode, clock,
+        vLLM's opt-in, ipc held), under ``vllm_plugin`` or ``sglang_hook``; empty for any other server."""
+        if isinstance(self.plugin, PluginSpans):
+            return {"vllm_plugin": self.plugin.roles()}
+        if isinstance(self.plugin, SglangSpans):
+            return {"sglang_hook": self.plugin.roles()}
+        return {}
 
     def _cancelled(self, i: int) -> RequestRecord:
         s = self.workload[i]
@@ -286,10 +312,11 @@ class ServerLoad:
         served = [r.server_id for r in records if r.success]
         figures = codec_figures(self.before, after)
         budget: IpcBudget | None
+        windows = ipc.block_windows(self.blocks)  # per block sent, its time on the server's clock
         if self.plugin is not None:
-            figures, budget = self.plugin.figures(self.plugin_cursor, served)
+            figures, budget = self.plugin.figures(self.plugin_cursor, served, windows)
         else:
-            budget = await ipc.fetch_budget(self.session, self.base_url, self.cursor, served)
+            budget = await ipc.fetch_budget(self.session, self.base_url, self.cursor, served, windows)
         if budget is not None:
             for record in records:
                 record.codec_us = budget.codec_us.get(record.server_id, math.nan)
@@ -317,7 +344,7 @@ class ServerLoad:
             own_send_times=self.own_send_times,
             codec_figures=figures,
             # A real vLLM's processes as the plugin saw them: codec, clock, vLLM's opt-in, ipc held.
-            extra={"vllm_plugin": self.plugin.roles()} if self.plugin is not None else {},
+            extra={**self._inside(), **({"turns": conversations.by_turn(records)} if self.conversations else {})},
             client_health=fanout.health(
                 load, settings.peak_rate, settings.max_concurrency, outputs_behind_share(self.before, after)
             ),

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from harness.loadgen import fanout
+from harness.loadgen import conversations, fanout
 from harness.loadgen import metrics as M
 from harness.loadgen.arrivals import positive_float
 from harness.loadgen.client import CHAT_COMPLETIONS, COMPLETIONS, ENDPOINTS, RequestRecord
@@ -142,6 +142,9 @@ class LoadSettings:
     # A real vLLM's timings folder (its plugin's WIREBENCH_VLLM_SPANS): bench load's --vllm-spans, or each
     # vLLM arm's own in bench run. The run's codec figures and IPC budget are read from it.
     vllm_spans: str | None = None
+    # A real SGLang's timings folder (wirebench's hook's WIREBENCH_SGLANG_SPANS): each SGLang arm's own in
+    # bench run; read the same way.
+    sglang_spans: str | None = None
 
     def __post_init__(self) -> None:
         # Here, not in from_args, so every copy (bench sweep's rate per point among them) is checked.
@@ -183,6 +186,9 @@ class LoadSettings:
             raise BenchmarkError(f"--logprobs must be in [0, {MAX_LOGPROBS}] (OpenAI's limit), got {logprobs}")
         if declared.warmup_requests < 0:
             raise BenchmarkError(f"--warmup-requests must be >= 0, got {declared.warmup_requests}")
+        refused = conversations.refusal(given)  # a multi-turn workload's turns are not independent requests
+        if refused is not None:
+            raise BenchmarkError(refused)
         goodput = get("goodput", None) or []
         timeout = declared.request_timeout_s
         if get("no_progress", False):
@@ -209,6 +215,7 @@ class LoadSettings:
                 progress_label=str(get("progress_label", d.progress_label)),
                 ray=get("ray", None),
                 vllm_spans=get("vllm_spans", None),
+                sglang_spans=get("sglang_spans", None),
             )
         except ValueError as exc:
             raise BenchmarkError(str(exc)) from None

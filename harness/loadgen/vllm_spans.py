@@ -12,7 +12,10 @@ gives through ``/metrics`` and ``/v1/wirebench/spans``:
   scheduler); then the output batch that carried its first token: the output queue (its step returned
   it → its encode starts), encode, wire, decode. ``ipc`` sums the eight, as on wirebench's server.
   Records without the queues (a plugin that did not time them) leave those two NaN and ``ipc`` the sum
-  of the six spans measured.
+  of the six spans measured. A run in blocks also gets each block's mean codec + wire µs per output
+  step: the plugin's output encode and decode rows carry CLOCK_MONOTONIC ns, as the client's records
+  do, so each output batch goes to the block whose window holds its encode start
+  (``harness.loadgen.ipc.step_block_means``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.loadgen.ipc import STEP_BLOCK_FIGURE, Window, step_block_means
 from harness.loadgen.serverstats import CodecFigures, figures_of
+from harness.processes.jsonl_records import read_rows
 from harness.server_metrics.prometheus import CodecCell
 from harness.vllm_plugin.records import (
     OUTPUT_DECODE,
@@ -33,7 +38,6 @@ from harness.vllm_plugin.records import (
     REQUEST_ADDED,
     REQUEST_DECODE,
     REQUEST_ENCODE,
-    read_rows,
 )
 from harness.wire.spans import CODEC_WIRE_SPANS, REQUEST_SPANS, IpcBudget, budget, span_stats
 
@@ -85,8 +89,11 @@ class PluginSpans:
                     kinds[row[0]].append(row)
         return kinds
 
-    def figures(self, cursor: dict[str, int], server_ids: Sequence[str]) -> tuple[CodecFigures | None, IpcBudget]:
-        """The run's codec figures (None when nothing was recorded) and its requests' IPC budget."""
+    def figures(
+        self, cursor: dict[str, int], server_ids: Sequence[str], windows: Sequence[Window | None] = ()
+    ) -> tuple[CodecFigures | None, IpcBudget]:
+        """The run's codec figures (None when nothing was recorded) and its requests' IPC budget; with
+        ``windows`` (``harness.loadgen.ipc.block_windows``), each block's codec + wire µs per output step."""
         rows = self.rows_since(cursor)
         roles = self.roles()
         missing = {"api", "engine"} - set(roles)
@@ -96,7 +103,7 @@ class PluginSpans:
         codec = roles["api"].get("codec")
         if roles["api"].get("clock") != roles["engine"].get("clock"):
             return codec_figures(codec, rows), IpcBudget(unavailable="vLLM's processes run on different hosts")
-        return codec_figures(codec, rows), ipc_budget(rows, server_ids)
+        return codec_figures(codec, rows), ipc_budget(rows, server_ids, windows)
 
 
 def _cell(rows: list[list[Any]], start: int) -> CodecCell:
@@ -147,8 +154,11 @@ def _first_times(rows: list[list[Any]]) -> dict[Any, int]:
     return first
 
 
-def ipc_budget(rows: dict[str, list[list[Any]]], server_ids: Sequence[str]) -> IpcBudget:
-    """Each of the run's requests' spans (µs) through vLLM's engine link, summarised."""
+def ipc_budget(
+    rows: dict[str, list[list[Any]]], server_ids: Sequence[str], windows: Sequence[Window | None] = ()
+) -> IpcBudget:
+    """Each of the run's requests' spans (µs) through vLLM's engine link, summarised; with ``windows``,
+    each block's mean codec + wire µs per output step."""
     wanted = set(server_ids)
     decoded = {r[2]: r for r in rows[REQUEST_DECODE]}
     received = {r[1]: r for r in rows[OUTPUT_DECODE]}  # by batch stamp
@@ -191,4 +201,12 @@ def ipc_budget(rows: dict[str, list[list[Any]]], server_ids: Sequence[str]) -> I
     result.spans["step.wire"] = span_stats(
         _us(r[3], received[r[1]][2]) for r in rows[OUTPUT_ENCODE] if r[1] in received
     )
+    if windows:
+        steps = ((r[2], _step_us(r, received[r[1]])) for r in rows[OUTPUT_ENCODE] if r[1] in received)
+        result.blocks[STEP_BLOCK_FIGURE] = step_block_means(steps, windows)
     return result
+
+
+def _step_us(encoded: list[Any], decoded: list[Any]) -> float:
+    """One output batch's encode + wire + decode µs, from its encode row and its decode row."""
+    return _us(encoded[2], encoded[3]) + _us(encoded[3], decoded[2]) + _us(decoded[2], decoded[3])

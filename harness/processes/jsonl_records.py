@@ -91,3 +91,13 @@ class JsonlRecorder:
     def _run(self) -> None:
         while not self._stop.wait(FLUSH_S):
             self.flush()
+
+
+def read_rows(path: Path, offset: int = 0) -> tuple[list[list[Any]], int]:
+    """The complete lines of ``path`` from byte ``offset``, and the offset after the last of them."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    end = data.rfind(b"\n") + 1
+    rows = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+    return rows, offset + end

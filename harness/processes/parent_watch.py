@@ -16,7 +16,6 @@ what was measured saved.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
@@ -31,6 +30,8 @@ def die_with_parent(who: str = "bench serve") -> None:
     named = os.environ.pop(ENV, None)  # popped: the engine process this server spawns watches its own parent
     if not named or not sys.platform.startswith("linux"):
         return
+    import ctypes  # here: a start-up hook imports this module in every Python of a server's venv
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)

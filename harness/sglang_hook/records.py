@@ -11,6 +11,10 @@ every process of a host):
   ["recv", message type, request ids, start, received, end, bytes]  the receive (start→received: it
                                                                     includes the wait for a blocking
                                                                     one), then decode (received→end)
+  ["wrap", object type, null, start, start, end, 0]                 in msgpack mode, a field pickled
+  ["unwrap", object type, null, start, start, end, 0]               into (out of) a PickleWrapper:
+                                                                    part of the encode of the process's
+                                                                    next send (the decode of its recv)
 
 Request ids are the message's ``rid`` (a string, or a list in a batch) or ``rids``, null when it has
 neither. Joined across processes by request id and message type, a message's wire time is the
@@ -24,16 +28,16 @@ or written is said once on stderr and the messages go on untimed.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 from typing import Any, cast
 
-from harness.processes.jsonl_records import JsonlRecorder
+from harness.processes.jsonl_records import JsonlRecorder, read_rows
 
 SEND, RECV = "send", "recv"
+WRAP, UNWRAP = "wrap", "unwrap"  # the nested pickles of msgpack mode, timed apart from the socket calls
 TITLE_PREFIX = "sglang::"
 # The process SGLang was started as keeps its command line as its title.
 MAIN_ROLE = "tokenizer"
@@ -102,13 +106,6 @@ def warn_once(why: str) -> None:
         print(f"wirebench sglang hook: {why}", file=sys.stderr, flush=True)
 
 
-def read_rows(path: Path) -> list[list[Any]]:
-    """Every complete line of a records file."""
-    data = path.read_bytes()
-    end = data.rfind(b"\n") + 1
-    return [json.loads(line) for line in data[:end].splitlines() if line.strip()]
-
-
 @dataclass(frozen=True)
 class Hop:
     """One message type between two processes, for one request: medians over its messages, in µs."""
@@ -127,7 +124,7 @@ def read_folder(folder: Path) -> dict[str, list[list[Any]]]:
     """Each process's message rows (its meta line left out), by role."""
     found: dict[str, list[list[Any]]] = {}
     for path in sorted(folder.glob("*.jsonl")):
-        rows = read_rows(path)
+        rows, _ = read_rows(path)
         if rows and rows[0][0] == "meta":
             found.setdefault(rows[0][1]["role"], []).extend(rows[1:])
     return found

@@ -32,11 +32,15 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from harness.sglang_hook.records import RECV, SEND, Recorder, process_role
+from harness.sglang_hook.records import RECV, SEND, UNWRAP, WRAP, Recorder, process_role
 
 IO_STRUCT = "sglang.srt.managers.io_struct"
 REPLACED = ("sock_send", "sock_recv", "async_sock_send", "async_sock_recv")
 READ = ("_USE_PICKLE_IPC", "msgpack_encode", "msgpack_decode")
+# In msgpack mode the fields msgspec cannot type (per-request time stats, customized info) are pickled into
+# a PickleWrapper before the send and out of it after the receive, outside the four functions above; timed
+# where io_struct has them, so msgpack's encode and decode include its nested pickles.
+NESTED = ("wrap_as_pickle", "unwrap_from_pickle")
 
 
 class LayoutError(ImportError):
@@ -106,6 +110,20 @@ class Spans:
         await socket.send(data, flags=flags)
         self._record(SEND, obj, start, encoded, time.monotonic_ns(), len(data))
 
+    def nested(self, kind: str, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """``original`` (io_struct's wrap or unwrap), timed when it pickles: msgpack mode, an object."""
+
+        def timed(obj: Any) -> Any:
+            if obj is None or self.io._USE_PICKLE_IPC:
+                return original(obj)
+            start = time.monotonic_ns()
+            out = original(obj)
+            end = time.monotonic_ns()
+            self._record(kind, obj if kind == WRAP else out, start, start, end, 0)
+            return out
+
+        return timed
+
     async def async_sock_recv(self, socket: Any, flags: int = 0) -> Any:
         start = time.monotonic_ns()
         data = await socket.recv(flags=flags)
@@ -139,6 +157,9 @@ def instrument(io_struct: types.ModuleType, folder: str) -> Spans:
     spans = Spans(io_struct, folder)
     for name in REPLACED:
         setattr(io_struct, name, getattr(spans, name))
+    for name, kind in zip(NESTED, (WRAP, UNWRAP), strict=True):
+        if hasattr(io_struct, name):
+            setattr(io_struct, name, spans.nested(kind, getattr(io_struct, name)))
     return spans
 
 

@@ -24,10 +24,8 @@ request's "rd" end â†’ its "ra", the output queue before encode a batch's "oq" â
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
-from pathlib import Path
 from typing import Any, cast
 
 from harness.processes.jsonl_records import JsonlRecorder
@@ -100,13 +98,3 @@ def _row(record: tuple[Any, ...]) -> list[Any]:
     if kind == OUTPUT_QUEUED:
         return [kind, ref.timestamp, *times]
     return [kind, ref, *times]
-
-
-def read_rows(path: Path, offset: int = 0) -> tuple[list[list[Any]], int]:
-    """The complete lines of ``path`` from byte ``offset``, and the offset after the last of them."""
-    with open(path, "rb") as f:
-        f.seek(offset)
-        data = f.read()
-    end = data.rfind(b"\n") + 1
-    rows = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
-    return rows, offset + end

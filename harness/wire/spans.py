@@ -256,6 +256,9 @@ class IpcBudget:
     # path; the run's records carry them, so blocks of requests can be compared (harness.analysis.blocks).
     codec_us: dict[str, float] = field(default_factory=dict)
     codec_wire_us: dict[str, float] = field(default_factory=dict)
+    # A run in blocks: per figure, each block's value in the order the blocks were sent (the output steps
+    # placed by time, harness.loadgen.ipc.step_block_means); empty otherwise.
+    blocks: dict[str, list[float]] = field(default_factory=dict)
 
     def share_of_ttft(self, mean_ttft_ms: float) -> float:
         """Mean IPC on the first-token path over mean TTFT (NaN when unknown)."""
@@ -271,6 +274,7 @@ class IpcBudget:
             "spans_us": {name: vars(s) for name, s in self.spans.items()},
             "loop_lag_ms": self.loop_lag,
             **({"device": self.device} if self.device else {}),
+            **({"blocks": self.blocks} if self.blocks else {}),
         }
 
 

@@ -22,6 +22,7 @@ from typing import TypeVar
 from harness.settings.declare import declared
 from harness.workloads.base import Dataset
 from harness.workloads.custom import CUSTOM
+from harness.workloads.multi_turn import MULTI_TURN
 from harness.workloads.random_dataset import RANDOM
 from harness.workloads.random_mm import RANDOM_MM
 from harness.workloads.sharegpt import SHAREGPT
@@ -94,5 +95,5 @@ def get_dataset(name: str) -> Dataset:
     return found
 
 
-for _builtin in (SONNET, RANDOM, RANDOM_MM, SHAREGPT, CUSTOM, TRACE):
+for _builtin in (SONNET, RANDOM, RANDOM_MM, SHAREGPT, CUSTOM, TRACE, MULTI_TURN):
     register_dataset(_builtin)
