@@ -94,7 +94,8 @@ def main() -> None:
     from harness.sglang_hook.spans import Spans
 
     plain_send, plain_recv, plain_wrap = io.sock_send, io.sock_recv, io.wrap_as_pickle
-    spans = Spans(io, tempfile.mkdtemp(prefix="wirebench-sglang-overhead-"))
+    folder = tempfile.TemporaryDirectory(prefix="wirebench-sglang-overhead-")  # the records, removed at the end
+    spans = Spans(io, folder.name)
     timed_wrap = spans.nested(WRAP, plain_wrap)
     context: Any = zmq.Context()
     push, pull = context.socket(zmq.PUSH), context.socket(zmq.PULL)
@@ -139,6 +140,9 @@ def main() -> None:
     push.close(0)
     pull.close(0)
     context.term()
+    if spans.recorder is not None:
+        spans.recorder.flush()  # what is left written now, so nothing writes into the folder once it is gone
+    folder.cleanup()
     args.out.write_text(json.dumps(results, indent=1) + "\n")
 
 
