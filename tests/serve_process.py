@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -85,6 +87,22 @@ def start_serve(*flags: str, codec: str = "pickle", timeout: float = 90.0) -> Se
     server = ServeProcess(codec, list(flags))
     server.wait_ready(timeout)
     return server
+
+
+def bench_load(flags: list[str], result_dir: Path, codec: str = "msgspec") -> subprocess.CompletedProcess[str]:
+    """`bench load FLAGS` against a `bench serve --codec CODEC` started for it (stopped after), its files in
+    ``result_dir``: what the run printed and its exit code."""
+    server = start_serve(codec=codec)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "harness.cli", "load", "--base-url", str(server.base_url), *flags]
+            + ["--result-dir", str(result_dir), "--no-progress"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        server.stop()
 
 
 def free_port_pair() -> int:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ from harness.workloads.datasets import build_workload
 from harness.workloads.multi_turn import ConversationTurn
 from harness.workloads.spec import WorkloadSpec
 
-from serve_process import start_serve
+from serve_process import bench_load
 
 CONVERSATIONS, TURNS = 3, 3
 OPTIONS = {"conversation_turn_mean": float(TURNS), "conversation_input_len": 32, "conversation_output_len": 4}
@@ -23,20 +21,10 @@ OPTIONS = {"conversation_turn_mean": float(TURNS), "conversation_input_len": 32,
 
 @pytest.mark.slow
 def test_every_turn_resends_the_chat_with_the_servers_answers(tmp_path: Path) -> None:
-    server = start_serve(codec="msgspec")
-    try:
-        workload = ["--dataset-name", "multi-turn", "--num-prompts", str(CONVERSATIONS)]
-        workload += ["--conversation-turn-mean", str(TURNS), "--conversation-input-len", "32"]
-        workload += ["--conversation-output-len", "4", "--endpoint", "/v1/chat/completions"]
-        done = subprocess.run(
-            [sys.executable, "-m", "harness.cli", "load", "--base-url", str(server.base_url), *workload]
-            + ["--request-rate", "20", "--result-dir", str(tmp_path), "--no-progress"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    finally:
-        server.stop()
+    workload = ["--dataset-name", "multi-turn", "--num-prompts", str(CONVERSATIONS)]
+    workload += ["--conversation-turn-mean", str(TURNS), "--conversation-input-len", "32"]
+    workload += ["--conversation-output-len", "4", "--endpoint", "/v1/chat/completions"]
+    done = bench_load([*workload, "--request-rate", "20"], tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Conversations, by turn" in done.stdout
 

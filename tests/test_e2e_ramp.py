@@ -3,32 +3,19 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from harness.loadgen.ramp import EXPONENTIAL, Ramp
 
-from serve_process import start_serve
+from serve_process import bench_load
 
 
 @pytest.mark.slow
 def test_bench_load_ramps_the_offered_rate_and_reports_ttft_and_codec_per_bucket(tmp_path: Path) -> None:
-    server = start_serve(codec="msgspec")
-    try:
-        ramp = ["--ramp-up-strategy", "exponential", "--ramp-up-start-rps", "4", "--ramp-up-end-rps", "64"]
-        workload = ["--num-prompts", "20", "--sonnet-output-len", "4"]
-        done = subprocess.run(
-            [sys.executable, "-m", "harness.cli", "load", "--base-url", str(server.base_url), *ramp, *workload]
-            + ["--result-dir", str(tmp_path), "--no-progress"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    finally:
-        server.stop()
+    ramp = ["--ramp-up-strategy", "exponential", "--ramp-up-start-rps", "4", "--ramp-up-end-rps", "64"]
+    done = bench_load([*ramp, "--num-prompts", "20", "--sonnet-output-len", "4"], tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = done.stdout.splitlines()
     title = next(i for i, line in enumerate(lines) if "TTFT and codec by offered rate" in line)

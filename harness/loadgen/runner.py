@@ -267,15 +267,6 @@ class ServerLoad:
         self.interrupted = self.interrupted or interrupted
         return interrupted
 
-    def _inside(self) -> dict[str, Any]:
-        """A real server's processes as wirebench's code inside them saw them (codec or IPC mode, clock,
-        vLLM's opt-in, ipc held), under ``vllm_plugin`` or ``sglang_hook``; empty for any other server."""
-        if isinstance(self.plugin, PluginSpans):
-            return {"vllm_plugin": self.plugin.roles()}
-        if isinstance(self.plugin, SglangSpans):
-            return {"sglang_hook": self.plugin.roles()}
-        return {}
-
     def _cancelled(self, i: int) -> RequestRecord:
         s = self.workload[i]
         rec = RequestRecord(i, s.prompt_len, s.expected_output_len, math.nan)  # never scheduled
@@ -343,8 +334,12 @@ class ServerLoad:
             warmup_failed=self.warmup_failed,
             own_send_times=self.own_send_times,
             codec_figures=figures,
-            # A real vLLM's processes as the plugin saw them: codec, clock, vLLM's opt-in, ipc held.
-            extra={**self._inside(), **({"turns": conversations.by_turn(records)} if self.conversations else {})},
+            # A real server's processes as wirebench's code inside them saw them (codec or IPC mode, clock,
+            # vLLM's opt-in, ipc held), under vllm_plugin or sglang_hook; a conversation's figures by turn.
+            extra={
+                **({self.plugin.metadata_key: self.plugin.roles()} if self.plugin is not None else {}),
+                **({"turns": conversations.by_turn(records)} if self.conversations else {}),
+            },
             client_health=fanout.health(
                 load, settings.peak_rate, settings.max_concurrency, outputs_behind_share(self.before, after)
             ),

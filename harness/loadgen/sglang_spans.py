@@ -30,15 +30,13 @@ them in order), else its latest.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from harness.loadgen.ipc import STEP_BLOCK_FIGURE, Window, step_block_means
 from harness.loadgen.serverstats import CodecFigures, figures_of
-from harness.processes.jsonl_records import read_rows
+from harness.processes.jsonl_records import RecordFolder, read_rows
 from harness.server_metrics.prometheus import CodecCell
 from harness.sglang_hook.records import RECV, SEND, UNWRAP, WRAP
 from harness.wire.spans import IpcBudget, budget, span_stats
@@ -63,28 +61,10 @@ Row = list[Any]  # [kind, message type, request ids, start, middle, end, bytes, 
 Pair = tuple[Row, Row]  # (sent, received)
 
 
-class SglangSpans:
+class SglangSpans(RecordFolder):
     """The hook's folder of one SGLang server."""
 
-    def __init__(self, folder: str | Path) -> None:
-        self.folder = Path(folder)
-
-    def files(self) -> list[Path]:
-        return sorted(self.folder.glob("*.jsonl")) if self.folder.is_dir() else []
-
-    def cursor(self) -> dict[str, int]:
-        """Where each file ends now: the run's rows are the ones after."""
-        return {str(p): p.stat().st_size for p in self.files()}
-
-    def roles(self) -> dict[str, dict[str, Any]]:
-        """The processes that wrote here: role → its meta line (pid, ipc mode, SGLang version, clock)."""
-        out = {}
-        for path in self.files():
-            with open(path, "rb") as f:
-                first = json.loads(f.readline() or b"null")
-            if isinstance(first, list) and first and first[0] == "meta":
-                out[first[1]["role"]] = first[1]
-        return out
+    metadata_key = "sglang_hook"  # where a run file keeps roles()
 
     def refusals(self) -> list[str]:
         """SGLang's own serializers carry every request: nothing is refused by the hook."""
@@ -93,16 +73,11 @@ class SglangSpans:
     def rows_since(self, cursor: dict[str, int]) -> dict[str, list[Row]]:
         """Every message row written after ``cursor``, by the role of the process that wrote it."""
         by_role: dict[str, list[Row]] = {}
-        roles = {str(p): self._role(p) for p in self.files()}
-        for path, role in roles.items():
-            rows, _ = read_rows(Path(path), cursor.get(path, 0))
-            by_role.setdefault(role, []).extend(r for r in rows if r and r[0] in (SEND, RECV, WRAP, UNWRAP))
+        for path, meta in self.metas().items():
+            rows, _ = read_rows(path, cursor.get(str(path), 0))
+            kept = (r for r in rows if r and r[0] in (SEND, RECV, WRAP, UNWRAP))
+            by_role.setdefault(role_of(meta["role"]), []).extend(kept)
         return {role: with_nested(rows) for role, rows in by_role.items()}
-
-    def _role(self, path: Path) -> str:
-        with open(path, "rb") as f:
-            first = json.loads(f.readline() or b"null")
-        return role_of(first[1]["role"]) if isinstance(first, list) and first and first[0] == "meta" else "?"
 
     def figures(
         self, cursor: dict[str, int], server_ids: Sequence[str], windows: Sequence[Window | None] = ()

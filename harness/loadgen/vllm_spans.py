@@ -20,15 +20,13 @@ gives through ``/metrics`` and ``/v1/wirebench/spans``:
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from harness.loadgen.ipc import STEP_BLOCK_FIGURE, Window, step_block_means
 from harness.loadgen.serverstats import CodecFigures, figures_of
-from harness.processes.jsonl_records import read_rows
+from harness.processes.jsonl_records import RecordFolder, read_rows
 from harness.server_metrics.prometheus import CodecCell
 from harness.vllm_plugin.records import (
     OUTPUT_DECODE,
@@ -48,28 +46,10 @@ WITH_QUEUES = tuple(f"{d}.{w}" for d, w in REQUEST_SPANS)
 MEASURED = CODEC_WIRE_SPANS
 
 
-class PluginSpans:
+class PluginSpans(RecordFolder):
     """The plugin's folder of one server."""
 
-    def __init__(self, folder: str | Path) -> None:
-        self.folder = Path(folder)
-
-    def files(self) -> list[Path]:
-        return sorted(self.folder.glob("*.jsonl")) if self.folder.is_dir() else []
-
-    def cursor(self) -> dict[str, int]:
-        """Where each file ends now: the run's rows are the ones after."""
-        return {str(p): p.stat().st_size for p in self.files()}
-
-    def roles(self) -> dict[str, dict[str, Any]]:
-        """The processes that wrote here: role → its meta line (pid, codec, clock)."""
-        out = {}
-        for path in self.files():
-            with open(path, "rb") as f:
-                first = json.loads(f.readline() or b"null")
-            if isinstance(first, list) and first and first[0] == "meta":
-                out[first[1]["role"]] = first[1]
-        return out
+    metadata_key = "vllm_plugin"  # where a run file keeps roles()
 
     def refusals(self) -> list[str]:
         """Why the codec could not carry some request, as the API server's plugin recorded it (once a reason)."""

@@ -101,3 +101,32 @@ def read_rows(path: Path, offset: int = 0) -> tuple[list[list[Any]], int]:
     end = data.rfind(b"\n") + 1
     rows = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
     return rows, offset + end
+
+
+class RecordFolder:
+    """A folder of such files, one a process of one server, as the run reads it back: the files, where
+    each ends (a cursor: the run's rows are the ones after), each file's meta line."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+
+    def files(self) -> list[Path]:
+        return sorted(self.folder.glob("*.jsonl")) if self.folder.is_dir() else []
+
+    def cursor(self) -> dict[str, int]:
+        """Where each file ends now: the run's rows are the ones after."""
+        return {str(p): p.stat().st_size for p in self.files()}
+
+    def metas(self) -> dict[Path, dict[str, Any]]:
+        """Each file's meta line (``["meta", {...}]``, its first), by file; a file without one left out."""
+        out = {}
+        for path in self.files():
+            with open(path, "rb") as f:
+                first = json.loads(f.readline() or b"null")
+            if isinstance(first, list) and first and first[0] == "meta":
+                out[path] = first[1]
+        return out
+
+    def roles(self) -> dict[str, dict[str, Any]]:
+        """The processes that wrote here: role → its meta line (pid, clock, the codec or IPC mode)."""
+        return {meta["role"]: meta for meta in self.metas().values()}
