@@ -1,17 +1,22 @@
 """Shared test fixtures: kept minimal on purpose.
 
 The optional parts (markers registered in pyproject.toml): a test marked ``vllm``, ``ray``,
-``chromium`` or ``valgrind`` is skipped, with the way to get the part, on a machine without it.
+``chromium`` or ``valgrind`` is skipped, with the way to get the part, on a machine without it; one
+marked ``sglang_cpu`` where SGLang's CPU venv is absent or does not import (probed once, when such a
+test runs: the import takes ~10 s).
 Cases of a test parametrized with the ``vllm`` codec are marked ``vllm`` here, so
 ``-m "not vllm"`` leaves out everything that imports vLLM.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import shutil
+import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import zmq
@@ -19,6 +24,7 @@ import zmq
 import wirecodecs
 
 CHROMIUM_BINARIES = ("chromium", "chromium-browser", "google-chrome")
+SGLANG_PYTHON = Path(__file__).resolve().parents[1] / ".venv-sglang" / "bin" / "python"
 
 
 def chromium_binary() -> str | None:
@@ -41,6 +47,24 @@ def missing_parts() -> dict[str, str]:
         "valgrind": shutil.which("valgrind") is not None,
     }
     return {part: why for part, why in reasons.items() if not present[part]}
+
+
+@functools.cache
+def sglang_cpu_missing() -> str | None:
+    """Why the ``sglang_cpu`` tests cannot run here; None where SGLang's CPU venv imports."""
+    if not SGLANG_PYTHON.is_file():
+        return f"needs SGLang's CPU venv in {SGLANG_PYTHON.parents[1]} (scripts/setup.sh --with-sglang-cpu)"
+    probe = [str(SGLANG_PYTHON), "-c", "import sglang.launch_server, harness.sglang_hook.startup"]
+    done = subprocess.run(probe, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        return f"SGLang in {SGLANG_PYTHON.parents[1]} does not import: {done.stderr.strip()[-300:]}"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _skip_without_sglang(request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker("sglang_cpu") is not None and (missing := sglang_cpu_missing()):
+        pytest.skip(missing)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -23,6 +23,7 @@ SCRIPT_OUTPUTS = {
     "client_capacity.json",
     "sglang-nested-pickles.json",
     "sglang-nested-pickles-batch.json",
+    "sglang-output-parts.json",
     "multi-turn-by-turn.json",
     "sglang-hook-overhead.json",
     "copy-after-idle.json",

@@ -35,16 +35,6 @@ PROMPT = " ".join(WORDS[i % len(WORDS)] for i in range(300))
 MAX_TOKENS = 32
 
 
-def _sglang_cpu_missing() -> str | None:
-    if not SGLANG_PYTHON.is_file():
-        return f"needs SGLang's CPU venv in {SGLANG_PYTHON.parents[1]} (scripts/setup.sh --with-sglang-cpu)"
-    probe = [str(SGLANG_PYTHON), "-c", "import sglang.launch_server, harness.sglang_hook.startup"]
-    done = subprocess.run(probe, capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        return f"SGLang in {SGLANG_PYTHON.parents[1]} does not import: {done.stderr.strip()[-300:]}"
-    return None
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -251,9 +241,3 @@ def _sglang_processes_of(folder: Path) -> list[int]:
         except OSError:
             continue
     return found
-
-
-@pytest.fixture(autouse=True)
-def _skip_without_sglang(request: pytest.FixtureRequest) -> None:
-    if request.node.get_closest_marker("sglang_cpu") is not None and (missing := _sglang_cpu_missing()):
-        pytest.skip(missing)

@@ -39,7 +39,7 @@ from typing import Any
 import wirecodecs
 from harness.analysis import table as text_table
 from harness.analysis.table import format_line
-from harness.micro import delivery
+from harness.micro import delivery, sglang_cells
 from harness.micro.payloads import PAYLOADS
 from harness.micro.timing import (
     DEFAULT_MIN_ITERATIONS,
@@ -49,6 +49,7 @@ from harness.micro.timing import (
     measure,
     measure_delivery,
     one_torch_thread,
+    payload_reference,
     run_metadata,
 )
 from harness.micro.token_path import PATH_PAYLOADS
@@ -291,6 +292,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write a JSON list, one object per cell")
     parser.add_argument(
+        "--sglang-python",
+        metavar="PATH",
+        default=str(sglang_cells.DEFAULT_PYTHON),
+        help=f"the Python of a venv with SGLang and wirebench, which times the {', '.join(sglang_cells.codec_names())} "
+        "cells: SGLang's own messages in its two IPC modes (default: .venv-sglang's, which the default "
+        "--codec includes when it is there)",
+    )
+    parser.add_argument(
         "--transport",
         metavar="X,Y",
         default=None,
@@ -344,7 +353,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        codecs = parse_names(args.codec, wirecodecs.available_codecs(), "codec")
+        own = wirecodecs.available_codecs()
+        sglang = sglang_cells.codec_names()
+        codecs = parse_names(args.codec, [*own, *sglang], "codec")
+        have_sglang = Path(args.sglang_python).is_file()
+        if args.codec is None and not have_sglang:
+            codecs = [c for c in codecs if c not in sglang]
+            print(f"note: SGLang's messages not timed: no Python at {args.sglang_python} ({sglang_cells.SETUP_HINT})")
+        elif any(c in sglang for c in codecs) and not have_sglang:
+            raise ValueError(
+                f"{', '.join(sglang)} need SGLang's Python, none at {args.sglang_python}: {sglang_cells.SETUP_HINT}"
+            )
         payloads = parse_names(args.payload, ALL_PAYLOADS, "payload")
         names = parse_names(args.transport, list(transport_names()), "transport") if args.transport else []
         transports = _with_variants(names, [v for v in VARIANTS if getattr(args, v.replace("-", "_"))])
@@ -368,9 +387,13 @@ def main(args: argparse.Namespace) -> int:
     settings = {"min_iterations": args.min_iterations, "min_time_s": args.min_time}
     with one_torch_thread():
         meta = run_metadata()  # inside: it records the pinned thread count
-        cells = _print_cells(codecs, payloads, args.min_iterations, args.min_time, meta, args.wide)
+        cells = _print_cells(codecs, payloads, args, meta)
     if transports and paths:
         print(f"note: no delivery for {', '.join(paths)} (path payloads are timed in one process)")
+    foreign = [c for c in codecs if c in sglang_cells.codec_names()]
+    if transports and foreign:
+        print(f"note: no delivery for {', '.join(foreign)} (SGLang's messages are timed in its own venv)")
+        codecs = [c for c in codecs if c not in foreign]
     deliveries = (
         _print_deliveries(codecs, messages, transports, args.delivery_iterations, args.wide) if transports else []
     )
@@ -397,9 +420,18 @@ def _with_variants(names: list[str], variants: list[str]) -> list[tuple[str, str
     return cells
 
 
+SGLANG_LEGEND = (
+    "sglang-* = SGLang's own messages, in its venv (SGLang {sglang}): text-550 as the "
+    "TokenizedGenerateReqInput its tokenizer sends, outputs-* as the BatchTokenIDOutput its scheduler sends; "
+    "sglang-msgspec's enc and dec include the time stats' nested pickle"
+)
+
+
 def _print_cells(
-    codecs: list[str], payloads: list[str], min_iterations: int, min_time_s: float, meta: dict[str, Any], wide: bool
+    codecs: list[str], payloads: list[str], args: argparse.Namespace, meta: dict[str, Any]
 ) -> list[Measurement]:
+    """The cell table, printed row by row as measured: wirebench's codecs here, then SGLang's in its venv."""
+    min_iterations, min_time_s, wide = args.min_iterations, args.min_time, args.wide
     table = cell_table(codecs, payloads, wide)
     print("\n".join(wrapped(machine_line(meta))))
     p99s = "" if wide else " (--wide adds the p99s)"
@@ -414,8 +446,36 @@ def _print_cells(
         print("\n".join(wrapped(PATH_LEGEND)))
     for line in table.header_lines():
         print(line)
+    foreign = [c for c in codecs if c in sglang_cells.codec_names()]
     cells = []
-    for m in measure(codecs, payloads, min_iterations, min_time_s):
+    for m in measure([c for c in codecs if c not in foreign], payloads, min_iterations, min_time_s):
+        print(format_row(table, m), flush=True)
+        cells.append(m)
+    if foreign:
+        cells += _print_sglang_cells(table, foreign, payloads, args, meta, cells)
+    return cells
+
+
+def _print_sglang_cells(
+    table: Table,
+    codecs: list[str],
+    payloads: list[str],
+    args: argparse.Namespace,
+    meta: dict[str, Any],
+    done: list[Measurement],
+) -> list[Measurement]:
+    """SGLang's cells, each beside the payload's bytes and memcpy the other rows used (measured here if none did)."""
+    references = {m.cell.payload: (m.payload_bytes, m.memcpy) for m in done}
+    cells = []
+    for item in sglang_cells.measure(args.sglang_python, codecs, payloads, args.min_iterations, args.min_time):
+        if isinstance(item, dict):
+            meta["sglang"] = {**item, "python_path": args.sglang_python}
+            print("\n".join(wrapped(SGLANG_LEGEND.format(sglang=item.get("sglang", "?")))))
+            continue
+        if item.payload not in references:
+            _, nbytes, memcpy, _ = payload_reference(item.payload, args.min_iterations, args.min_time)
+            references[item.payload] = (nbytes, memcpy)
+        m = Measurement(item, *references[item.payload])
         print(format_row(table, m), flush=True)
         cells.append(m)
     return cells
@@ -457,13 +517,17 @@ def _count_instructions(codecs: list[str], payloads: list[str], args: argparse.N
     from harness.analysis import instruction_counts as ic
     from harness.micro import instructions
 
-    named = [c for c in codecs if c in instructions.UNCOUNTABLE]
+    uncountable = {
+        **instructions.UNCOUNTABLE,
+        **dict.fromkeys(sglang_cells.codec_names(), "timed in SGLang's venv only"),
+    }
+    named = [c for c in codecs if c in uncountable]
     if named and args.codec is not None:
-        why = "; ".join(f"{c}: {instructions.UNCOUNTABLE[c]}" for c in named)
+        why = "; ".join(f"{c}: {uncountable[c]}" for c in named)
         print(f"bench micro: error: cannot count instructions of {why}", file=sys.stderr)
         return 2
     if named:
-        print(f"note: not counted: {', '.join(named)} ({instructions.UNCOUNTABLE[named[0]]})")
+        print(f"note: not counted: {'; '.join(f'{c} ({uncountable[c]})' for c in named)}")
         codecs = [c for c in codecs if c not in named]
 
     if instructions.valgrind() is None:

@@ -324,6 +324,18 @@ class Measurement:
         return (enc.p50_us + dec.p50_us) / ref.p50_us
 
 
+def payload_reference(
+    payload: str, min_iterations: int, min_time_s: float
+) -> tuple[Any, int | None, Timing | None, str]:
+    """A named payload's message, its bytes and their memcpy; where it cannot be built, Nones and why."""
+    try:
+        msg = PATH_PAYLOADS[payload]() if payload in PATH_PAYLOADS else PAYLOADS[payload]()
+        n = payload_nbytes(msg.request if isinstance(msg, TokenPath) else msg)
+        return msg, n, time_memcpy(n, min_iterations, min_time_s), ""
+    except Exception as exc:
+        return None, None, None, _clip(f"building payload: {type(exc).__name__}: {exc}")
+
+
 def measure(
     codecs: Sequence[str], payloads: Sequence[str], min_iterations: int, min_time_s: float
 ) -> Iterator[Measurement]:
@@ -331,15 +343,7 @@ def measure(
     cell is yielded as it is measured, so a caller can print it at once. Pin threads around it
     (``one_torch_thread``). A path's bytes and memcpy reference are its request's."""
     for payload in payloads:
-        reason = ""
-        try:
-            msg = PATH_PAYLOADS[payload]() if payload in PATH_PAYLOADS else PAYLOADS[payload]()
-            n = payload_nbytes(msg.request if isinstance(msg, TokenPath) else msg)
-            nbytes: int | None = n
-            memcpy: Timing | None = time_memcpy(n, min_iterations, min_time_s)
-        except Exception as exc:
-            reason = _clip(f"building payload: {type(exc).__name__}: {exc}")
-            msg, nbytes, memcpy = None, None, None
+        msg, nbytes, memcpy, reason = payload_reference(payload, min_iterations, min_time_s)
         for codec in codecs:
             if msg is None:
                 cell = MicroCell(codec, payload, "error", reason)
