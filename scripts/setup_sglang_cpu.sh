@@ -72,8 +72,8 @@ else
   site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" 2>/dev/null ||
     echo "$venv/lib/site-packages")  # a dry run before the venv exists
   run sh -c "echo 'import harness.sglang_hook.startup' > '$site/$HOOK_PTH'"
-  run "$venv/bin/python" -c "import torch, sys; sys.exit(0 if '+cpu' in torch.__version__ else
-    'setup: $venv has torch ' + torch.__version__ + ', not the CPU build: remove $venv and run setup again')"
+  not_cpu="'setup: $venv has torch ' + torch.__version__ + ', not the CPU build: remove $venv and run setup again'"
+  run "$venv/bin/python" -c "import torch, sys; sys.exit(0 if '+cpu' in torch.__version__ else $not_cpu)"
   [ -n "${WIREBENCH_SETUP_DRY_RUN:-}" ] || check
   run sh -c "echo '$pins' > '$stamp'"
 fi

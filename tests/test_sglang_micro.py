@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
+import wirecodecs
 from harness import cli
+from harness.commands import micro
 from harness.micro import payloads, sglang_cells
 from harness.micro.timing import MicroCell
 
@@ -32,14 +34,13 @@ def test_sglang_cells_without_sglangs_python_are_refused_with_the_setup(capsys: 
     assert "scripts/setup.sh --with-sglang-cpu" in err
 
 
-def test_the_default_set_leaves_sglang_out_and_says_so_without_its_python(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    out = tmp_path / "micro.json"
-    argv = ["micro", "--payload", "text-550", "--sglang-python", "/nonexistent/python", *FAST, "--json", str(out)]
-    assert cli.main(argv) == 0
-    assert "note: SGLang's messages not timed: no Python at /nonexistent/python" in capsys.readouterr().out
-    assert not [r for r in json.loads(out.read_text()) if r["codec"].startswith("sglang-")]
+def test_the_default_set_leaves_sglang_out_and_says_so_without_its_python() -> None:
+    codecs, note = micro.chosen_codecs(None, "/nonexistent/python")
+    assert codecs == wirecodecs.available_codecs()
+    assert note is not None and "SGLang's messages not timed: no Python at /nonexistent/python" in note
+    codecs, note = micro.chosen_codecs(None, sys.executable)  # a Python is there: SGLang's cells are in
+    assert codecs == [*wirecodecs.available_codecs(), *sglang_cells.codec_names()] and note is None
+    assert micro.chosen_codecs("pickle", "/nonexistent/python") == (["pickle"], None)
 
 
 def test_a_python_without_sglang_gives_error_cells_with_its_message() -> None:

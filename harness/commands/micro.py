@@ -272,6 +272,23 @@ def parse_names(value: str | None, known: Sequence[str], kind: str) -> list[str]
     return list(dict.fromkeys(names))
 
 
+def chosen_codecs(selection: str | None, sglang_python: str) -> tuple[list[str], str | None]:
+    """--codec's codecs (None: every registered one, and SGLang's where its Python is there), with a note
+    for what the default left out; SGLang's named without its Python are refused (ValueError)."""
+    sglang = sglang_cells.codec_names()
+    codecs = parse_names(selection, [*wirecodecs.available_codecs(), *sglang], "codec")
+    if Path(sglang_python).is_file():
+        return codecs, None
+    if selection is None:
+        note = f"SGLang's messages not timed: no Python at {sglang_python} ({sglang_cells.SETUP_HINT})"
+        return [c for c in codecs if c not in sglang], note
+    if any(c in sglang for c in codecs):
+        raise ValueError(
+            f"{', '.join(sglang)} need SGLang's Python, none at {sglang_python}: {sglang_cells.SETUP_HINT}"
+        )
+    return codecs, None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codec", metavar="A,B", help="codecs to time (default: all registered)")
     parser.add_argument(
@@ -353,17 +370,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        own = wirecodecs.available_codecs()
-        sglang = sglang_cells.codec_names()
-        codecs = parse_names(args.codec, [*own, *sglang], "codec")
-        have_sglang = Path(args.sglang_python).is_file()
-        if args.codec is None and not have_sglang:
-            codecs = [c for c in codecs if c not in sglang]
-            print(f"note: SGLang's messages not timed: no Python at {args.sglang_python} ({sglang_cells.SETUP_HINT})")
-        elif any(c in sglang for c in codecs) and not have_sglang:
-            raise ValueError(
-                f"{', '.join(sglang)} need SGLang's Python, none at {args.sglang_python}: {sglang_cells.SETUP_HINT}"
-            )
+        codecs, note = chosen_codecs(args.codec, args.sglang_python)
+        if note:
+            print(f"note: {note}")
         payloads = parse_names(args.payload, ALL_PAYLOADS, "payload")
         names = parse_names(args.transport, list(transport_names()), "transport") if args.transport else []
         transports = _with_variants(names, [v for v in VARIANTS if getattr(args, v.replace("-", "_"))])
