@@ -24,6 +24,7 @@ SCRIPT_OUTPUTS = {
     "sglang-nested-pickles.json",
     "sglang-nested-pickles-batch.json",
     "sglang-output-parts.json",
+    "long-context-by-length.json",
     "multi-turn-by-turn.json",
     "sglang-hook-overhead.json",
     "copy-after-idle.json",
