@@ -14,6 +14,7 @@ import functools
 import importlib.util
 import shutil
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,6 +66,12 @@ def sglang_cpu_missing() -> str | None:
 def _skip_without_sglang(request: pytest.FixtureRequest) -> None:
     if request.node.get_closest_marker("sglang_cpu") is not None and (missing := sglang_cpu_missing()):
         pytest.skip(missing)
+
+
+# Collection rewrites every test module's asserts; with bytecode writing off (PYTHONDONTWRITEBYTECODE, as on
+# this project's machines) it does so on every run, about 10 s of a collection here. The suite keeps its
+# rewritten modules and the modules they import in __pycache__ (ignored by git) even so.
+sys.dont_write_bytecode = False
 
 
 def pytest_configure(config: pytest.Config) -> None:

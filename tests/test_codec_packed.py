@@ -71,7 +71,7 @@ def test_the_scheduler_slices_a_packed_prompt_and_the_model_sees_the_same_tokens
     assert tokens(serve(config, executor, [plain])["plain"]) == tokens(serve(config, executor, [packed])["packed"])
 
 
-CARRY_ARRAYS = [n for n in wirecodecs.available_codecs() if wirecodecs.get_codec(n).carries_multimodal]
+CARRY_ARRAYS = [n for n in wirecodecs.available_codecs() if wirecodecs.registry.codec_class(n).carries_multimodal]
 
 
 @pytest.mark.parametrize("name", CARRY_ARRAYS)

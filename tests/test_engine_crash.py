@@ -5,6 +5,7 @@ cleanly, and nothing it made stays in /dev/shm."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import time
@@ -19,7 +20,12 @@ from serve_process import MODEL, metric, shm_segments, start_serve
 
 pytestmark = pytest.mark.slow  # real server processes and large images
 
-IMAGES = [to_data_url(synthetic_image(2048, 2048, seed), "png") for seed in range(4)]  # ≈0.3 s each to decode here
+
+@functools.cache
+def image(seed: int) -> str:
+    """A 2048² PNG data URL (≈0.3 s each to decode here); made when a test first sends it, not at collection
+    (encoding four takes seconds)."""
+    return to_data_url(synthetic_image(2048, 2048, seed), "png")
 
 
 def leftovers() -> set[str]:
@@ -38,7 +44,7 @@ async def _kill_under_load(base: str, engine_pid: int, n: int = 40) -> tuple[lis
     killed = [0.0]
 
     async def one(session: aiohttp.ClientSession, i: int) -> int:
-        content = [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": IMAGES[i % 4]}}]
+        content = [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": image(i % 4)}}]
         body = {"model": MODEL, "max_tokens": 200, "messages": [{"role": "user", "content": content}]}
         async with session.post(f"{base}/v1/chat/completions", json=body) as resp:
             await resp.read()
