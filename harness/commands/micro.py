@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import wirecodecs
+from harness import sglang_hook
 from harness.analysis import table as text_table
 from harness.analysis.table import format_line
 from harness.micro import delivery, sglang_cells
@@ -311,7 +312,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sglang-python",
         metavar="PATH",
-        default=str(sglang_cells.DEFAULT_PYTHON),
+        default=str(sglang_hook.PYTHON),
         help=f"the Python of a venv with SGLang and wirebench, which times the {', '.join(sglang_cells.codec_names())} "
         "cells: SGLang's own messages in its two IPC modes (default: .venv-sglang's, which the default "
         "--codec includes when it is there)",

@@ -19,11 +19,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.experiment.vllm_server import ROOT, check_python, make_model
+from harness import sglang_hook
+from harness.experiment.vllm_server import check_python, make_model
 from harness.settings.declare import setting
 
-DEFAULT_PYTHON = ROOT / ".venv-sglang" / "bin" / "python"
-MODELS = ROOT / ".venv-sglang" / "wirebench-models"
+MODELS = sglang_hook.VENV / "wirebench-models"
 SPANS_ENV = "WIREBENCH_SGLANG_SPANS"  # harness.sglang_hook.startup reads it
 MODE_ENV = "SGLANG_USE_PICKLE_IPC"
 # An arm's codec → SGLANG_USE_PICKLE_IPC, the switch SGLang's io_struct reads once at import.
@@ -50,7 +50,7 @@ class SglangServer:
     """How bench run starts a real SGLang for each arm."""
 
     python: str = setting(
-        str(DEFAULT_PYTHON),
+        str(sglang_hook.PYTHON),
         flag="--sglang-python",
         metavar="PATH",
         help="the Python of a venv with SGLang and wirebench (pip install -e . --no-deps, and the hook's .pth "

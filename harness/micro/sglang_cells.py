@@ -21,7 +21,6 @@ from harness.micro.sglang_messages import MODES, OUTPUT_BATCHES, REQUESTS
 from harness.micro.timing import MicroCell, Timing
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_PYTHON = ROOT / ".venv-sglang" / "bin" / "python"  # scripts/setup.sh --with-sglang-cpu
 SETUP_HINT = "scripts/setup.sh --with-sglang-cpu, or --sglang-python naming a venv with SGLang and wirebench"
 # Why a payload has no SGLang cell: what SGLang sends instead.
 NOT_SENT = {

@@ -12,3 +12,9 @@ docs/sglang.md says how it is installed and why each stand-in is safe.
 
 Its modules, each with its job: docs/architecture.md (Packages, bottom-up).
 """
+
+from pathlib import Path
+
+# Where scripts/setup_sglang_cpu.sh makes SGLang's venv, whose Python bench run and bench micro start.
+VENV = Path(__file__).resolve().parents[2] / ".venv-sglang"
+PYTHON = VENV / "bin" / "python"
