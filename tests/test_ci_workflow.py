@@ -42,6 +42,7 @@ def test_the_workflow_checks_out_the_base_sets_up_both_and_gates() -> None:
 
 @pytest.mark.slow  # a clone, two venvs and the gate: 8 min on 2 cores
 @pytest.mark.valgrind  # the gate's instruction counts
+@pytest.mark.alone  # its A/A latency gate must not judge the other worker's load
 @pytest.mark.timeout(1500)
 def test_the_workflow_steps_run_here(tmp_path: Path) -> None:
     head = tmp_path / "head"

@@ -13,18 +13,11 @@ import sys
 import aiohttp
 import pytest
 
-from harness.transports.shm import SHM_DIR
-
-from serve_process import chat_with_images, shm_segments, start_serve, still_alive
+from serve_process import chat_with_images, leftovers_of, start_serve, still_alive
 
 pytestmark = pytest.mark.slow  # each test starts real server processes
 
 PAYLOAD = ("--mm-payload", "tensor", "--shm-threshold", "1024", "--executor", "sim")
-
-
-def leftovers() -> set[str]:
-    """What a transport may leave in /dev/shm: our segments and torch's named shared-memory files."""
-    return shm_segments() | {p.name for p in SHM_DIR.glob("torch_*")}
 
 
 def open_fds(pid: int) -> int:
@@ -44,8 +37,8 @@ async def store_counts(base: str) -> dict[str, float]:
 
 @pytest.mark.parametrize("transport", ["torch-shm", "shm-store"])
 def test_images_travel_and_nothing_outlives_a_clean_stop(transport):
-    before = leftovers()
     server = start_serve("--transport", transport, *PAYLOAD, codec="msgspec-oob")
+    pids = server.pids
     try:
         results = asyncio.run(chat_with_images(server.base_url, list(range(12))))
         again = asyncio.run(chat_with_images(server.base_url, list(range(12))))
@@ -55,7 +48,7 @@ def test_images_travel_and_nothing_outlives_a_clean_stop(transport):
     assert [status for status, _ in results + again] == [200] * 24
     if transport == "shm-store":  # the second round sends the same images: every one a hit
         assert counts["miss"] == 12 and counts["hit"] >= 12, counts
-    assert leftovers() == before
+    assert leftovers_of(pids) == []
 
 
 def test_a_small_store_evicts_and_serves_every_request():
@@ -76,9 +69,8 @@ def test_a_small_store_evicts_and_serves_every_request():
 @pytest.mark.parametrize("transport", ["torch-shm", "shm-store"])
 @pytest.mark.parametrize("victim", ["engine", "frontend"])
 def test_nothing_survives_a_sigkill_mid_transfer(transport, victim):
-    before = leftovers()
     server = start_serve("--transport", transport, *PAYLOAD, codec="msgspec-oob")
-    engine, children = server.engine_pid, server.child_pids
+    engine, children, pids = server.engine_pid, server.child_pids, server.pids
     asyncio.run(chat_with_images(server.base_url, list(range(4))))
 
     async def kill_while_sending() -> None:
@@ -94,24 +86,24 @@ def test_nothing_survives_a_sigkill_mid_transfer(transport, victim):
         server.proc.wait()
         assert not still_alive(children, grace_s=5)  # the engine follows its frontend
         start_serve("--transport", transport, *PAYLOAD, codec="msgspec-oob").stop()  # a new start cleans up
-    assert leftovers() == before
+    assert leftovers_of(pids) == []
 
 
 @pytest.mark.parametrize("transport", ["torch-shm", "shm-store"])
 def test_a_failed_start_leaves_nothing(transport):
-    before = leftovers()
     with socket.socket() as taken:  # the HTTP port is in use: the start fails once the store exists
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        done = subprocess.run(
+        serve = subprocess.Popen(
             [sys.executable, "-m", "harness.cli", "serve", "--codec", "msgspec-oob", "--transport", transport]
             + ["--port", str(taken.getsockname()[1]), "--host", "127.0.0.1", *PAYLOAD],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=120,
         )
-    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-    assert leftovers() == before
+        _, stderr = serve.communicate(timeout=120)
+    assert serve.returncode == 1 and "Traceback" not in stderr, stderr
+    assert leftovers_of([serve.pid]) == []
 
 
 def test_the_frontend_drops_what_the_engine_took():
@@ -171,14 +163,14 @@ def test_cuda_ipc_serves_images():
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (runs where one is lent)")
-    before = leftovers()
     server = start_serve("--transport", "cuda-ipc", "--verify", *PAYLOAD, codec="msgspec-oob")
+    pids = server.pids
     try:
         results = asyncio.run(chat_with_images(server.base_url, list(range(6))))
     finally:
         assert server.stop() == 0
     assert [s for s, _ in results] == [200] * 6
-    assert leftovers() == before
+    assert leftovers_of(pids) == []
 
 
 def test_bench_run_reports_the_stores_hit_rate_on_repeated_images(tmp_path):

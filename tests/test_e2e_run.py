@@ -196,14 +196,13 @@ def test_ctrl_c_or_kill_stops_servers_and_saves_what_it_has(tmp_path, sig):
 def test_a_sigkilled_bench_run_takes_its_server_and_engine_with_it(tmp_path):
     import signal
 
-    from serve_process import ipc_dirs, shm_segments, still_alive
+    from serve_process import leftovers_of, still_alive
 
     proc, tree = _start_bench_run(tmp_path, "--codec", "msgspec-oob", "--transport", "shm")
     proc.send_signal(signal.SIGKILL)  # no handler runs: the server notices its parent is gone
     proc.communicate(timeout=30)
     assert not still_alive(tree, grace_s=15.0)
-    mine = {f"wirebench-{pid}-" for pid in tree}
-    assert not [d for d in ipc_dirs() | shm_segments() if any(d.startswith(m) for m in mine)]
+    assert leftovers_of(tree) == []
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ from PIL import Image
 
 from wirecodecs import available_codecs, codecs_that_carry_multimodal
 
-from serve_process import free_port_pair, get_text, ipc_dirs, metric, post, start_serve, still_alive
+from serve_process import free_port_pair, get_text, leftovers_of, metric, post, start_serve, still_alive
 
 pytestmark = pytest.mark.slow  # each test starts real server processes
 
@@ -289,13 +289,12 @@ def test_killed_engine_fails_inflight_requests_and_health():
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_stops_cleanly_leaving_no_children_or_sockets(sig):
-    before = ipc_dirs()
     server = start_serve(codec="msgspec-oob")
     assert server.engine_pid  # the engine runs as a child process
-    children = server.child_pids
+    children, pids = server.child_pids, server.pids
     assert server.stop(sig) == 0
     assert not still_alive(children)
-    assert ipc_dirs() <= before
+    assert leftovers_of(pids) == []
 
 
 def test_engine_and_frontend_split_over_tcp():

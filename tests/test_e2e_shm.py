@@ -14,22 +14,18 @@ import pytest
 
 from harness.transports.shm import SHM_DIR
 
-from serve_process import chat_with_images, shm_segments, start_serve, still_alive
+from serve_process import chat_with_images, leftovers_of, shm_segments, start_serve, still_alive
 
 pytestmark = pytest.mark.slow  # each test starts real server processes
 
 SHM_FLAGS = ("--transport", "shm", "--mm-payload", "tensor", "--shm-threshold", "1024")
 
 
-def segments() -> set[str]:
-    return shm_segments()
-
-
 def test_images_travel_through_shared_memory_and_no_segment_outlives_a_clean_stop():
-    before = segments()
     server = start_serve(*SHM_FLAGS, codec="msgspec-oob")
+    pids = server.pids
     try:
-        mine = segments() - before
+        mine = [name for name in shm_segments() if name.startswith(f"wirebench-{server.proc.pid}-")]
         assert len(mine) == 1
         (name,) = mine
         assert oct((SHM_DIR / name).stat().st_mode & 0o777) == "0o600"
@@ -37,14 +33,13 @@ def test_images_travel_through_shared_memory_and_no_segment_outlives_a_clean_sto
     finally:
         assert server.stop() == 0
     assert [status for status, _ in results] == [200] * 30
-    assert segments() == before
+    assert leftovers_of(pids) == []
 
 
 @pytest.mark.parametrize("victim", ["engine", "frontend"])
 def test_no_segment_survives_a_sigkill(victim):
-    before = segments()
     server = start_serve(*SHM_FLAGS, codec="pickle-oob")
-    engine, children = server.engine_pid, server.child_pids
+    engine, children, pids = server.engine_pid, server.child_pids, server.pids
     asyncio.run(chat_with_images(server.base_url, list(range(4))))
     if victim == "engine":
         os.kill(engine, signal.SIGKILL)
@@ -54,7 +49,7 @@ def test_no_segment_survives_a_sigkill(victim):
         server.proc.wait()
         assert not still_alive(children, grace_s=5)  # the engine follows its frontend
         start_serve(*SHM_FLAGS, codec="pickle-oob").stop()  # and a new start removes what is left
-    assert segments() == before
+    assert leftovers_of(pids) == []
 
 
 def test_a_codec_without_out_of_band_frames_gets_a_clear_error():

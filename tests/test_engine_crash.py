@@ -16,7 +16,7 @@ import pytest
 from harness.transports.shm import SHM_DIR
 from harness.workloads.images import synthetic_image, to_data_url
 
-from serve_process import MODEL, metric, shm_segments, start_serve
+from serve_process import MODEL, leftovers_of, metric, start_serve
 
 pytestmark = pytest.mark.slow  # real server processes and large images
 
@@ -26,10 +26,6 @@ def image(seed: int) -> str:
     """A 2048² PNG data URL (≈0.3 s each to decode here); made when a test first sends it, not at collection
     (encoding four takes seconds)."""
     return to_data_url(synthetic_image(2048, 2048, seed), "png")
-
-
-def leftovers() -> set[str]:
-    return shm_segments() | {p.name for p in SHM_DIR.glob("torch_*")}
 
 
 async def _requests_running(session: aiohttp.ClientSession, base: str) -> float:
@@ -64,9 +60,8 @@ async def _kill_under_load(base: str, engine_pid: int, n: int = 40) -> tuple[lis
 
 @pytest.mark.parametrize("transport", ["zmq", "shm", "torch-shm", "shm-store"])
 def test_every_request_ends_within_2_s_of_an_engine_kill_and_the_server_stops_clean(transport):
-    before = leftovers()
     server = start_serve("--transport", transport, "--mm-payload", "tensor", "--executor", "sim", codec="msgspec-oob")
-    engine_pid = server.engine_pid
+    engine_pid, pids = server.engine_pid, server.pids
     # What an engine killed inside torch's create-then-unlink window would leave (~2 ms a 12.6 MB storage,
     # too rare to wait for): the frontend, its survivor, removes it.
     (SHM_DIR / f"torch_{engine_pid}_12345_0").write_bytes(b"\0" * 4096)
@@ -79,4 +74,4 @@ def test_every_request_ends_within_2_s_of_an_engine_kill_and_the_server_stops_cl
     assert statuses.count(503) >= 30 and set(statuses) <= {200, 503}, statuses  # a few may finish first
     assert max(ended) < 2.0, sorted(ended)
     assert code == 0 and stop_s < 10, (code, stop_s)
-    assert leftovers() <= before
+    assert leftovers_of(pids) == []

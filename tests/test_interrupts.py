@@ -24,7 +24,7 @@ from harness.server_metrics import prometheus
 from harness.workloads.chat import BATCH_CHARS, batches
 from harness.workloads.progress import building
 
-from serve_process import child_pids, still_alive
+from serve_process import child_pids, leftovers_of, still_alive
 
 EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
@@ -121,16 +121,6 @@ class Lines:
         return "\n".join(self.lines)
 
 
-def leftovers(pids: list[int]) -> list[str]:
-    """What the processes ``pids`` made under /dev/shm and /tmp and left (their names carry the pid)."""
-    import tempfile
-
-    from harness.transports.shm import SHM_DIR
-
-    places = (SHM_DIR, Path(tempfile.gettempdir()))
-    return [p.name for place in places for pid in pids for p in place.glob(f"wirebench-{pid}-*")]
-
-
 def server_tree(pid: int) -> list[int]:
     """Every server `bench run` (``pid``) has started, with their engines."""
     servers = child_pids(pid)
@@ -201,7 +191,7 @@ def test_sigterm_in_a_round_stops_every_server_and_compares_nothing_cut(tmp_path
     assert "Codec comparison" not in stdout and "verdicts against" not in stdout  # runs cut at two points
     assert stdout.count("; interrupted") == 2  # each arm's run line says so
     assert not still_alive(tree)
-    assert not leftovers(tree)
+    assert not leftovers_of(tree)
 
 
 @pytest.mark.slow
@@ -223,7 +213,7 @@ def test_ctrl_c_in_the_second_round_shows_only_the_whole_first_one(tmp_path):
     rounds_row = next(line for line in stdout.splitlines() if line.startswith("rounds"))
     assert rounds_row.split() == ["rounds", "1"]  # the cut run is not in the table
     assert not still_alive(tree)
-    assert not leftovers(tree)
+    assert not leftovers_of(tree)
 
 
 def engine_of(server: int) -> int:
