@@ -17,9 +17,11 @@ import fcntl
 import functools
 import importlib.util
 import os
+import resource
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -123,10 +125,22 @@ def _turn(item: pytest.Item) -> Iterator[None]:
         yield  # closing the files lets both locks go
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and of the children it has waited for (a test's servers, once stopped)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    # WIREBENCH_TEST_CPU_LOG=FILE: a line a test, "wall_s cpu_s nodeid" (where the suite's work goes).
+    log = os.environ.get("WIREBENCH_TEST_CPU_LOG")
+    started, cpu = time.monotonic(), _cpu_s()
     with _turn(item):  # around setup, call and teardown: a module's server starts and stops inside it
         yield
+    if log:
+        with open(log, "a") as out:
+            out.write(f"{time.monotonic() - started:.2f} {_cpu_s() - cpu:.2f} {item.nodeid}\n")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
