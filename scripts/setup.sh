@@ -52,11 +52,18 @@ if [ -n "$sglang_cpu" ]; then
   side_scripts+=(scripts/setup_sglang_cpu.sh) side_modes+=("$sglang_cpu")
   side_skips+=("SGLang's CPU path not installed: the real-SGLang tests skip")
 fi
-trap 'wait; rm -f "${side_logs[@]}"' EXIT  # a failure here still lets them end, and takes their logs
+# Each in a process group of its own (setsid), so a failure or Ctrl-C here stops it with its pip.
+stop_sides() {
+  for pid in "${side_pids[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+  rm -f "${side_logs[@]}"
+}
+trap stop_sides EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 if [ -z "${WIREBENCH_SETUP_DRY_RUN:-}" ]; then
   for script in "${side_scripts[@]}"; do
     side_logs+=("$(mktemp)")
-    "$script" >"${side_logs[-1]}" 2>&1 &
+    setsid "$script" >"${side_logs[-1]}" 2>&1 &
     side_pids+=($!)
   done
 fi
@@ -94,6 +101,7 @@ for i in "${!side_scripts[@]}"; do
   else
     wait "${side_pids[$i]}" || code=$?
     cat "${side_logs[$i]}"
+    unset 'side_pids[i]'  # ended: nothing left to stop
   fi
   if [ "$code" -ne 0 ] && [ "${side_modes[$i]}" = try ]; then
     echo "setup: ${side_skips[$i]}" >&2

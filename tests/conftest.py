@@ -133,7 +133,8 @@ def _cpu_s() -> float:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    # WIREBENCH_TEST_CPU_LOG=FILE: a line a test, "wall_s cpu_s nodeid" (where the suite's work goes).
+    # WIREBENCH_TEST_CPU_LOG=FILE: a line a test, "wall_s cpu_s nodeid" (where the suite's work goes; the
+    # wall time includes an alone test's wait for its turn).
     log = os.environ.get("WIREBENCH_TEST_CPU_LOG")
     started, cpu = time.monotonic(), _cpu_s()
     with _turn(item):  # around setup, call and teardown: a module's server starts and stops inside it

@@ -101,7 +101,10 @@ def test_a_failed_start_leaves_nothing(transport):
             stderr=subprocess.PIPE,
             text=True,
         )
-        _, stderr = serve.communicate(timeout=120)
+        try:
+            _, stderr = serve.communicate(timeout=120)
+        finally:
+            serve.kill()  # a no-op once it has exited
     assert serve.returncode == 1 and "Traceback" not in stderr, stderr
     assert leftovers_of([serve.pid]) == []
 

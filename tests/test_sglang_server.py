@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from harness import sglang_hook
-from harness.experiment.sglang_server import MODELS
+from harness.experiment.sglang_server import MODELS, left_behind, remove_leftovers, shm_files
 from harness.sglang_hook.records import hops, read_folder, read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,7 +112,10 @@ def sglang_server(request: pytest.FixtureRequest, model: Path, tmp_path: Path) -
         "WIREBENCH_SGLANG_SPANS": str(spans),
     }
     command = [str(SGLANG_PYTHON), "-m", "sglang.launch_server", "--model-path", str(model), "--port", str(port)]
-    before = _load_slot_files()
+    # SGLang's teardown kills its processes outright, which skips their unlink of its load-snapshot file in
+    # /dev/shm (its own sweep, sglang.srt.utils.stale_shm_cleanup, runs only in SGLang's CI): the test
+    # removes the one its server left, not another worker's server's, which that server holds.
+    before = shm_files()
     with open(log, "wb") as out:
         server = subprocess.Popen(
             command + SERVER_FLAGS, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -123,15 +126,7 @@ def sglang_server(request: pytest.FixtureRequest, model: Path, tmp_path: Path) -
     finally:
         left = _stop(server)
         assert left == [], f"SGLang left processes behind: {left}"
-        for leaked in _load_slot_files() - before:  # SGLang's own leak: removed, nothing left behind
-            leaked.unlink(missing_ok=True)
-
-
-def _load_slot_files() -> set[Path]:
-    """SGLang's load-snapshot files in /dev/shm. Its teardown kills its processes outright, which skips
-    their unlink (its own sweep, sglang.srt.utils.stale_shm_cleanup, runs only in SGLang's CI), so each
-    server leaves one behind: the test removes those its server made."""
-    return set(Path("/dev/shm").glob("sglang_loads_*"))
+        remove_leftovers(before)
 
 
 def _stream_chat(port: int, rid: str) -> dict[str, Any]:
@@ -196,7 +191,7 @@ def test_bench_run_against_real_sglang_times_both_ipc_modes_per_hop(tmp_path: Pa
     """Two real SGLang servers (pickle and msgpack between its processes), one round in blocks: per arm the
     codec figures and every hop of the first-token path measured inside SGLang's three processes, the
     detokenizer's CPU as a role of its own, and nothing left behind (processes, /dev/shm files)."""
-    before = _load_slot_files()
+    before = shm_files()
     done = subprocess.run(
         [sys.executable, "-m", "harness.cli", "run", "--server", "sglang", "--codec", "pickle,msgspec"]
         + ["--dataset-name", "random", "--random-input-len", "200", "--random-output-len", "16"]
@@ -230,7 +225,7 @@ def test_bench_run_against_real_sglang_times_both_ipc_modes_per_hop(tmp_path: Pa
         assert set(doc["process_cpu"]["roles"]) == {"client", "frontend", "engine", "detokenizer"}
     assert "detok → tokenizer wire" in done.stdout  # the second output hop has its rows in the IPC budget
     assert _sglang_processes_of(tmp_path) == []
-    assert _load_slot_files() - before == set(), "the servers' /dev/shm files were left behind"
+    assert left_behind(before) == [], "the servers' /dev/shm files were left behind"
 
 
 def _sglang_processes_of(folder: Path) -> list[int]:

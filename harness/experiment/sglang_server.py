@@ -150,16 +150,18 @@ def shm_files() -> set[Path]:
     return set(SHM_DIR.glob(SHM_PATTERN)) if SHM_DIR.is_dir() else set()
 
 
-def remove_leftovers(before: set[Path]) -> list[Path]:
-    """The load-snapshot files that appeared since ``before`` and no live process maps or holds open: the
-    stopped server's (another SGLang running meanwhile keeps its own, which it holds). Returns those
-    removed."""
+def left_behind(before: set[Path]) -> list[Path]:
+    """The load-snapshot files that appeared since ``before`` and no live process maps or holds open: a
+    stopped server's (another SGLang running meanwhile keeps its own, which it holds)."""
     new = shm_files() - before
     held = _held_paths() if new else set()
+    return [path for path in sorted(new) if str(path) not in held]
+
+
+def remove_leftovers(before: set[Path]) -> list[Path]:
+    """Removes what :func:`left_behind` names; returns those removed."""
     removed = []
-    for path in sorted(new):
-        if str(path) in held:
-            continue
+    for path in left_behind(before):
         try:
             path.unlink()
         except OSError:
