@@ -194,6 +194,24 @@ def machine_refusal(config: EngineConfig | None, transport: str, sender: SenderS
     return machine_limits.first_refusal(asks)
 
 
+def link_refusal(
+    link: LinkSettings, addresses: EngineAddresses, config: EngineConfig | None, sender: SenderSettings | None
+) -> str | None:
+    """The first reason to refuse this engine link, checked in one order wherever a start makes one (a
+    spawned engine, --engine-only, --frontend-only), after printing its warnings. ``config``: the engine this
+    process starts (None: none); ``sender``: what this process sends through (None: nothing)."""
+    from harness.engine.cuda_graphs import refusal as graphs_refusal
+
+    for warning in insecure_warnings(link, addresses):
+        print(f"bench serve: WARNING: {warning}", file=sys.stderr)
+    return (
+        check_transport_safety(link, addresses)
+        or check_shm(link, addresses)
+        or (graphs_refusal(config) if config is not None else None)
+        or machine_refusal(config, link.transport, sender)
+    )
+
+
 def link_settings(args: argparse.Namespace) -> LinkSettings:
     """The engine link's choices, as the rules of harness.transports.policy judge them."""
     return declare.from_args(
@@ -207,7 +225,6 @@ def link_settings(args: argparse.Namespace) -> LinkSettings:
 
 
 async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) -> int:
-    from harness.engine.cuda_graphs import refusal as graphs_refusal
     from harness.engine.process import run_engine
     from harness.frontend.app import build_app
     from harness.tokenizers.tokenizer import load_tokenizer
@@ -227,15 +244,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
     link = link_settings(args)
     sender_settings = SenderSettings(args.shm_threshold, args.shm_size << 20, link.mm_store_bytes)
     # A frontend-only host runs no engine: the engine's host refuses --cuda-graphs where it cannot run.
-    refused = None if args.frontend_only else graphs_refusal(config)
-    error = (
-        check_transport_safety(link, addresses)
-        or check_shm(link, addresses)
-        or refused
-        or machine_refusal(None if args.frontend_only else config, link.transport, sender_settings)
-    )
-    for warning in insecure_warnings(link, addresses):
-        print(f"bench serve: WARNING: {warning}", file=sys.stderr)
+    error = link_refusal(link, addresses, None if args.frontend_only else config, sender_settings)
     if error:
         print(f"bench serve: {error}", file=sys.stderr)
         addresses.cleanup()
@@ -359,21 +368,12 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     parent_watch.die_with_parent()
     if args.engine_only:
-        from harness.engine.cuda_graphs import refusal as graphs_refusal
         from harness.engine.process import run_engine
         from harness.tokenizers.tokenizer import load_tokenizer
 
         addresses = _addresses(args)
         config = engine_config_from_args(args, load_tokenizer(args.tokenizer))
-        link = link_settings(args)
-        error = (
-            check_transport_safety(link, addresses)
-            or check_shm(link, addresses)
-            or graphs_refusal(config)
-            or machine_refusal(config, link.transport, None)
-        )
-        for warning in insecure_warnings(link, addresses):
-            print(f"bench serve: WARNING: {warning}", file=sys.stderr)
+        error = link_refusal(link_settings(args), addresses, config, None)
         if error:
             print(f"bench serve: {error}", file=sys.stderr)
             return 2
