@@ -59,23 +59,33 @@ def still_alive(pids: list[int], grace_s: float = 3.0) -> list[int]:
 def ipc_dirs() -> set[str]:
     import tempfile
 
-    return {p.name for p in Path(tempfile.gettempdir()).glob("wirebench-*")}
+    return {p.name for p in Path(tempfile.gettempdir()).glob(f"{zmq_link.IPC_PREFIX}*")}
 
 
 def shm_segments() -> set[str]:
-    from harness.transports.shm import SHM_DIR
+    from harness.transports.shm import PREFIX, SHM_DIR
 
-    return {p.name for p in SHM_DIR.glob("wirebench-*")}
+    return {p.name for p in SHM_DIR.glob(f"{PREFIX}*")}
 
 
 def leftovers_of(pids: list[int]) -> list[str]:
     """The ipc directories and shared-memory files (ours and torch's) that these processes made and left:
     each name carries its maker's pid, so the check sees only its own servers beside tests run in parallel."""
-    from harness.transports.shm import SHM_DIR
+    import tempfile
 
-    prefixes = tuple(f"wirebench-{pid}-" for pid in pids) + tuple(f"torch_{pid}_" for pid in pids)
-    names = ipc_dirs() | shm_segments() | {p.name for p in SHM_DIR.glob("torch_*")}
-    return sorted(name for name in names if name.startswith(prefixes))
+    from harness.transports import shm, torch_shm
+
+    tmp = Path(tempfile.gettempdir())
+    places = [
+        place
+        for pid in pids
+        for place in (
+            (tmp, f"{zmq_link.IPC_PREFIX}{pid}-*"),
+            (shm.SHM_DIR, f"{shm.PREFIX}{pid}-*"),
+            (shm.SHM_DIR, f"{torch_shm.file_prefix(pid)}*"),
+        )
+    ]
+    return sorted(path.name for folder, pattern in places for path in folder.glob(pattern))
 
 
 class ServeProcess(ServerProcess):

@@ -115,11 +115,16 @@ def open_handle(handle: TorchHandle) -> memoryview:
     return memoryview(array)  # type: ignore[arg-type]  # an ndarray is a buffer
 
 
+def file_prefix(pid: int) -> str:
+    """How torch names the shared-memory files process ``pid`` creates."""
+    return f"torch_{pid}_"
+
+
 def remove_leftovers(pid: int, shm_dir: Path = Path("/dev/shm")) -> list[str]:
     """Remove torch's shared-memory files named for ``pid``, a process known to be gone, that are this
     user's: what it left when killed between creating a storage and unlinking its name."""
     removed = []
-    for path in shm_dir.glob(f"torch_{pid}_*"):
+    for path in shm_dir.glob(f"{file_prefix(pid)}*"):
         with contextlib.suppress(FileNotFoundError):
             if path.stat().st_uid == os.getuid():
                 path.unlink()
